@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// TestProbeAgainstDnsmasq runs the built probe against dnsmasq, a DNS
+// server this project did not write, serving a 3-replica headless-style
+// name. CI installs dnsmasq; elsewhere the test is skipped without it.
+func TestProbeAgainstDnsmasq(t *testing.T) {
+	dnsmasq, err := exec.LookPath("dnsmasq")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("dnsmasq is not installed; .ci/run installs it with apt-get install dnsmasq-base")
+		}
+		t.Skip("dnsmasq not installed (apt-get install dnsmasq-base)")
+	}
+	bin := filepath.Join(t.TempDir(), "servercount")
+	build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, ".")
+	buildOut, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", buildOut)
+
+	addr := startDnsmasq(t, dnsmasq, `
+127.0.0.11 proxy.test.svc.cluster.local
+127.0.0.12 proxy.test.svc.cluster.local
+127.0.0.13 proxy.test.svc.cluster.local
+`, "--srv-host=_agent._tcp.proxy.test.svc.cluster.local,p1.proxy.test.svc.cluster.local,8091",
+		"--srv-host=_agent._tcp.proxy.test.svc.cluster.local,p2.proxy.test.svc.cluster.local,8091",
+		"--srv-host=_agent._tcp.proxy.test.svc.cluster.local,p3.proxy.test.svc.cluster.local,8091")
+
+	probe := func(args ...string) (int, string, string) {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), bin, args...)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatalf("run probe: %v", err)
+		}
+		return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+	}
+
+	code, out, errOut := probe("@"+addr, "proxy.test.svc.cluster.local.")
+	assert.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, ";; COUNT: 3, outcome: records, rcode: NOERROR")
+
+	code, out, errOut = probe("@"+addr, "--short", "_agent._tcp.proxy.test.svc.cluster.local.")
+	assert.Equal(t, 0, code, errOut)
+	assert.Equal(t, "3\n", out)
+
+	code, out, errOut = probe("@"+addr, "gone.test.svc.cluster.local.")
+	assert.Equal(t, 1, code, errOut)
+	assert.Contains(t, out, "outcome: nxdomain, rcode: NXDOMAIN")
+
+	// A server that is down: nothing listens on the port any more.
+	down := freePort(t)
+	start := time.Now()
+	code, _, errOut = probe("@"+down, "--timeout", "2s", "proxy.test.svc.cluster.local.")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errOut, "servercount: count servers at proxy.test.svc.cluster.local.: ")
+	assert.Equal(t, 1, strings.Count(errOut, "\n"), "one error line: %q", errOut)
+	assert.Less(t, time.Since(start), 2*time.Second+time.Second, "exits within --timeout (plus process start)")
+
+	// A server that takes the query and never answers: --timeout bounds it.
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer silent.Close()
+	start = time.Now()
+	code, _, errOut = probe("@"+silent.LocalAddr().String(), "--timeout", "1s", "proxy.test.svc.cluster.local.")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, errOut, "timed out")
+	assert.Less(t, time.Since(start), 2*time.Second, "exits within --timeout (plus process start)")
+}
+
+// startDnsmasq runs dnsmasq on a free loopback port, authoritative for
+// cluster.local (unknown names there are NXDOMAIN, nothing is forwarded),
+// with hosts as its only hosts file. It returns the address once dnsmasq
+// answers, and stops it when the test ends.
+func startDnsmasq(t *testing.T, bin, hosts string, extra ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	hostsFile := filepath.Join(dir, "hosts")
+	require.NoError(t, os.WriteFile(hostsFile, []byte(hosts), 0o644))
+	for try := 0; try < 5; try++ {
+		addr := freePort(t)
+		_, port, _ := net.SplitHostPort(addr)
+		args := append([]string{
+			"--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
+			"--listen-address=127.0.0.1", "--bind-interfaces", "--port=" + port,
+			"--addn-hosts=" + hostsFile, "--local=/cluster.local/", "--pid-file=", "--user=" + currentUser(),
+		}, extra...)
+		ctx, cancel := context.WithCancel(context.Background())
+		cmd := exec.CommandContext(ctx, bin, args...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		require.NoError(t, cmd.Start())
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		stop := func() { cancel(); <-exited }
+		if err := waitForDNS(addr, exited); err != nil {
+			stop()
+			t.Logf("dnsmasq on %s did not start (%v): %s", addr, err, stderr.String())
+			continue
+		}
+		t.Cleanup(stop)
+		return addr
+	}
+	t.Fatal("dnsmasq did not start")
+	return ""
+}
+
+// waitForDNS waits until addr answers a query, dnsmasq exits, or 10s pass.
+func waitForDNS(addr string, exited <-chan error) error {
+	deadline := time.Now().Add(10 * time.Second)
+	c := &dns.Client{Timeout: 200 * time.Millisecond}
+	m := new(dns.Msg).SetQuestion("proxy.test.svc.cluster.local.", dns.TypeA)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("exited: %v", err)
+		default:
+		}
+		if _, _, err := c.Exchange(m, addr); err == nil {
+			return nil
+		}
+		select {
+		case err := <-exited:
+			return fmt.Errorf("exited: %v", err)
+		case <-time.After(20 * time.Millisecond): // poll interval, not synchronisation
+		}
+	}
+	return errors.New("no answer within 10s")
+}
+
+// freePort returns a loopback address whose UDP and TCP ports were free a
+// moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func currentUser() string {
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	return "root"
+}

@@ -1,0 +1,299 @@
+package servercounter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// Defaults for the zero values of [CacheConfig].
+const (
+	// DefaultMinExpiry is the shortest time a count stays fresh, and the
+	// wait after a failed refresh before the next.
+	DefaultMinExpiry = 1 * time.Second
+	// DefaultMaxExpiry is the longest time a count stays fresh.
+	DefaultMaxExpiry = 30 * time.Second
+	// DefaultFallback is the count answered before the first success.
+	DefaultFallback = 1
+	// DefaultRefreshTimeout bounds one refresh.
+	DefaultRefreshTimeout = 10 * time.Second
+)
+
+// CacheConfig configures a [CachedServerCounter]. The zero value of each
+// field means its default.
+type CacheConfig struct {
+	// Expiry is how long a count stays fresh. Zero means the TTL the
+	// source reported (Result.TTL), bounded by MinExpiry and MaxExpiry.
+	Expiry time.Duration
+	// MinExpiry and MaxExpiry bound the source's TTL; defaults
+	// DefaultMinExpiry and DefaultMaxExpiry. MinExpiry is also how long a
+	// failed refresh waits before the next one, so that failures do not
+	// turn into one query per call.
+	MinExpiry, MaxExpiry time.Duration
+	// Fallback is the count answered before the first successful refresh;
+	// default DefaultFallback.
+	Fallback int
+	// RefreshTimeout bounds one refresh, and so the first call's wait;
+	// default DefaultRefreshTimeout.
+	RefreshTimeout time.Duration
+}
+
+// CachedServerCounter caches the count of another [Counter].
+//
+// CountServers answers from one atomic load. Once the count has expired, the
+// next call starts one refresh in the background and answers the last count
+// until the refresh ends (stale-while-revalidate); however many callers
+// there are, one refresh runs at a time. A failed refresh keeps the last good
+// count. Before the first success the cache answers CacheConfig.Fallback;
+// the very first call waits for the first refresh to end.
+//
+// A CachedServerCounter is safe for concurrent use. Close stops it.
+type CachedServerCounter struct {
+	source Counter
+	cfg    CacheConfig
+
+	// cur is the count that readers see. Writers replace it, holding mu;
+	// readers only Load it.
+	cur atomic.Pointer[entry]
+	// refresh asks the refresh loop for a refresh. Its buffer of 1 and
+	// non-blocking sends merge a burst of requests into one refresh.
+	refresh chan struct{}
+	// ready is closed when the first refresh has ended, well or not.
+	ready chan struct{}
+	// done is closed when the refresh loop has returned.
+	done   chan struct{}
+	cancel context.CancelFunc
+
+	mu sync.Mutex // serialises writers; guards the fields below
+	// good is the last good result; nil before the first.
+	good *Result
+	// override is the pinned count, or nil.
+	override *int
+	// expiry marks cur stale when it fires.
+	expiry *time.Timer
+	closed bool
+}
+
+// entry is a published count. It is never changed once published.
+type entry struct {
+	count  int
+	stale  bool // a read should ask for a refresh
+	result Result
+}
+
+// NewCachedServerCounter returns a cache in front of source.
+func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCounter, error) {
+	if cfg.MinExpiry == 0 {
+		cfg.MinExpiry = DefaultMinExpiry
+	}
+	if cfg.MaxExpiry == 0 {
+		cfg.MaxExpiry = DefaultMaxExpiry
+	}
+	if cfg.Fallback == 0 {
+		cfg.Fallback = DefaultFallback
+	}
+	if cfg.RefreshTimeout == 0 {
+		cfg.RefreshTimeout = DefaultRefreshTimeout
+	}
+	var errs []error
+	if source == nil {
+		errs = append(errs, errors.New("servercounter: no source to cache: pass a Counter such as a *DNSServerCounter"))
+	}
+	if cfg.Expiry < 0 || cfg.MinExpiry < 0 || cfg.MaxExpiry < cfg.MinExpiry {
+		errs = append(errs, fmt.Errorf("servercounter: invalid cache expiry %v (min %v, max %v): want positive durations with min <= max", cfg.Expiry, cfg.MinExpiry, cfg.MaxExpiry))
+	}
+	if cfg.Fallback < 0 {
+		errs = append(errs, fmt.Errorf("servercounter: invalid fallback count %d: must be at least 1", cfg.Fallback))
+	}
+	if cfg.RefreshTimeout < 0 {
+		errs = append(errs, fmt.Errorf("servercounter: invalid refresh timeout %v: must be positive", cfg.RefreshTimeout))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &CachedServerCounter{
+		source:  source,
+		cfg:     cfg,
+		refresh: make(chan struct{}, 1),
+		ready:   make(chan struct{}),
+		done:    make(chan struct{}),
+		cancel:  cancel,
+	}
+	c.cur.Store(&entry{count: cfg.Fallback, stale: true, result: c.fallback()})
+	go c.run(ctx)
+	return c, nil
+}
+
+// CountServers returns the cached count. The first call waits for the first
+// refresh to end; later calls never wait.
+func (c *CachedServerCounter) CountServers() int {
+	e := c.cur.Load()
+	if e.stale {
+		e = c.revalidate(context.Background())
+	}
+	return e.count
+}
+
+// Count returns the cached count with where it came from: Source is that of
+// the last good result, SourceFallback before the first, or SourceOverride.
+// It fails only when ctx ends before the first refresh does.
+func (c *CachedServerCounter) Count(ctx context.Context) (Result, error) {
+	e := c.cur.Load()
+	if e.stale {
+		e = c.revalidate(ctx)
+		if err := ctx.Err(); err != nil && !c.isReady() {
+			return Result{}, err
+		}
+	}
+	return e.result, nil
+}
+
+// revalidate asks for a refresh and, before the first refresh has ended,
+// waits for it.
+func (c *CachedServerCounter) revalidate(ctx context.Context) *entry {
+	select {
+	case c.refresh <- struct{}{}:
+	default:
+	}
+	select {
+	case <-c.ready:
+	default:
+		select {
+		case <-c.ready:
+		case <-c.done:
+		case <-ctx.Done():
+		}
+	}
+	return c.cur.Load()
+}
+
+func (c *CachedServerCounter) isReady() bool {
+	select {
+	case <-c.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// Override pins the count at n until ClearOverride, for an operator who
+// knows better than the source. Refreshes pause meanwhile.
+func (c *CachedServerCounter) Override(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.override = &n
+	c.publish(false)
+}
+
+// ClearOverride ends an override; the next read refreshes the count.
+func (c *CachedServerCounter) ClearOverride() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.override = nil
+	// The last good count may be old: the next read refreshes it.
+	c.publish(true)
+}
+
+// Close stops the refresh loop and waits for it to return. Later calls
+// answer the last count.
+func (c *CachedServerCounter) Close() error {
+	c.cancel()
+	<-c.done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.expiry != nil {
+		c.expiry.Stop()
+	}
+	if e := c.cur.Load(); e.stale {
+		c.cur.Store(&entry{count: e.count, result: e.result})
+	}
+	return nil
+}
+
+// run is the refresh loop: one refresh at a time, for as long as ctx.
+func (c *CachedServerCounter) run(ctx context.Context) {
+	defer close(c.done)
+	first := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.refresh:
+		}
+		// Reads during a refresh leave a request behind; the count it
+		// asked for may be fresh by now.
+		if !c.cur.Load().stale {
+			continue
+		}
+		c.refreshOnce(ctx)
+		if first {
+			close(c.ready)
+			first = false
+		}
+	}
+}
+
+func (c *CachedServerCounter) refreshOnce(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.RefreshTimeout)
+	res, err := c.source.Count(rctx)
+	cancel()
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	fresh := c.cfg.MinExpiry
+	if err != nil {
+		klog.FromContext(ctx).V(4).Info("Server count refresh failed, keeping the last count", "err", err)
+	} else {
+		c.good = &res
+		fresh = c.cfg.Expiry
+		if fresh == 0 {
+			fresh = min(max(res.TTL, c.cfg.MinExpiry), c.cfg.MaxExpiry)
+		}
+	}
+	e := c.publish(false)
+	if c.expiry != nil {
+		c.expiry.Stop()
+	}
+	c.expiry = time.AfterFunc(fresh, func() { c.expire(e) })
+}
+
+// publish makes the count readers see follow the override, the last good
+// result and the fallback, in that order. c.mu must be held.
+func (c *CachedServerCounter) publish(stale bool) *entry {
+	e := &entry{count: c.cfg.Fallback, result: c.fallback(), stale: stale && c.override == nil && !c.closed}
+	switch {
+	case c.override != nil:
+		e.count = *c.override
+		e.result = Result{Count: *c.override, Found: *c.override, Source: SourceOverride, At: time.Now()}
+	case c.good != nil:
+		e.count, e.result = c.good.Count, *c.good
+	}
+	c.cur.Store(e)
+	return e
+}
+
+// expire marks e stale, so that the next read asks for a refresh, unless a
+// newer count replaced it.
+func (c *CachedServerCounter) expire(e *entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.cur.Load() != e {
+		return
+	}
+	c.cur.Store(&entry{count: e.count, stale: true, result: e.result})
+}
+
+func (c *CachedServerCounter) fallback() Result {
+	return Result{Count: c.cfg.Fallback, Found: c.cfg.Fallback, Source: SourceFallback}
+}

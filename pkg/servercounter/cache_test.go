@@ -1,0 +1,279 @@
+package servercounter_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/pkg/servercounter"
+)
+
+// waitFor is the deadline for conditions in these tests; they normally hold
+// within milliseconds.
+const waitFor = 10 * time.Second
+
+// gatedSource is a Counter whose answers a test hands out one at a time, so
+// that it can hold a refresh in flight.
+type gatedSource struct {
+	calls   atomic.Int32
+	answers chan answerOrErr
+}
+
+type answerOrErr struct {
+	res servercounter.Result
+	err error
+}
+
+func newGatedSource() *gatedSource { return &gatedSource{answers: make(chan answerOrErr)} }
+
+func (s *gatedSource) Count(ctx context.Context) (servercounter.Result, error) {
+	s.calls.Add(1)
+	select {
+	case a := <-s.answers:
+		return a.res, a.err
+	case <-ctx.Done():
+		return servercounter.Result{}, ctx.Err()
+	}
+}
+
+// give hands out one answer, failing the test if no refresh asks for it.
+func (s *gatedSource) give(t *testing.T, n int, err error) {
+	t.Helper()
+	a := answerOrErr{res: servercounter.Result{Count: n, Found: n, Source: servercounter.SourceDNS}, err: err}
+	select {
+	case s.answers <- a:
+	case <-time.After(waitFor):
+		t.Fatalf("no refresh asked for count %d", n)
+	}
+}
+
+func newCache(t *testing.T, src servercounter.Counter, cfg servercounter.CacheConfig) *servercounter.CachedServerCounter {
+	t.Helper()
+	c, err := servercounter.NewCachedServerCounter(src, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
+}
+
+func eventually(t *testing.T, cond func() bool, msg string) {
+	t.Helper()
+	require.Eventually(t, cond, waitFor, time.Millisecond, msg)
+}
+
+func TestCachedFirstCallWaitsForFirstResult(t *testing.T) {
+	t.Parallel()
+	src := newGatedSource()
+	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
+	var wg sync.WaitGroup
+	got := make([]int, 50)
+	for i := range got {
+		wg.Go(func() { got[i] = c.CountServers() })
+	}
+	src.give(t, 3, nil)
+	wg.Wait()
+	for _, n := range got {
+		assert.Equal(t, 3, n)
+	}
+	assert.Equal(t, int32(1), src.calls.Load(), "one refresh for all first callers")
+}
+
+func TestCachedFallbackBeforeFirstSuccess(t *testing.T) {
+	t.Parallel()
+	src := newGatedSource()
+	c := newCache(t, src, servercounter.CacheConfig{Fallback: 2, MinExpiry: time.Millisecond, MaxExpiry: time.Hour})
+	done := make(chan int)
+	go func() { done <- c.CountServers() }()
+	src.give(t, 0, errors.New("dns down"))
+	assert.Equal(t, 2, <-done)
+	res, err := c.Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, servercounter.SourceFallback, res.Source)
+
+	// Once the retry wait has passed, a read asks again and learns the count.
+	eventually(t, func() bool {
+		go c.CountServers()
+		select {
+		case src.answers <- answerOrErr{res: servercounter.Result{Count: 4, Source: servercounter.SourceDNS}}:
+			return true
+		case <-time.After(time.Millisecond):
+			return false
+		}
+	}, "a refresh after the failure")
+	eventually(t, func() bool { return c.CountServers() == 4 }, "count 4 after the refresh")
+}
+
+func TestCachedStaleWhileRevalidate(t *testing.T) {
+	t.Parallel()
+	src := newGatedSource()
+	c := newCache(t, src, servercounter.CacheConfig{Expiry: 5 * time.Millisecond})
+	go c.CountServers()
+	src.give(t, 3, nil)
+	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
+
+	// After expiry, reads ask for one refresh; while it is in flight they
+	// answer the last count.
+	eventually(t, func() bool { c.CountServers(); return src.calls.Load() == 2 }, "a refresh after expiry")
+	for range 1000 {
+		assert.Equal(t, 3, c.CountServers())
+	}
+	assert.Equal(t, int32(2), src.calls.Load(), "one refresh in flight, whatever the number of reads")
+	src.give(t, 5, nil)
+	eventually(t, func() bool { return c.CountServers() == 5 }, "the refreshed count")
+}
+
+func TestCachedKeepsLastGoodOnError(t *testing.T) {
+	t.Parallel()
+	src := newGatedSource()
+	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Millisecond, MinExpiry: time.Millisecond})
+	go c.CountServers()
+	src.give(t, 3, nil)
+	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
+	for range 3 {
+		want := src.calls.Load() + 1
+		eventually(t, func() bool { c.CountServers(); return src.calls.Load() == want }, "a refresh after expiry")
+		src.give(t, 0, errors.New("servfail"))
+		assert.Equal(t, 3, c.CountServers())
+	}
+	res, err := c.Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, servercounter.SourceDNS, res.Source)
+	assert.Equal(t, 3, res.Count)
+}
+
+func TestCachedSingleFlightUnderLoad(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	release := make(chan struct{})
+	src := servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
+		calls.Add(1)
+		<-release
+		return servercounter.Result{Count: 7, Source: servercounter.SourceDNS}, nil
+	})
+	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				c.CountServers()
+			}
+		})
+	}
+	eventually(t, func() bool { return calls.Load() == 1 }, "the first refresh starts")
+	close(release)
+	wg.Wait()
+	assert.Equal(t, 7, c.CountServers())
+	assert.Equal(t, int32(1), calls.Load())
+}
+
+func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	src := servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
+		calls.Add(1)
+		return servercounter.Result{Count: 1, TTL: time.Hour, Source: servercounter.SourceDNS}, nil
+	})
+	// TTL of an hour, bounded to 10ms: reads keep refreshing.
+	c := newCache(t, src, servercounter.CacheConfig{MinExpiry: time.Millisecond, MaxExpiry: 10 * time.Millisecond})
+	eventually(t, func() bool { c.CountServers(); return calls.Load() >= 3 }, "refreshes every MaxExpiry")
+
+	// An expiry of an hour: no second refresh.
+	var calls2 atomic.Int32
+	src2 := servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
+		calls2.Add(1)
+		return servercounter.Result{Count: 1, TTL: time.Millisecond, Source: servercounter.SourceDNS}, nil
+	})
+	c2 := newCache(t, src2, servercounter.CacheConfig{MinExpiry: time.Hour, MaxExpiry: time.Hour})
+	for range 100 {
+		c2.CountServers()
+	}
+	assert.Equal(t, int32(1), calls2.Load())
+}
+
+func TestCachedOverride(t *testing.T) {
+	t.Parallel()
+	src := newGatedSource()
+	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
+	go c.CountServers()
+	src.give(t, 3, nil)
+	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
+
+	c.Override(9)
+	assert.Equal(t, 9, c.CountServers())
+	res, err := c.Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, servercounter.SourceOverride, res.Source)
+
+	c.ClearOverride()
+	assert.Equal(t, 3, c.CountServers(), "the last good count until the refresh ends")
+	src.give(t, 4, nil)
+	eventually(t, func() bool { return c.CountServers() == 4 }, "a refresh after the override")
+}
+
+func TestCachedCountHonoursContext(t *testing.T) {
+	t.Parallel()
+	src := newGatedSource()
+	c := newCache(t, src, servercounter.CacheConfig{})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+	defer cancel()
+	_, err := c.Count(ctx)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestCachedCloseUnblocksFirstCall(t *testing.T) {
+	t.Parallel()
+	src := newGatedSource()
+	c, err := servercounter.NewCachedServerCounter(src, servercounter.CacheConfig{Fallback: 2})
+	require.NoError(t, err)
+	done := make(chan int)
+	go func() { done <- c.CountServers() }()
+	eventually(t, func() bool { return src.calls.Load() == 1 }, "the first refresh starts")
+	require.NoError(t, c.Close())
+	assert.Equal(t, 2, <-done)
+	assert.Equal(t, 2, c.CountServers(), "a closed cache answers its last count")
+}
+
+func TestCachedRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	_, err := servercounter.NewCachedServerCounter(nil, servercounter.CacheConfig{Fallback: -1, MinExpiry: time.Hour, MaxExpiry: time.Second})
+	require.Error(t, err)
+	for _, w := range []string{"no source", "invalid fallback count -1", "invalid cache expiry"} {
+		assert.Contains(t, err.Error(), w)
+	}
+}
+
+func TestCachedDNSFollowsScaling(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2", "10.0.0.3")...)
+	dc := newCounter(t, srv, "_agent._tcp."+svc)
+	c := newCache(t, dc, servercounter.CacheConfig{Expiry: 5 * time.Millisecond, MinExpiry: time.Millisecond})
+	assert.Equal(t, 3, c.CountServers())
+
+	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5")...)
+	eventually(t, func() bool { return c.CountServers() == 5 }, "scale up to 5")
+
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
+	q := srv.Queries("")
+	eventually(t, func() bool { c.CountServers(); return srv.Queries("") > q+3 }, "refreshes fail")
+	assert.Equal(t, 5, c.CountServers(), "a DNS outage keeps the last count")
+
+	srv.ClearFault()
+	srv.SetRecords()
+	eventually(t, func() bool { return c.CountServers() == 0 }, "NXDOMAIN counts zero")
+}
+
+func TestStaticServerCounter(t *testing.T) {
+	t.Parallel()
+	var c servercounter.ServerCounter = servercounter.StaticServerCounter(3)
+	assert.Equal(t, 3, c.CountServers())
+	res, err := servercounter.StaticServerCounter(3).Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, servercounter.Result{Count: 3, Found: 3, Source: servercounter.SourceStatic}, res)
+}

@@ -1,0 +1,240 @@
+package servercounter
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Defaults for the zero values of [Config].
+const (
+	// DefaultResolvConf is where nameservers, search and ndots are read.
+	DefaultResolvConf = "/etc/resolv.conf"
+	// DefaultTimeout bounds one query.
+	DefaultTimeout = 2 * time.Second
+	// DefaultAttempts is how many times a count is tried before it fails.
+	DefaultAttempts = 3
+	// DefaultUDPSize is the EDNS0 buffer size advertised: the size that
+	// avoids IP fragmentation (DNS Flag Day 2020).
+	DefaultUDPSize = 1232
+	// DefaultInitialBackoff is the wait before the first retry.
+	DefaultInitialBackoff = 100 * time.Millisecond
+	// DefaultMaxBackoff bounds the wait between retries.
+	DefaultMaxBackoff = 2 * time.Second
+)
+
+// maxCNAMEs bounds how many CNAMEs a count follows, as resolvers do, so that
+// a loop ends.
+const maxCNAMEs = 8
+
+// RecordType says which records a [DNSServerCounter] counts.
+type RecordType int
+
+// Record types.
+const (
+	// TypeAuto counts SRV records when the name's first label starts with
+	// "_" (as in _agent._tcp.proxy), else TypeIP.
+	TypeAuto RecordType = iota
+	// TypeSRV counts distinct SRV targets.
+	TypeSRV
+	// TypeA counts distinct IPv4 addresses.
+	TypeA
+	// TypeAAAA counts distinct IPv6 addresses.
+	TypeAAAA
+	// TypeIP asks for A and AAAA and counts the larger family: a
+	// dual-stack replica has one address of each.
+	TypeIP
+)
+
+var typeNames = []string{TypeAuto: "auto", TypeSRV: "srv", TypeA: "a", TypeAAAA: "aaaa", TypeIP: "ip"}
+
+// String returns the lower-case name of t, as [ParseRecordType] takes it.
+func (t RecordType) String() string {
+	if t >= 0 && int(t) < len(typeNames) {
+		return typeNames[t]
+	}
+	return "unknown"
+}
+
+// ParseRecordType parses "auto", "srv", "a", "aaaa" or "ip", in any case.
+func ParseRecordType(s string) (RecordType, error) {
+	for t, n := range typeNames {
+		if strings.EqualFold(s, n) {
+			return RecordType(t), nil
+		}
+	}
+	return 0, fmt.Errorf("servercounter: unknown record type %q: use one of auto, srv, a, aaaa, ip", s)
+}
+
+// DNSTypes returns the DNS types a count of t asks for; TypeAuto and TypeIP
+// ask for A and AAAA.
+func (t RecordType) DNSTypes() []uint16 {
+	switch t {
+	case TypeSRV:
+		return []uint16{dns.TypeSRV}
+	case TypeA:
+		return []uint16{dns.TypeA}
+	case TypeAAAA:
+		return []uint16{dns.TypeAAAA}
+	}
+	return []uint16{dns.TypeA, dns.TypeAAAA}
+}
+
+// Config configures a [DNSServerCounter]. The zero value of each field but
+// Name means its default.
+type Config struct {
+	// Name is the DNS name of the servers' headless Service, for example
+	// proxy-server.kube-system.svc.cluster.local, or
+	// _agent._tcp.proxy-server.kube-system.svc.cluster.local for its SRV
+	// records. A name without a trailing dot is tried with the search
+	// suffixes of ResolvConf, as a pod's resolver would; a trailing dot means
+	// the name as it is.
+	Name string
+	// Type is the record type to count; default TypeAuto.
+	Type RecordType
+	// Servers lists the nameservers as host:port (the port defaults to 53).
+	// Empty means the nameservers of ResolvConf.
+	Servers []string
+	// ResolvConf is the resolv.conf file whose nameservers, search list and
+	// ndots apply; default DefaultResolvConf. It is read once, by
+	// NewDNSServerCounter. When Servers is set and the default file does not
+	// exist, names are not searched.
+	ResolvConf string
+	// Timeout bounds one query; default DefaultTimeout.
+	Timeout time.Duration
+	// Attempts is how many times a count is tried, each time against the
+	// next nameserver, with exponential back-off between tries; default
+	// DefaultAttempts. The context given to Count bounds them all.
+	Attempts int
+	// TCP sends queries over TCP only.
+	TCP bool
+	// UDPSize is the EDNS0 buffer size advertised over UDP; default
+	// DefaultUDPSize.
+	UDPSize uint16
+	// Min and Max clamp the count when they are above zero, so that a
+	// broken or hostile answer with 100000 records does not make a caller
+	// open 100000 connections. Found in the Result keeps the number before
+	// the clamp.
+	Min, Max int
+	// InitialBackoff is the wait before the first retry and MaxBackoff
+	// bounds later ones; defaults DefaultInitialBackoff and
+	// DefaultMaxBackoff. Each wait is randomised by ±50%.
+	InitialBackoff, MaxBackoff time.Duration
+}
+
+// resolved is a Config with every default applied and resolv.conf read.
+type resolved struct {
+	Config
+	names   []string // candidate FQDNs, in the order they are tried
+	servers []string // host:port
+}
+
+// resolve applies defaults, reads resolv.conf and validates, returning
+// every problem at once.
+func (cfg Config) resolve() (*resolved, error) {
+	r := &resolved{Config: cfg}
+	if r.ResolvConf == "" {
+		r.ResolvConf = DefaultResolvConf
+	}
+	if r.Timeout == 0 {
+		r.Timeout = DefaultTimeout
+	}
+	if r.Attempts == 0 {
+		r.Attempts = DefaultAttempts
+	}
+	if r.UDPSize == 0 {
+		r.UDPSize = DefaultUDPSize
+	}
+	if r.InitialBackoff == 0 {
+		r.InitialBackoff = DefaultInitialBackoff
+	}
+	if r.MaxBackoff == 0 {
+		r.MaxBackoff = DefaultMaxBackoff
+	}
+	if r.Type == TypeAuto {
+		r.Type = TypeIP
+		if strings.HasPrefix(r.Name, "_") {
+			r.Type = TypeSRV
+		}
+	}
+
+	var errs []error
+	if r.Name == "" {
+		errs = append(errs, errors.New("servercounter: no name to count: set Config.Name to the servers' headless Service, e.g. proxy-server.kube-system.svc.cluster.local"))
+	} else if _, ok := dns.IsDomainName(r.Name); !ok || strings.HasPrefix(r.Name, ".") || strings.Contains(r.Name, "..") {
+		errs = append(errs, fmt.Errorf("servercounter: invalid name %q: not a DNS name; use one like proxy-server.kube-system.svc.cluster.local", r.Name))
+	}
+	if r.Type < TypeAuto || r.Type > TypeIP {
+		errs = append(errs, fmt.Errorf("servercounter: invalid record type %d: use TypeAuto, TypeSRV, TypeA, TypeAAAA or TypeIP", int(r.Type)))
+	}
+	if r.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("servercounter: invalid timeout %v: must be positive", r.Timeout))
+	}
+	if r.Attempts < 0 {
+		errs = append(errs, fmt.Errorf("servercounter: invalid attempts %d: must be at least 1", r.Attempts))
+	}
+	if r.UDPSize < dns.MinMsgSize {
+		errs = append(errs, fmt.Errorf("servercounter: invalid UDP size %d: must be at least %d", r.UDPSize, dns.MinMsgSize))
+	}
+	if r.Min < 0 || r.Max < 0 || (r.Max > 0 && r.Min > r.Max) {
+		errs = append(errs, fmt.Errorf("servercounter: invalid clamp min %d max %d: want 0 <= min <= max (0 means no bound)", r.Min, r.Max))
+	}
+	if r.InitialBackoff < 0 || r.MaxBackoff < r.InitialBackoff {
+		errs = append(errs, fmt.Errorf("servercounter: invalid back-off %v..%v: want 0 < initial <= max", r.InitialBackoff, r.MaxBackoff))
+	}
+	for _, s := range r.Servers {
+		hp, err := hostPort(s, "53")
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		r.servers = append(r.servers, hp)
+	}
+
+	conf, err := dns.ClientConfigFromFile(r.ResolvConf)
+	switch {
+	case err == nil:
+		if len(r.Servers) == 0 {
+			for _, s := range conf.Servers {
+				r.servers = append(r.servers, net.JoinHostPort(s, conf.Port))
+			}
+		}
+	case errors.Is(err, fs.ErrNotExist) && len(r.Servers) > 0 && cfg.ResolvConf == "":
+		conf = &dns.ClientConfig{Ndots: 1}
+	default:
+		errs = append(errs, fmt.Errorf("servercounter: read resolv.conf: %w", err))
+		conf = &dns.ClientConfig{Ndots: 1}
+	}
+	if len(r.servers) == 0 && len(errs) == 0 {
+		errs = append(errs, ErrNoNameservers)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	r.names = conf.NameList(r.Name)
+	for i, n := range r.names {
+		r.names[i] = strings.ToLower(n)
+	}
+	return r, nil
+}
+
+// hostPort returns s as host:port, adding port when s has none. It takes
+// "10.0.0.10", "10.0.0.10:53", "::1", "[::1]:53" and "localhost:5353".
+func hostPort(s, port string) (string, error) {
+	if host, p, err := net.SplitHostPort(s); err == nil {
+		if _, perr := strconv.ParseUint(p, 10, 16); host == "" || perr != nil {
+			return "", fmt.Errorf("servercounter: invalid nameserver %q: want host:port, e.g. 10.96.0.10:53", s)
+		}
+		return s, nil
+	}
+	if s == "" || strings.ContainsAny(s, "[]/ ") {
+		return "", fmt.Errorf("servercounter: invalid nameserver %q: want host:port, e.g. 10.96.0.10:53", s)
+	}
+	return net.JoinHostPort(s, port), nil
+}

@@ -1,0 +1,173 @@
+package servercounter
+
+import (
+	"context"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// ServerCounter reports how many servers there are.
+//
+// CountServers must be safe for concurrent use and must not fail: an
+// implementation that cannot learn the count answers the best it knows.
+type ServerCounter interface {
+	CountServers() int
+}
+
+// Counter is implemented by counters that can fail. Count blocks until it
+// knows the count, the count cannot be learnt, or ctx is done. A nil error
+// means Result.Count is the number of servers, zero included; an error
+// means the count is unknown.
+type Counter interface {
+	Count(ctx context.Context) (Result, error)
+}
+
+// CounterFunc adapts a function to a [Counter].
+type CounterFunc func(ctx context.Context) (Result, error)
+
+// Count calls f(ctx).
+func (f CounterFunc) Count(ctx context.Context) (Result, error) { return f(ctx) }
+
+// Result is one count and what is known of where it came from. Fields other
+// than Count and Source are set by counters that have them.
+type Result struct {
+	// Count is the number of servers, after any clamp.
+	Count int
+	// Found is the number of distinct servers in the answer, before any
+	// clamp.
+	Found int
+	// Source says where Count came from.
+	Source Source
+	// Outcome says whether a DNS answer had records or was a valid zero.
+	Outcome Outcome
+	// Name is the fully qualified name whose answer was counted: the one
+	// asked for, or the one a search suffix made of it.
+	Name string
+	// Type is the record type that was counted.
+	Type RecordType
+	// TTL is the smallest TTL in the counted answer. For NXDOMAIN and NODATA
+	// it is the negative-caching TTL of the SOA in the answer, or 0 without
+	// one.
+	TTL time.Duration
+	// Truncated reports that even the TCP answer was truncated: Count is a
+	// lower bound.
+	Truncated bool
+	// Rcode is the DNS response code of the counted answer.
+	Rcode int
+	// Server is the nameserver (host:port) that answered.
+	Server string
+	// Transport is how the answer arrived.
+	Transport Transport
+	// Duration is how long the count took, retries included.
+	Duration time.Duration
+	// At is when the count was learnt.
+	At time.Time
+	// Answer holds the counted records, sorted: SRV, A or AAAA records,
+	// without the CNAMEs that led to them.
+	Answer []dns.RR
+	// Extra holds the addresses of SRV targets that the server sent along
+	// (glue), sorted.
+	Extra []dns.RR
+}
+
+// Source says where a count came from.
+type Source int
+
+// Sources of a count.
+const (
+	// SourceStatic is a configured number.
+	SourceStatic Source = iota + 1
+	// SourceDNS is a DNS answer.
+	SourceDNS
+	// SourceFallback is the number a cache answers before it has learnt a
+	// count.
+	SourceFallback
+	// SourceOverride is a number pinned by [CachedServerCounter.Override].
+	SourceOverride
+)
+
+var sourceNames = map[Source]string{
+	SourceStatic:   "static",
+	SourceDNS:      "dns",
+	SourceFallback: "fallback",
+	SourceOverride: "override",
+}
+
+// String returns the lower-case name of s, as used in logs and metrics.
+func (s Source) String() string {
+	if n, ok := sourceNames[s]; ok {
+		return n
+	}
+	return "unknown"
+}
+
+// Outcome classifies a DNS answer that was not an error.
+type Outcome int
+
+// Outcomes of a DNS count.
+const (
+	// OutcomeRecords means the answer had records of the type asked for.
+	OutcomeRecords Outcome = iota
+	// OutcomeNXDomain means the name does not exist. Kubernetes DNS answers
+	// NXDOMAIN for a headless Service with no ready endpoint, and for an SRV
+	// name with a port name the Service does not have.
+	OutcomeNXDomain
+	// OutcomeNoData means the name exists but has no records of the type
+	// asked for.
+	OutcomeNoData
+)
+
+// String returns "records", "nxdomain" or "nodata".
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeRecords:
+		return "records"
+	case OutcomeNXDomain:
+		return "nxdomain"
+	case OutcomeNoData:
+		return "nodata"
+	}
+	return "unknown"
+}
+
+// Transport says how a DNS answer arrived.
+type Transport int
+
+// Transports of a DNS answer.
+const (
+	// TransportNone: no DNS exchange, as for a static count.
+	TransportNone Transport = iota
+	// TransportUDP: over UDP.
+	TransportUDP
+	// TransportTCP: over TCP, because TCP was asked for.
+	TransportTCP
+	// TransportUDPThenTCP: the UDP answer was truncated and the query was
+	// repeated over TCP (RFC 7766).
+	TransportUDPThenTCP
+)
+
+// String returns "udp", "tcp", "udp->tcp", or "none".
+func (t Transport) String() string {
+	switch t {
+	case TransportUDP:
+		return "udp"
+	case TransportTCP:
+		return "tcp"
+	case TransportUDPThenTCP:
+		return "udp->tcp"
+	}
+	return "none"
+}
+
+// StaticServerCounter is a fixed count, such as the --server-count flag.
+// Its zero value counts zero servers.
+type StaticServerCounter int
+
+// CountServers returns n.
+func (n StaticServerCounter) CountServers() int { return int(n) }
+
+// Count returns n, with Source [SourceStatic]. It never fails.
+func (n StaticServerCounter) Count(context.Context) (Result, error) {
+	return Result{Count: int(n), Found: int(n), Source: SourceStatic}, nil
+}

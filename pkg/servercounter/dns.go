@@ -1,0 +1,285 @@
+package servercounter
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/miekg/dns"
+	"k8s.io/klog/v2"
+)
+
+// DNSServerCounter counts servers by the records of a DNS name, usually
+// the headless Service in front of them: Kubernetes DNS answers one A or
+// AAAA record per ready endpoint, and one SRV record per ready endpoint and
+// named port.
+//
+// A DNSServerCounter is safe for concurrent use. Each Count queries the
+// network; wrap it in a [CachedServerCounter] to count often.
+type DNSServerCounter struct {
+	cfg      *resolved
+	udp, tcp *dns.Client
+
+	mu sync.Mutex // guards the fields below, which only decide what to log
+	// lastCount is the last count learnt, -1 before the first.
+	lastCount int
+	// lastKind is the kind of the last failure, 0 after a success.
+	lastKind ErrorKind
+}
+
+// NewDNSServerCounter returns a counter for cfg.Name. It reads resolv.conf
+// once, here, and returns every problem with cfg at once.
+func NewDNSServerCounter(cfg Config) (*DNSServerCounter, error) {
+	r, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	return &DNSServerCounter{
+		cfg:       r,
+		udp:       &dns.Client{Net: "udp", UDPSize: r.UDPSize},
+		tcp:       &dns.Client{Net: "tcp"},
+		lastCount: -1,
+	}, nil
+}
+
+// Names returns the fully qualified names a count tries, in order: the
+// configured name with the search suffixes of resolv.conf.
+func (c *DNSServerCounter) Names() []string { return slices.Clone(c.cfg.names) }
+
+// Servers returns the nameservers a count asks, in order, as host:port.
+func (c *DNSServerCounter) Servers() []string { return slices.Clone(c.cfg.servers) }
+
+// Type returns the record type counted; never TypeAuto.
+func (c *DNSServerCounter) Type() RecordType { return c.cfg.Type }
+
+// CountServers counts, and on failure returns the last count learnt (0
+// before the first), so that a failing lookup never loses a good count. It
+// blocks for the lookup; a [CachedServerCounter] answers at once.
+func (c *DNSServerCounter) CountServers() int {
+	res, err := c.Count(context.Background())
+	if err != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return max(c.lastCount, 0)
+	}
+	return res.Count
+}
+
+// Count resolves the name and counts distinct servers in the answer: SRV
+// targets, or addresses (for TypeIP, the larger of the IPv4 and IPv6
+// families). NXDOMAIN and NODATA count zero. A failed try (timeout,
+// SERVFAIL, REFUSED, a malformed answer) is repeated against the next
+// nameserver after an exponential back-off, up to Config.Attempts tries or
+// until ctx is done; then Count returns a *DNSError.
+func (c *DNSServerCounter) Count(ctx context.Context) (Result, error) {
+	start := time.Now()
+	var (
+		res     Result
+		last    *DNSError
+		attempt int
+	)
+	try := func() error {
+		server := c.cfg.servers[attempt%len(c.cfg.servers)]
+		attempt++
+		r, name, err := c.lookup(ctx, server)
+		if err != nil {
+			var f *failure
+			errors.As(err, &f)
+			last = &DNSError{Name: name, Server: server, Kind: f.kind, Rcode: f.rcode, Err: f.err}
+			return err
+		}
+		r.Server = server
+		res = r
+		return nil
+	}
+	// MaxElapsedTime 0: Attempts and ctx bound the retries, not the
+	// package's 15-minute default.
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(c.cfg.InitialBackoff),
+		backoff.WithMaxInterval(c.cfg.MaxBackoff),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithMaxElapsedTime(0))
+	err := backoff.Retry(try, backoff.WithContext(backoff.WithMaxRetries(b, uint64(c.cfg.Attempts-1)), ctx))
+	if err != nil {
+		if last == nil {
+			last = &DNSError{Name: c.cfg.names[0], Kind: ErrorTimeout, Rcode: -1}
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			last.Kind, last.Rcode, last.Err = ErrorTimeout, -1, errors.Join(cerr, last.Err)
+		}
+		last.Attempts = attempt
+		c.observe(ctx, Result{}, last)
+		return Result{}, last
+	}
+
+	res.Source, res.Type = SourceDNS, c.cfg.Type
+	res.Count = res.Found
+	if c.cfg.Max > 0 {
+		res.Count = min(res.Count, c.cfg.Max)
+	}
+	res.Count = max(res.Count, c.cfg.Min)
+	res.At = time.Now()
+	res.Duration = res.At.Sub(start)
+	c.observe(ctx, res, nil)
+	return res, nil
+}
+
+// lookup tries each candidate name on server, as a stub resolver walks its
+// search list: the first name with records answers. When none has, the
+// answer for the name as given (made absolute) is the valid zero. A failure
+// on any name fails the try: it could hide the records.
+func (c *DNSServerCounter) lookup(ctx context.Context, server string) (Result, string, error) {
+	var zero Result
+	absolute := strings.ToLower(dns.Fqdn(c.cfg.Name))
+	for i, name := range c.cfg.names {
+		res, err := c.lookupName(ctx, server, name)
+		if err != nil {
+			return Result{}, name, err
+		}
+		if res.Outcome == OutcomeRecords {
+			return res, name, nil
+		}
+		if i == 0 || name == absolute {
+			zero = res
+		}
+	}
+	return zero, zero.Name, nil
+}
+
+// lookupName counts the servers at one name. For TypeIP it asks for A and
+// AAAA at once.
+func (c *DNSServerCounter) lookupName(ctx context.Context, server, name string) (Result, error) {
+	if c.cfg.Type != TypeIP {
+		a, err := c.query(ctx, server, name, c.cfg.Type.DNSTypes()[0])
+		if err != nil {
+			return Result{}, err
+		}
+		return a.result(name), nil
+	}
+	var (
+		v6    answer
+		v6err error
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() { v6, v6err = c.query(ctx, server, name, dns.TypeAAAA) })
+	v4, err := c.query(ctx, server, name, dns.TypeA)
+	wg.Wait()
+	if err == nil {
+		err = v6err
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	r4, r6 := v4.result(name), v6.result(name)
+	res := r4
+	if r6.Found > r4.Found {
+		res = r6
+	}
+	res.Answer = append(r4.Answer, r6.Answer...)
+	res.Truncated = r4.Truncated || r6.Truncated
+	res.Transport = max(r4.Transport, r6.Transport)
+	switch {
+	case r4.Found > 0 && r6.Found > 0:
+		res.TTL = min(r4.TTL, r6.TTL)
+	case r4.Found == 0 && r6.Found == 0:
+		res.TTL = min(r4.TTL, r6.TTL)
+		if r4.Outcome == OutcomeNoData || r6.Outcome == OutcomeNoData {
+			res.Outcome, res.Rcode = OutcomeNoData, dns.RcodeSuccess
+		}
+	}
+	return res, nil
+}
+
+// result turns the answer for name into a Result with distinct servers
+// counted and records sorted.
+func (a answer) result(name string) Result {
+	slices.SortFunc(a.rrs, compareRR)
+	slices.SortFunc(a.extra, compareRR)
+	return Result{
+		Found:     countDistinct(a.rrs),
+		Outcome:   a.outcome,
+		Name:      name,
+		TTL:       time.Duration(a.ttl) * time.Second,
+		Truncated: a.truncated,
+		Rcode:     a.rcode,
+		Transport: a.transport,
+		Answer:    a.rrs,
+		Extra:     a.extra,
+	}
+}
+
+// countDistinct counts distinct servers in sorted rrs, all of one type:
+// SRV targets (a name may have one SRV record per port of the same
+// endpoint), or addresses. An SRV target of "." means "no service" (RFC
+// 2782) and is not counted.
+func countDistinct(rrs []dns.RR) int {
+	n := 0
+	for i, rr := range rrs {
+		if s, ok := rr.(*dns.SRV); ok && s.Target == "." {
+			continue
+		}
+		if i == 0 || sameServer(rrs[i-1], rr) != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// sameServer compares the servers that a and b name, so that records of
+// one server sort together: 0 means the same server.
+func sameServer(a, b dns.RR) int {
+	switch a := a.(type) {
+	case *dns.SRV:
+		return cmp.Compare(strings.ToLower(a.Target), strings.ToLower(b.(*dns.SRV).Target))
+	case *dns.A:
+		return bytes.Compare(a.A.To4(), b.(*dns.A).A.To4())
+	case *dns.AAAA:
+		return bytes.Compare(a.AAAA.To16(), b.(*dns.AAAA).AAAA.To16())
+	}
+	return 0
+}
+
+// compareRR orders records by type, then server, then SRV port.
+func compareRR(a, b dns.RR) int {
+	if c := cmp.Compare(a.Header().Rrtype, b.Header().Rrtype); c != 0 {
+		return c
+	}
+	if c := sameServer(a, b); c != 0 {
+		return c
+	}
+	if sa, ok := a.(*dns.SRV); ok {
+		return cmp.Compare(sa.Port, b.(*dns.SRV).Port)
+	}
+	return 0
+}
+
+// observe logs when the count changes or a kind of failure starts or ends,
+// never once per query.
+func (c *DNSServerCounter) observe(ctx context.Context, res Result, err *DNSError) {
+	logger := klog.FromContext(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		if err.Kind != c.lastKind {
+			logger.V(2).Info("DNS server count failed", "name", c.cfg.Name, "kind", err.Kind.String(), "server", err.Server, "err", err.Err)
+			c.lastKind = err.Kind
+		}
+		logger.V(4).Info("DNS server count attempt failed", "name", c.cfg.Name, "err", err)
+		return
+	}
+	if c.lastKind != 0 {
+		logger.V(2).Info("DNS server count recovered", "name", c.cfg.Name, "failure", c.lastKind.String())
+		c.lastKind = 0
+	}
+	if res.Count != c.lastCount {
+		logger.V(2).Info("Server count changed", "name", res.Name, "oldCount", c.lastCount, "newCount", res.Count, "source", res.Source.String(), "found", res.Found)
+		c.lastCount = res.Count
+	}
+	logger.V(4).Info("DNS server count", "name", res.Name, "count", res.Count, "outcome", res.Outcome.String(), "server", res.Server, "transport", res.Transport.String())
+}

@@ -1,0 +1,548 @@
+package servercounter_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+
+	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/pkg/servercounter"
+)
+
+const svc = "proxy.kube-system.svc.cluster.local."
+
+// headless3 is a 3-replica headless Service with two named ports, so that
+// an SRV query without _port._proto-style filtering sees two records per
+// replica.
+var headless3 = `
+proxy.kube-system.svc.cluster.local. 30 IN A 10.0.0.1
+proxy.kube-system.svc.cluster.local. 30 IN A 10.0.0.2
+proxy.kube-system.svc.cluster.local. 30 IN A 10.0.0.3
+p1.proxy.kube-system.svc.cluster.local. 30 IN A 10.0.0.1
+p2.proxy.kube-system.svc.cluster.local. 30 IN A 10.0.0.2
+p3.proxy.kube-system.svc.cluster.local. 30 IN A 10.0.0.3
+_agent._tcp.proxy.kube-system.svc.cluster.local. 20 IN SRV 0 33 8091 p1.proxy.kube-system.svc.cluster.local.
+_agent._tcp.proxy.kube-system.svc.cluster.local. 30 IN SRV 0 33 8091 p2.proxy.kube-system.svc.cluster.local.
+_agent._tcp.proxy.kube-system.svc.cluster.local. 30 IN SRV 0 33 8091 P3.proxy.kube-system.svc.cluster.local.
+_all._tcp.proxy.kube-system.svc.cluster.local. 30 IN SRV 0 33 8091 p1.proxy.kube-system.svc.cluster.local.
+_all._tcp.proxy.kube-system.svc.cluster.local. 30 IN SRV 0 33 8092 p1.proxy.kube-system.svc.cluster.local.
+_all._tcp.proxy.kube-system.svc.cluster.local. 30 IN SRV 0 33 8091 p2.proxy.kube-system.svc.cluster.local.
+_all._tcp.proxy.kube-system.svc.cluster.local. 30 IN SRV 0 33 8092 p2.proxy.kube-system.svc.cluster.local.
+dual.kube-system.svc.cluster.local. 30 IN A 10.0.0.1
+dual.kube-system.svc.cluster.local. 30 IN A 10.0.0.2
+dual.kube-system.svc.cluster.local. 30 IN AAAA fd00::1
+dual.kube-system.svc.cluster.local. 30 IN AAAA fd00::2
+dual.kube-system.svc.cluster.local. 30 IN AAAA fd00::3
+v6.kube-system.svc.cluster.local. 30 IN AAAA fd00::1
+dup.kube-system.svc.cluster.local. 30 IN A 10.0.0.1
+dup.kube-system.svc.cluster.local. 30 IN A 10.0.0.1
+alias.example. 10 IN CNAME alias2.example.
+alias2.example. 10 IN CNAME proxy.kube-system.svc.cluster.local.
+loop1.example. 10 IN CNAME loop2.example.
+loop2.example. 10 IN CNAME loop1.example.
+nosrv._tcp.proxy.kube-system.svc.cluster.local. 30 IN SRV 0 0 8091 .
+txtonly.example. 30 IN TXT "x"
+`
+
+// newCounter starts a counter of name against srv with fast retries.
+func newCounter(t *testing.T, srv *dnstest.Server, name string, mod ...func(*servercounter.Config)) *servercounter.DNSServerCounter {
+	t.Helper()
+	cfg := servercounter.Config{
+		Name:           name,
+		Servers:        []string{srv.Addr()},
+		ResolvConf:     emptyResolvConf(t),
+		Timeout:        500 * time.Millisecond,
+		InitialBackoff: time.Millisecond,
+		MaxBackoff:     5 * time.Millisecond,
+	}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	c, err := servercounter.NewDNSServerCounter(cfg)
+	require.NoError(t, err)
+	return c
+}
+
+func emptyResolvConf(t *testing.T) string {
+	return writeResolvConf(t, "")
+}
+
+func writeResolvConf(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "resolv.conf")
+	require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
+	return p
+}
+
+func TestDNSCount(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+
+	tests := []struct {
+		name        string
+		qname       string
+		typ         servercounter.RecordType
+		wantCount   int
+		wantOutcome servercounter.Outcome
+		wantType    servercounter.RecordType
+		wantTTL     time.Duration
+		wantAnswer  int
+		wantExtra   int
+	}{
+		{name: "srv targets", qname: "_agent._tcp." + svc, wantCount: 3, wantType: servercounter.TypeSRV, wantTTL: 20 * time.Second, wantAnswer: 3, wantExtra: 3},
+		{name: "srv counts targets not ports", qname: "_all._tcp." + svc, wantCount: 2, wantType: servercounter.TypeSRV, wantTTL: 30 * time.Second, wantAnswer: 4, wantExtra: 2},
+		{name: "srv target dot means no service", qname: "nosrv._tcp." + svc, typ: servercounter.TypeSRV, wantCount: 0, wantType: servercounter.TypeSRV, wantTTL: 30 * time.Second, wantAnswer: 1},
+		{name: "ip counts addresses", qname: svc, wantCount: 3, wantType: servercounter.TypeIP, wantTTL: 30 * time.Second, wantAnswer: 3},
+		{name: "ip dual-stack takes larger family", qname: "dual.kube-system.svc.cluster.local.", wantCount: 3, wantType: servercounter.TypeIP, wantTTL: 30 * time.Second, wantAnswer: 5},
+		{name: "ip v6 only", qname: "v6.kube-system.svc.cluster.local.", wantCount: 1, wantType: servercounter.TypeIP, wantTTL: 30 * time.Second, wantAnswer: 1},
+		{name: "a only", qname: "dual.kube-system.svc.cluster.local.", typ: servercounter.TypeA, wantCount: 2, wantType: servercounter.TypeA, wantTTL: 30 * time.Second, wantAnswer: 2},
+		{name: "aaaa only", qname: "dual.kube-system.svc.cluster.local.", typ: servercounter.TypeAAAA, wantCount: 3, wantType: servercounter.TypeAAAA, wantTTL: 30 * time.Second, wantAnswer: 3},
+		{name: "duplicate addresses count once", qname: "dup.kube-system.svc.cluster.local.", wantCount: 1, wantType: servercounter.TypeIP, wantTTL: 30 * time.Second, wantAnswer: 2},
+		{name: "cname chain", qname: "alias.example.", wantCount: 3, wantType: servercounter.TypeIP, wantTTL: 10 * time.Second, wantAnswer: 3},
+		{name: "case-insensitive name", qname: "PROXY.Kube-System.svc.cluster.local.", wantCount: 3, wantType: servercounter.TypeIP, wantTTL: 30 * time.Second, wantAnswer: 3},
+		{name: "nxdomain is a valid zero", qname: "gone.kube-system.svc.cluster.local.", wantCount: 0, wantOutcome: servercounter.OutcomeNXDomain, wantType: servercounter.TypeIP, wantTTL: 5 * time.Second},
+		{name: "wrong port name is nxdomain", qname: "_nope._tcp." + svc, wantCount: 0, wantOutcome: servercounter.OutcomeNXDomain, wantType: servercounter.TypeSRV, wantTTL: 5 * time.Second},
+		{name: "nodata is a valid zero", qname: "txtonly.example.", wantCount: 0, wantOutcome: servercounter.OutcomeNoData, wantType: servercounter.TypeIP, wantTTL: 5 * time.Second},
+		{name: "srv at an address name is nodata", qname: svc, typ: servercounter.TypeSRV, wantCount: 0, wantOutcome: servercounter.OutcomeNoData, wantType: servercounter.TypeSRV, wantTTL: 5 * time.Second},
+		{name: "cname loop ends", qname: "loop1.example.", wantCount: 0, wantOutcome: servercounter.OutcomeNoData, wantType: servercounter.TypeIP},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCounter(t, srv, tc.qname, func(cfg *servercounter.Config) { cfg.Type = tc.typ })
+			res, err := c.Count(t.Context())
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantCount, res.Count, "count")
+			assert.Equal(t, tc.wantOutcome, res.Outcome, "outcome")
+			assert.Equal(t, tc.wantType, res.Type, "type")
+			assert.Equal(t, servercounter.SourceDNS, res.Source, "source")
+			if tc.name != "cname loop ends" {
+				assert.Equal(t, tc.wantTTL, res.TTL, "ttl")
+			}
+			assert.Len(t, res.Answer, tc.wantAnswer, "answer")
+			assert.Len(t, res.Extra, tc.wantExtra, "extra")
+			assert.Equal(t, srv.Addr(), res.Server)
+			assert.Equal(t, servercounter.TransportUDP, res.Transport)
+			assert.False(t, res.Truncated)
+			assert.Equal(t, strings.ToLower(tc.qname), res.Name)
+		})
+	}
+}
+
+func TestDNSCountAnswerIsSorted(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, `
+s.example. 30 IN A 10.0.0.9
+s.example. 30 IN A 10.0.0.10
+s.example. 30 IN A 10.0.0.1
+`)
+	res, err := newCounter(t, srv, "s.example.", func(c *servercounter.Config) { c.Type = servercounter.TypeA }).Count(t.Context())
+	require.NoError(t, err)
+	var got []string
+	for _, rr := range res.Answer {
+		got = append(got, rr.(*dns.A).A.String())
+	}
+	assert.Equal(t, []string{"10.0.0.1", "10.0.0.9", "10.0.0.10"}, got)
+}
+
+func TestDNSCountFollowsRecordChanges(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	c := newCounter(t, srv, svc)
+	for n := 0; n <= 5; n++ {
+		var ips []string
+		for i := range n {
+			ips = append(ips, net.IPv4(10, 0, 1, byte(i+1)).String())
+		}
+		srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, ips...)...)
+		res, err := c.Count(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, n, res.Count)
+	}
+}
+
+func TestDNSCountSearchList(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	resolv := writeResolvConf(t, "nameserver 192.0.2.1\nsearch kube-system.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n")
+
+	tests := []struct {
+		name      string
+		qname     string
+		wantCount int
+		wantName  string
+		wantNames []string
+	}{
+		{name: "short name uses search", qname: "proxy", wantCount: 3, wantName: svc,
+			wantNames: []string{svc, "proxy.svc.cluster.local.", "proxy.cluster.local.", "proxy."}},
+		{name: "namespaced name uses search", qname: "proxy.kube-system", wantCount: 3, wantName: svc},
+		{name: "srv name uses search", qname: "_agent._tcp.proxy", wantCount: 3, wantName: "_agent._tcp." + svc},
+		{name: "trailing dot means no search", qname: "proxy.", wantCount: 0, wantName: "proxy.", wantNames: []string{"proxy."}},
+		{name: "absent everywhere is zero for the name as given", qname: "nothere", wantCount: 0, wantName: "nothere."},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCounter(t, srv, tc.qname, func(c *servercounter.Config) { c.ResolvConf = resolv })
+			if tc.wantNames != nil {
+				assert.Equal(t, tc.wantNames, c.Names())
+			}
+			res, err := c.Count(t.Context())
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantCount, res.Count)
+			assert.Equal(t, tc.wantName, res.Name)
+		})
+	}
+}
+
+func TestDNSCountFailureOnSearchNameIsNotZero(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
+	resolv := writeResolvConf(t, "search kube-system.svc.cluster.local\noptions ndots:5\n")
+	c := newCounter(t, srv, "proxy", func(c *servercounter.Config) { c.ResolvConf = resolv })
+	_, err := c.Count(t.Context())
+	var de *servercounter.DNSError
+	require.ErrorAs(t, err, &de)
+	assert.Equal(t, servercounter.ErrorServerFailure, de.Kind)
+}
+
+func TestDNSCountFaults(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		fault     dnstest.Fault
+		wantKind  servercounter.ErrorKind
+		wantRcode int
+	}{
+		{name: "servfail", fault: dnstest.Fault{Kind: dnstest.FaultServFail}, wantKind: servercounter.ErrorServerFailure, wantRcode: dns.RcodeServerFailure},
+		{name: "refused", fault: dnstest.Fault{Kind: dnstest.FaultRefused}, wantKind: servercounter.ErrorRefused, wantRcode: dns.RcodeRefused},
+		{name: "no answer", fault: dnstest.Fault{Kind: dnstest.FaultDrop}, wantKind: servercounter.ErrorTimeout, wantRcode: -1},
+		{name: "slower than the timeout", fault: dnstest.Fault{Kind: dnstest.FaultSlow, Delay: 2 * time.Second}, wantKind: servercounter.ErrorTimeout, wantRcode: -1},
+		{name: "wrong id over udp is ignored until the timeout", fault: dnstest.Fault{Kind: dnstest.FaultWrongID, Network: "udp"}, wantKind: servercounter.ErrorTimeout, wantRcode: -1},
+		{name: "wrong question", fault: dnstest.Fault{Kind: dnstest.FaultWrongQuestion}, wantKind: servercounter.ErrorMalformed, wantRcode: -1},
+		{name: "garbage", fault: dnstest.Fault{Kind: dnstest.FaultGarbage}, wantKind: servercounter.ErrorMalformed, wantRcode: -1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := dnstest.NewServer(t)
+			srv.MustSetZone(t, headless3)
+			srv.SetFault(tc.fault)
+			c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) {
+				c.Timeout = 100 * time.Millisecond
+				c.Attempts = 2
+			})
+			res, err := c.Count(t.Context())
+			require.Error(t, err)
+			assert.Zero(t, res.Count)
+			var de *servercounter.DNSError
+			require.ErrorAs(t, err, &de)
+			assert.Equal(t, tc.wantKind, de.Kind, "kind: %v", err)
+			assert.Equal(t, tc.wantRcode, de.Rcode)
+			assert.Equal(t, 2, de.Attempts)
+			assert.Equal(t, srv.Addr(), de.Server)
+			assert.Equal(t, "_agent._tcp."+svc, de.Name)
+			assert.Contains(t, err.Error(), "count servers at _agent._tcp."+svc+": ")
+			assert.Equal(t, 2, srv.Queries(""), "one query per attempt")
+		})
+	}
+}
+
+func TestDNSCountWrongIDOverTCPIsMalformed(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultWrongID})
+	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP, c.Attempts = true, 1 })
+	_, err := c.Count(t.Context())
+	var de *servercounter.DNSError
+	require.ErrorAs(t, err, &de)
+	assert.Equal(t, servercounter.ErrorMalformed, de.Kind)
+	assert.ErrorIs(t, err, dns.ErrId)
+}
+
+func TestDNSCountRetriesAfterTransientFailure(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []dnstest.FaultKind{dnstest.FaultServFail, dnstest.FaultRefused, dnstest.FaultDrop, dnstest.FaultGarbage} {
+		t.Run(kind.String(), func(t *testing.T) {
+			t.Parallel()
+			srv := dnstest.NewServer(t)
+			srv.MustSetZone(t, headless3)
+			srv.SetFault(dnstest.Fault{Kind: kind, Count: 2})
+			c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) { c.Timeout = 100 * time.Millisecond })
+			res, err := c.Count(t.Context())
+			require.NoError(t, err)
+			assert.Equal(t, 3, res.Count)
+			assert.Equal(t, 3, srv.Queries(""))
+		})
+	}
+}
+
+func TestDNSCountTriesNextNameserver(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	down := closedUDPAddr(t)
+	c := newCounter(t, srv, svc, func(c *servercounter.Config) {
+		c.Servers = []string{down, srv.Addr()}
+		c.Timeout = 200 * time.Millisecond
+	})
+	res, err := c.Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 3, res.Count)
+	assert.Equal(t, srv.Addr(), res.Server)
+}
+
+func TestDNSCountServerDown(t *testing.T) {
+	t.Parallel()
+	down := closedUDPAddr(t)
+	c, err := servercounter.NewDNSServerCounter(servercounter.Config{
+		Name: svc, Servers: []string{down}, ResolvConf: emptyResolvConf(t),
+		Timeout: 200 * time.Millisecond, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+	})
+	require.NoError(t, err)
+	_, err = c.Count(t.Context())
+	var de *servercounter.DNSError
+	require.ErrorAs(t, err, &de)
+	// Loopback answers a closed UDP port with ICMP port unreachable.
+	assert.Contains(t, []servercounter.ErrorKind{servercounter.ErrorNetwork, servercounter.ErrorTimeout}, de.Kind)
+	assert.Equal(t, servercounter.DefaultAttempts, de.Attempts)
+}
+
+func TestDNSCountHonoursContextDeadline(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultDrop})
+	c := newCounter(t, srv, svc, func(c *servercounter.Config) {
+		c.Timeout = 10 * time.Second
+		c.Attempts = 100
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err := c.Count(ctx)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	var de *servercounter.DNSError
+	require.ErrorAs(t, err, &de)
+	assert.Equal(t, servercounter.ErrorTimeout, de.Kind)
+}
+
+func TestDNSCountTruncatedUDPFallsBackToTCP(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	var ips []string
+	for i := range 1000 {
+		ips = append(ips, net.IPv4(10, 1, byte(i/250), byte(i%250+1)).String())
+	}
+	// SRV targets are never compressed (RFC 2782), so 1000 of them under a
+	// long Service name overflow even 64 KiB: use a short one.
+	const short = "p.example."
+	srv.SetRecords(dnstest.Headless(short, "agent", "tcp", 8091, ips...)...)
+	for _, name := range []string{short, "_agent._tcp." + short} {
+		res, err := newCounter(t, srv, name).Count(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, 1000, res.Count, name)
+		assert.Equal(t, servercounter.TransportUDPThenTCP, res.Transport, name)
+		assert.False(t, res.Truncated, name)
+	}
+	assert.Positive(t, srv.Queries("tcp"))
+}
+
+func TestDNSCountTruncatedOverTCPIsLowerBound(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultTruncate})
+	res, err := newCounter(t, srv, "_agent._tcp."+svc).Count(t.Context())
+	require.NoError(t, err, "a truncated answer is a lower bound, not an error")
+	assert.Equal(t, 1, res.Count)
+	assert.True(t, res.Truncated)
+	assert.Equal(t, servercounter.TransportUDPThenTCP, res.Transport)
+}
+
+func TestDNSCountHugeAnswerIsClamped(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	rrs := make([]dns.RR, 0, 100000)
+	for i := range 100000 {
+		rrs = append(rrs, &dns.A{
+			Hdr: dns.RR_Header{Name: svc, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30},
+			A:   net.IPv4(10, byte(i>>16), byte(i>>8), byte(i)),
+		})
+	}
+	srv.SetRecords(rrs...)
+	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.Type, c.Max = servercounter.TypeA, 100 })
+	res, err := c.Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 100, res.Count)
+	assert.Greater(t, res.Found, 1000, "TCP carries thousands of records")
+	assert.True(t, res.Truncated, "64 KiB cannot carry 100000 records")
+}
+
+func TestDNSCountMinClamp(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	res, err := newCounter(t, srv, svc, func(c *servercounter.Config) { c.Min = 1 }).Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 1, res.Count)
+	assert.Equal(t, 0, res.Found)
+	assert.Equal(t, servercounter.OutcomeNXDomain, res.Outcome)
+}
+
+func TestDNSCountOverTCP(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	res, err := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP = true }).Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 3, res.Count)
+	assert.Equal(t, servercounter.TransportTCP, res.Transport)
+	assert.Zero(t, srv.Queries("udp"))
+}
+
+func TestDNSCountServersKeepsLastGoodCount(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.Attempts = 1 })
+	assert.Equal(t, 3, c.CountServers())
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
+	assert.Equal(t, 3, c.CountServers())
+	srv.ClearFault()
+	srv.MustSetZone(t, "")
+	assert.Equal(t, 0, c.CountServers(), "NXDOMAIN is a valid zero")
+}
+
+func TestDNSCountLogsChangesOnly(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	var buf syncBuffer
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf), textlogger.Verbosity(2)))
+	ctx := klog.NewContext(t.Context(), logger)
+	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.Attempts = 1 })
+	for range 3 {
+		_, err := c.Count(ctx)
+		require.NoError(t, err)
+	}
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
+	for range 3 {
+		_, err := c.Count(ctx)
+		require.Error(t, err)
+	}
+	srv.ClearFault()
+	srv.MustSetZone(t, "")
+	for range 3 {
+		_, err := c.Count(ctx)
+		require.NoError(t, err)
+	}
+	out := buf.String()
+	assert.Equal(t, 2, strings.Count(out, "Server count changed"), out)
+	assert.Equal(t, 1, strings.Count(out, "DNS server count failed"), out)
+	assert.Equal(t, 1, strings.Count(out, "DNS server count recovered"), out)
+}
+
+func TestNewDNSServerCounterRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	resolv := emptyResolvConf(t)
+	tests := []struct {
+		name    string
+		cfg     servercounter.Config
+		wantErr []string
+	}{
+		{name: "no name", cfg: servercounter.Config{Servers: []string{"127.0.0.1"}}, wantErr: []string{"no name to count"}},
+		{name: "bad name", cfg: servercounter.Config{Name: "a..b", Servers: []string{"127.0.0.1"}}, wantErr: []string{`invalid name "a..b"`}},
+		{name: "label too long", cfg: servercounter.Config{Name: strings.Repeat("x", 64) + ".example.", Servers: []string{"127.0.0.1"}}, wantErr: []string{"invalid name"}},
+		{name: "bad server", cfg: servercounter.Config{Name: "a.b", Servers: []string{"10.0.0.1:dns"}}, wantErr: []string{`invalid nameserver "10.0.0.1:dns"`}},
+		{name: "bad clamp", cfg: servercounter.Config{Name: "a.b", Servers: []string{"127.0.0.1"}, Min: 5, Max: 2}, wantErr: []string{"invalid clamp"}},
+		{name: "bad type", cfg: servercounter.Config{Name: "a.b", Servers: []string{"127.0.0.1"}, Type: 42}, wantErr: []string{"invalid record type"}},
+		{name: "every problem at once", cfg: servercounter.Config{Name: "a..b", Servers: []string{"[::1"}, Attempts: -1, Timeout: -1},
+			wantErr: []string{"invalid name", "invalid nameserver", "invalid attempts", "invalid timeout"}},
+		{name: "no nameservers", cfg: servercounter.Config{Name: "a.b", ResolvConf: resolv}, wantErr: []string{"no nameservers"}},
+		{name: "missing resolv.conf", cfg: servercounter.Config{Name: "a.b", ResolvConf: "/nonexistent/resolv.conf"}, wantErr: []string{"read resolv.conf", "/nonexistent/resolv.conf"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if tc.cfg.ResolvConf == "" {
+				tc.cfg.ResolvConf = resolv
+			}
+			_, err := servercounter.NewDNSServerCounter(tc.cfg)
+			require.Error(t, err)
+			for _, w := range tc.wantErr {
+				assert.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestNewDNSServerCounterReadsResolvConf(t *testing.T) {
+	t.Parallel()
+	resolv := writeResolvConf(t, "nameserver 10.96.0.10\nnameserver fd00::10\nsearch ns.svc.cluster.local\noptions ndots:5\n")
+	c, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: "proxy", ResolvConf: resolv})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"10.96.0.10:53", "[fd00::10]:53"}, c.Servers())
+	assert.Equal(t, []string{"proxy.ns.svc.cluster.local.", "proxy."}, c.Names())
+	assert.Equal(t, servercounter.TypeIP, c.Type())
+
+	c, err = servercounter.NewDNSServerCounter(servercounter.Config{Name: "_a._tcp.proxy", ResolvConf: resolv, Servers: []string{"127.0.0.1:5353", "::1"}})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"127.0.0.1:5353", "[::1]:53"}, c.Servers())
+	assert.Equal(t, servercounter.TypeSRV, c.Type())
+}
+
+func TestParseRecordType(t *testing.T) {
+	t.Parallel()
+	for _, typ := range []servercounter.RecordType{servercounter.TypeAuto, servercounter.TypeSRV, servercounter.TypeA, servercounter.TypeAAAA, servercounter.TypeIP} {
+		got, err := servercounter.ParseRecordType(strings.ToUpper(typ.String()))
+		require.NoError(t, err)
+		assert.Equal(t, typ, got)
+	}
+	_, err := servercounter.ParseRecordType("mx")
+	assert.ErrorContains(t, err, `unknown record type "mx": use one of auto, srv, a, aaaa, ip`)
+}
+
+// closedUDPAddr returns a loopback address where nothing listens.
+func closedUDPAddr(t *testing.T) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := pc.LocalAddr().String()
+	require.NoError(t, pc.Close())
+	return addr
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
