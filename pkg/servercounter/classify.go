@@ -27,14 +27,11 @@ func (f *failure) Error() string {
 
 func (f *failure) Unwrap() error { return f.err }
 
-// classify is the one place where an exchange's result gets its meaning:
-// records, a valid zero (NXDOMAIN, NODATA), or a failure. It checks that r
+// classify is the one place where a reply gets its meaning: records, a
+// valid zero (NXDOMAIN, NODATA), or a failure. It checks that r
 // answers q, follows the CNAMEs in r's answer, and returns the name the
 // chain ends at and how many CNAMEs it followed.
-func classify(q dns.Question, r *dns.Msg, err error) (a answer, target string, hops int, _ error) {
-	if err != nil {
-		return a, "", 0, exchangeFailure(err)
-	}
+func classify(q dns.Question, r *dns.Msg) (a answer, target string, hops int, _ error) {
 	if !r.Response || r.Opcode != dns.OpcodeQuery {
 		return a, "", 0, &failure{kind: ErrorMalformed, rcode: -1, err: errors.New("reply is not a response to a query")}
 	}
@@ -89,8 +86,7 @@ func exchangeFailure(err error) *failure {
 		errors.As(err, &ne) && ne.Timeout():
 		return &failure{kind: ErrorTimeout, rcode: -1, err: err}
 	case errors.As(err, &de):
-		// miekg/dns returns *dns.Error for replies that do not unpack and
-		// for a TCP reply with another message ID.
+		// miekg/dns returns *dns.Error for replies that do not unpack.
 		return &failure{kind: ErrorMalformed, rcode: -1, err: err}
 	}
 	return &failure{kind: ErrorNetwork, rcode: -1, err: err}

@@ -23,8 +23,7 @@ import (
 // A DNSServerCounter is safe for concurrent use. Each Count queries the
 // network; wrap it in a [CachedServerCounter] to count often.
 type DNSServerCounter struct {
-	cfg      *resolved
-	udp, tcp *dns.Client
+	cfg *resolved
 
 	mu sync.Mutex // guards the fields below, which only decide what to log
 	// lastCount is the last count learnt, -1 before the first.
@@ -42,8 +41,6 @@ func NewDNSServerCounter(cfg Config) (*DNSServerCounter, error) {
 	}
 	return &DNSServerCounter{
 		cfg:       r,
-		udp:       &dns.Client{Net: "udp", UDPSize: r.UDPSize},
-		tcp:       &dns.Client{Net: "tcp"},
 		lastCount: -1,
 	}, nil
 }
@@ -153,30 +150,16 @@ func (c *DNSServerCounter) lookup(ctx context.Context, server string) (Result, s
 }
 
 // lookupName counts the servers at one name. For TypeIP it asks for A and
-// AAAA at once.
+// AAAA at once and counts the larger family.
 func (c *DNSServerCounter) lookupName(ctx context.Context, server, name string) (Result, error) {
-	if c.cfg.Type != TypeIP {
-		a, err := c.query(ctx, server, name, c.cfg.Type.DNSTypes()[0])
-		if err != nil {
-			return Result{}, err
-		}
-		return a.result(name), nil
-	}
-	var (
-		v6    answer
-		v6err error
-		wg    sync.WaitGroup
-	)
-	wg.Go(func() { v6, v6err = c.query(ctx, server, name, dns.TypeAAAA) })
-	v4, err := c.query(ctx, server, name, dns.TypeA)
-	wg.Wait()
-	if err == nil {
-		err = v6err
-	}
+	answers, err := c.query(ctx, server, name, c.cfg.Type.DNSTypes(), 0)
 	if err != nil {
 		return Result{}, err
 	}
-	r4, r6 := v4.result(name), v6.result(name)
+	if len(answers) == 1 {
+		return answers[0].result(name), nil
+	}
+	r4, r6 := answers[0].result(name), answers[1].result(name)
 	res := r4
 	if r6.Found > r4.Found {
 		res = r6
@@ -270,7 +253,9 @@ func (c *DNSServerCounter) observe(ctx context.Context, res Result, err *DNSErro
 			logger.V(2).Info("DNS server count failed", "name", c.cfg.Name, "kind", err.Kind.String(), "server", err.Server, "err", err.Err)
 			c.lastKind = err.Kind
 		}
-		logger.V(4).Info("DNS server count attempt failed", "name", c.cfg.Name, "err", err)
+		if v := logger.V(4); v.Enabled() {
+			v.Info("DNS server count attempt failed", "name", c.cfg.Name, "err", err)
+		}
 		return
 	}
 	if c.lastKind != 0 {
@@ -281,5 +266,9 @@ func (c *DNSServerCounter) observe(ctx context.Context, res Result, err *DNSErro
 		logger.V(2).Info("Server count changed", "name", res.Name, "oldCount", c.lastCount, "newCount", res.Count, "source", res.Source.String(), "found", res.Found)
 		c.lastCount = res.Count
 	}
-	logger.V(4).Info("DNS server count", "name", res.Name, "count", res.Count, "outcome", res.Outcome.String(), "server", res.Server, "transport", res.Transport.String())
+	// Checked first: building the arguments costs allocations on every
+	// count, and this is the one line per query.
+	if v := logger.V(4); v.Enabled() {
+		v.Info("DNS server count", "name", res.Name, "count", res.Count, "outcome", res.Outcome.String(), "server", res.Server, "transport", res.Transport.String())
+	}
 }

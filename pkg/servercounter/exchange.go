@@ -2,7 +2,11 @@ package servercounter
 
 import (
 	"context"
+	"errors"
+	"net"
+	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/miekg/dns"
 )
@@ -19,54 +23,194 @@ type answer struct {
 	transport Transport
 }
 
-// query asks server for qtype records of name. When the answer ends in a
-// CNAME whose target it does not answer for, as an authoritative server
-// outside the target's zone does, query asks again for the target, up to
-// maxCNAMEs in all.
-func (c *DNSServerCounter) query(ctx context.Context, server, name string, qtype uint16) (answer, error) {
-	hops := 0
-	for {
-		r, transport, err := c.exchange(ctx, server, name, qtype)
-		a, target, n, err := classify(dns.Question{Name: name, Qtype: qtype, Qclass: dns.ClassINET}, r, err)
+// query asks server for each of qtypes at name, at once, and returns one
+// answer per type. When an answer ends in a CNAME whose target the server
+// did not answer for, as an authoritative server outside the target's zone
+// does, query asks again for the target, up to maxCNAMEs in all.
+func (c *DNSServerCounter) query(ctx context.Context, server, name string, qtypes []uint16, hops int) ([]answer, error) {
+	replies, transport, err := c.exchange(ctx, server, name, qtypes)
+	if err != nil {
+		return nil, err
+	}
+	answers := make([]answer, len(qtypes))
+	for i, qtype := range qtypes {
+		a, target, n, err := classify(dns.Question{Name: name, Qtype: qtype, Qclass: dns.ClassINET}, replies[i])
 		if err != nil {
-			return answer{}, err
+			return nil, err
 		}
-		a.transport = transport
-		hops += n
-		if a.outcome != OutcomeNoData || target == name || hops >= maxCNAMEs {
-			return a, nil
+		a.transport = transport[i]
+		if a.outcome == OutcomeNoData && target != name && hops+n < maxCNAMEs {
+			more, err := c.query(ctx, server, target, qtypes[i:i+1], hops+n)
+			if err != nil {
+				return nil, err
+			}
+			a = more[0]
 		}
-		name = target
+		answers[i] = a
 	}
+	return answers, nil
 }
 
-// exchange sends one query and reads its answer, repeating it over TCP when
-// the UDP answer is truncated (RFC 7766). Each exchange has its own timeout.
-func (c *DNSServerCounter) exchange(ctx context.Context, server, name string, qtype uint16) (*dns.Msg, Transport, error) {
-	m := new(dns.Msg)
-	m.SetQuestion(name, qtype)
-	m.SetEdns0(c.cfg.UDPSize, false)
+// exchange sends one query per type and returns the replies in order, with
+// how each arrived. Over UDP the queries share one socket, as glibc's
+// resolver sends A and AAAA together; a truncated reply is asked again over
+// TCP (RFC 7766). The returned error is a *failure.
+func (c *DNSServerCounter) exchange(ctx context.Context, server, name string, qtypes []uint16) ([]*dns.Msg, []Transport, error) {
+	msgs := make([]*dns.Msg, len(qtypes))
+	for i, t := range qtypes {
+		m := new(dns.Msg)
+		m.SetQuestion(name, t)
+		m.SetEdns0(c.cfg.UDPSize, false)
+		if i > 0 {
+			// Replies are matched to queries by ID.
+			m.Id = msgs[i-1].Id + 1
+		}
+		msgs[i] = m
+	}
+	transports := make([]Transport, len(msgs))
 	if c.cfg.TCP {
-		r, err := c.exchangeOver(ctx, c.tcp, m, server)
-		return r, TransportTCP, err
+		for i := range transports {
+			transports[i] = TransportTCP
+		}
+		replies, err := c.exchangeTCP(ctx, server, msgs)
+		return replies, transports, err
 	}
-	r, err := c.exchangeOver(ctx, c.udp, m, server)
-	if err != nil || !r.Truncated {
-		return r, TransportUDP, err
+	replies, err := c.exchangeUDP(ctx, server, msgs)
+	if err != nil {
+		return nil, nil, err
 	}
-	m.Id = dns.Id()
-	r, err = c.exchangeOver(ctx, c.tcp, m, server)
-	return r, TransportUDPThenTCP, err
+	var retry []*dns.Msg
+	for i, r := range replies {
+		transports[i] = TransportUDP
+		if r.Truncated {
+			transports[i] = TransportUDPThenTCP
+			msgs[i].Id = dns.Id()
+			retry = append(retry, msgs[i])
+		}
+	}
+	if len(retry) == 0 {
+		return replies, transports, nil
+	}
+	again, err := c.exchangeTCP(ctx, server, retry)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range replies {
+		if transports[i] == TransportUDPThenTCP {
+			replies[i], again = again[0], again[1:]
+		}
+	}
+	return replies, transports, nil
 }
 
-func (c *DNSServerCounter) exchangeOver(ctx context.Context, client *dns.Client, m *dns.Msg, server string) (*dns.Msg, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	defer cancel()
-	r, _, err := client.ExchangeContext(ctx, m, server)
-	return r, err
+// exchangeUDP writes msgs on one connected UDP socket and reads until each
+// has its reply. Datagrams whose ID matches no query are dropped: they are
+// late replies or spoofs. A reply with a matching ID that does not unpack
+// fails the exchange as malformed.
+func (c *DNSServerCounter) exchangeUDP(ctx context.Context, server string, msgs []*dns.Msg) ([]*dns.Msg, error) {
+	nc, err := dialUDP(ctx, server)
+	if err != nil {
+		return nil, exchangeFailure(err)
+	}
+	defer nc.Close()
+	stop := c.bound(ctx, nc)
+	defer stop()
+
+	co := &dns.Conn{Conn: nc, UDPSize: c.cfg.UDPSize}
+	for _, m := range msgs {
+		if err := co.WriteMsg(m); err != nil {
+			return nil, exchangeFailure(ctxErr(ctx, err))
+		}
+	}
+	replies := make([]*dns.Msg, len(msgs))
+	for left := len(msgs); left > 0; {
+		var h dns.Header
+		p, err := co.ReadMsgHeader(&h)
+		if err != nil {
+			return nil, exchangeFailure(ctxErr(ctx, err))
+		}
+		i := -1
+		for j, m := range msgs {
+			if m.Id == h.Id && replies[j] == nil {
+				i = j
+			}
+		}
+		if i < 0 {
+			continue
+		}
+		r := new(dns.Msg)
+		if err := r.Unpack(p); err != nil {
+			return nil, &failure{kind: ErrorMalformed, rcode: -1, err: err}
+		}
+		replies[i] = r
+		left--
+	}
+	return replies, nil
 }
 
-// owns reports whether rr is owned by name, which is lower case.
+// dialUDP connects a UDP socket to server. An IP address is used as it
+// is, sparing the resolver's parse of it on every query.
+func dialUDP(ctx context.Context, server string) (net.Conn, error) {
+	if ap, err := netip.ParseAddrPort(server); err == nil {
+		return net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(ap))
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "udp", server)
+}
+
+// exchangeTCP sends msgs one after the other on one TCP connection.
+func (c *DNSServerCounter) exchangeTCP(ctx context.Context, server string, msgs []*dns.Msg) ([]*dns.Msg, error) {
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	nc, err := d.DialContext(dctx, "tcp", server)
+	cancel()
+	if err != nil {
+		return nil, exchangeFailure(ctxErr(ctx, err))
+	}
+	defer nc.Close()
+	stop := c.bound(ctx, nc)
+	defer stop()
+
+	co := &dns.Conn{Conn: nc}
+	replies := make([]*dns.Msg, len(msgs))
+	for i, m := range msgs {
+		if err := co.WriteMsg(m); err != nil {
+			return nil, exchangeFailure(ctxErr(ctx, err))
+		}
+		r, err := co.ReadMsg()
+		if err != nil {
+			return nil, exchangeFailure(ctxErr(ctx, err))
+		}
+		if r.Id != m.Id {
+			return nil, &failure{kind: ErrorMalformed, rcode: -1, err: dns.ErrId}
+		}
+		replies[i] = r
+	}
+	return replies, nil
+}
+
+// bound gives conn the per-query timeout, or ctx's deadline if sooner, and
+// makes cancelling ctx interrupt a blocked read. The returned func undoes
+// the latter.
+func (c *DNSServerCounter) bound(ctx context.Context, conn net.Conn) (stop func() bool) {
+	deadline := time.Now().Add(c.cfg.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = conn.SetDeadline(deadline)
+	return context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+}
+
+// ctxErr returns ctx's error when ctx ended, since it says better than the
+// I/O error why the exchange stopped.
+func ctxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return errors.Join(cerr, err)
+	}
+	return err
+}
+
+// owns reports whether rr is owned by name.
 func owns(rr dns.RR, name string) bool {
 	return strings.EqualFold(rr.Header().Name, name)
 }
