@@ -57,9 +57,13 @@ type CachedServerCounter struct {
 	source Counter
 	cfg    CacheConfig
 
-	// cur is the count that readers see. Writers replace it, holding mu;
-	// readers only Load it.
+	// cur is the count that readers see. Writers replace it through set,
+	// holding mu; readers only Load it.
 	cur atomic.Pointer[entry]
+	// fast mirrors cur for CountServers: the count when fresh, -(count+1)
+	// when stale. One integer load is cheaper than a pointer load and a
+	// dereference, and keeps CountServers small enough to inline.
+	fast atomic.Int64
 	// refresh asks the refresh loop for a refresh. Its buffer of 1 and
 	// non-blocking sends merge a burst of requests into one refresh.
 	refresh chan struct{}
@@ -77,6 +81,16 @@ type CachedServerCounter struct {
 	// expiry marks cur stale when it fires.
 	expiry *time.Timer
 	closed bool
+}
+
+// set publishes e. c.mu must be held, but for the first entry.
+func (c *CachedServerCounter) set(e *entry) {
+	c.cur.Store(e)
+	v := int64(e.count)
+	if e.stale {
+		v = -v - 1
+	}
+	c.fast.Store(v)
 }
 
 // entry is a published count. It is never changed once published.
@@ -126,7 +140,7 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 		done:    make(chan struct{}),
 		cancel:  cancel,
 	}
-	c.cur.Store(&entry{count: cfg.Fallback, stale: true, result: c.fallback()})
+	c.set(&entry{count: cfg.Fallback, stale: true, result: c.fallback()})
 	go c.run(ctx)
 	return c, nil
 }
@@ -134,11 +148,18 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 // CountServers returns the cached count. The first call waits for the first
 // refresh to end; later calls never wait.
 func (c *CachedServerCounter) CountServers() int {
-	e := c.cur.Load()
-	if e.stale {
-		e = c.revalidate(context.Background())
+	// Kept small enough to inline: a fresh read is one atomic load.
+	if v := c.fast.Load(); v >= 0 {
+		return int(v)
 	}
-	return e.count
+	return c.countStale()
+}
+
+// countStale is kept out of line so that CountServers inlines.
+//
+//go:noinline
+func (c *CachedServerCounter) countStale() int {
+	return c.revalidate(context.Background()).count
 }
 
 // Count returns the cached count with where it came from: Source is that of
@@ -183,9 +204,10 @@ func (c *CachedServerCounter) isReady() bool {
 	}
 }
 
-// Override pins the count at n until ClearOverride, for an operator who
-// knows better than the source. Refreshes pause meanwhile.
+// Override pins the count at n (at least 0) until ClearOverride, for an
+// operator who knows better than the source. Refreshes pause meanwhile.
 func (c *CachedServerCounter) Override(n int) {
+	n = max(n, 0)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.override = &n
@@ -213,7 +235,7 @@ func (c *CachedServerCounter) Close() error {
 		c.expiry.Stop()
 	}
 	if e := c.cur.Load(); e.stale {
-		c.cur.Store(&entry{count: e.count, result: e.result})
+		c.set(&entry{count: e.count, result: e.result})
 	}
 	return nil
 }
@@ -279,7 +301,7 @@ func (c *CachedServerCounter) publish(stale bool) *entry {
 	case c.good != nil:
 		e.count, e.result = c.good.Count, *c.good
 	}
-	c.cur.Store(e)
+	c.set(e)
 	return e
 }
 
@@ -291,7 +313,7 @@ func (c *CachedServerCounter) expire(e *entry) {
 	if c.closed || c.cur.Load() != e {
 		return
 	}
-	c.cur.Store(&entry{count: e.count, stale: true, result: e.result})
+	c.set(&entry{count: e.count, stale: true, result: e.result})
 }
 
 func (c *CachedServerCounter) fallback() Result {
