@@ -1,0 +1,39 @@
+# servercount: the same commands for everyone, CI included.
+
+GO          ?= go
+BIN         := $(CURDIR)/bin
+STATICCHECK := $(BIN)/staticcheck
+STATICCHECK_VERSION := v0.8.2
+
+.PHONY: all build test lint bench demo clean
+
+all: lint test build
+
+## build: the binaries, into ./bin
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+## test: every test, with the race detector and a leak check in each package
+test:
+	$(GO) test -race -count=1 -timeout 9m ./...
+
+## lint: gofmt, go vet and staticcheck
+lint: $(STATICCHECK)
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+
+$(STATICCHECK):
+	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+## bench: the benchmarks quoted in the README
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./pkg/...
+
+## demo: the probe against an embedded DNS server while a Service scales
+demo:
+	$(GO) run ./examples/demo
+
+clean:
+	rm -rf $(BIN)
