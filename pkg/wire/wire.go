@@ -1,0 +1,83 @@
+// Package wire holds what servercount's proxy-server and proxy-agent share
+// of the Konnectivity wire protocol: the gRPC service descriptor of
+// /AgentService/Connect, the handshake's metadata keys, and the agent
+// identifiers. The packet types and /ProxyService/Proxy come from
+// sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client.
+//
+// The package does no I/O of its own.
+package wire
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// Metadata keys of the /AgentService/Connect handshake. gRPC sends keys in
+// lower case; the constants keep upstream's spelling for readers.
+const (
+	// HeaderAgentID carries the agent's ID, agent to server, exactly once.
+	HeaderAgentID = "agentID"
+	// HeaderAgentIdentifiers carries the agent's identifiers, URL-query
+	// encoded (see [Identifiers]), agent to server, at most once.
+	HeaderAgentIdentifiers = "agentIdentifiers"
+	// HeaderAuthorization carries "Bearer <token>" when the server
+	// authenticates agents by token.
+	HeaderAuthorization = "authorization"
+	// HeaderServerID carries the server's ID in the response headers.
+	HeaderServerID = "serverID"
+	// HeaderServerCount carries, in the response headers, the number of
+	// proxy-servers an agent should connect to, as a decimal integer.
+	HeaderServerCount = "serverCount"
+)
+
+// AgentServiceName and ConnectMethod name the agent service. Upstream's
+// proto file declares no package, so the names have no prefix.
+const (
+	AgentServiceName = "AgentService"
+	ConnectMethod    = "/AgentService/Connect"
+)
+
+// AgentConnectServer is the server's side of a Connect stream.
+type AgentConnectServer = grpc.BidiStreamingServer[client.Packet, client.Packet]
+
+// AgentConnectClient is the agent's side of a Connect stream.
+type AgentConnectClient = grpc.BidiStreamingClient[client.Packet, client.Packet]
+
+// AgentServiceServer is implemented by a proxy-server to accept agents.
+type AgentServiceServer interface {
+	Connect(AgentConnectServer) error
+}
+
+// AgentServiceDesc describes /AgentService/Connect: one bidirectional
+// stream of packets, the agent being the gRPC client.
+var AgentServiceDesc = grpc.ServiceDesc{
+	ServiceName: AgentServiceName,
+	HandlerType: (*AgentServiceServer)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "Connect",
+		Handler:       connectHandler,
+		ServerStreams: true,
+		ClientStreams: true,
+	}},
+	Metadata: "agent.proto",
+}
+
+func connectHandler(srv any, stream grpc.ServerStream) error {
+	return srv.(AgentServiceServer).Connect(&grpc.GenericServerStream[client.Packet, client.Packet]{ServerStream: stream})
+}
+
+// RegisterAgentServiceServer registers srv on s.
+func RegisterAgentServiceServer(s grpc.ServiceRegistrar, srv AgentServiceServer) {
+	s.RegisterService(&AgentServiceDesc, srv)
+}
+
+// Connect opens a Connect stream on cc.
+func Connect(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) (AgentConnectClient, error) {
+	stream, err := cc.NewStream(ctx, &AgentServiceDesc.Streams[0], ConnectMethod, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &grpc.GenericClientStream[client.Packet, client.Packet]{ClientStream: stream}, nil
+}
