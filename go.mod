@@ -15,6 +15,7 @@ require (
 
 require (
 	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
