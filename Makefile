@@ -5,7 +5,7 @@ BIN         := $(CURDIR)/bin
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test lint bench demo clean
+.PHONY: all build test lint bench demo clean certs
 
 all: lint test build
 
@@ -37,3 +37,7 @@ demo:
 
 clean:
 	rm -rf $(BIN)
+
+## certs: a local CA and certificates for a server, an agent and a client, in ./certs
+certs:
+	$(GO) run ./examples/certs certs

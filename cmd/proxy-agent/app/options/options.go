@@ -1,0 +1,192 @@
+// Package options holds the proxy-agent's command line: every flag of the
+// upstream agent, with its name and default so that a manifest keeps working
+// after a binary swap, their validation, and the agent configuration they
+// make.
+package options
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// Options is the proxy-agent's command line.
+type Options struct {
+	AgentID          string
+	AgentIdentifiers string
+
+	ProxyServerHost string
+	ProxyServerPort int
+	CACert          string
+	AgentCert       string
+	AgentKey        string
+	ALPNProtos      []string
+	// InsecurePlaintext connects without TLS, for local use only.
+	InsecurePlaintext bool
+
+	ServiceAccountTokenPath string
+	KeepaliveTime           time.Duration
+	SyncInterval            time.Duration
+	SyncIntervalCap         time.Duration
+	ProbeInterval           time.Duration
+	SyncForever             bool
+	ServerCountSource       string
+
+	HealthServerHost         string
+	HealthServerPort         int
+	AdminBindAddress         string
+	AdminServerPort          int
+	EnableProfiling          bool
+	EnableContentionProfiler bool
+
+	// Accepted for compatibility with upstream manifests. Lease counting
+	// needs the Kubernetes API, which this agent does not use: asking for it
+	// fails validation; the rest only tune it and are ignored.
+	CountServerLeases  bool
+	Kubeconfig         string
+	KubeAPIContentType string
+	LeaseLabel         string
+	LeaseLabelSelector string
+	LeaseNamespace     string
+	WarnOnChannelLimit bool
+	XfrChannelSize     int
+}
+
+// NewOptions returns upstream's defaults.
+func NewOptions() *Options {
+	return &Options{
+		AgentID:            randomID(),
+		ProxyServerHost:    "127.0.0.1",
+		ProxyServerPort:    8091,
+		KeepaliveTime:      time.Hour,
+		SyncInterval:       time.Second,
+		SyncIntervalCap:    10 * time.Second,
+		ProbeInterval:      time.Second,
+		ServerCountSource:  "default",
+		HealthServerPort:   8093,
+		AdminBindAddress:   "127.0.0.1",
+		AdminServerPort:    8094,
+		KubeAPIContentType: "application/vnd.kubernetes.protobuf",
+		LeaseLabelSelector: "k8s-app=konnectivity-server",
+		LeaseNamespace:     "kube-system",
+		XfrChannelSize:     150,
+	}
+}
+
+// Flags returns the flags, bound to o.
+func (o *Options) Flags() *pflag.FlagSet {
+	fs := pflag.NewFlagSet("proxy-agent", pflag.ContinueOnError)
+	fs.StringVar(&o.AgentID, "agent-id", o.AgentID, "unique ID of this agent (default: random)")
+	fs.StringVar(&o.AgentIdentifiers, "agent-identifiers", o.AgentIdentifiers, "what this agent serves, URL-query encoded: ipv4=, ipv6=, host=, cidr=, default-route=true")
+	fs.StringVar(&o.ProxyServerHost, "proxy-server-host", o.ProxyServerHost, "proxy-server host (usually a load balancer); also the TLS server name")
+	fs.IntVar(&o.ProxyServerPort, "proxy-server-port", o.ProxyServerPort, "proxy-server agent port")
+	fs.StringVar(&o.CACert, "ca-cert", o.CACert, "CA that signs the proxy-servers' certificates (empty: system roots)")
+	fs.StringVar(&o.AgentCert, "agent-cert", o.AgentCert, "client certificate for the proxy-servers")
+	fs.StringVar(&o.AgentKey, "agent-key", o.AgentKey, "client key for the proxy-servers")
+	fs.StringSliceVar(&o.ALPNProtos, "alpn-proto", o.ALPNProtos, "ALPN protocols to offer the proxy-servers")
+	fs.BoolVar(&o.InsecurePlaintext, "insecure-plaintext", o.InsecurePlaintext, "connect without TLS; for local use only")
+	fs.StringVar(&o.ServiceAccountTokenPath, "service-account-token-path", o.ServiceAccountTokenPath, "file of a bearer token to present to the proxy-servers, re-read on each connection")
+	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "time between keepalive pings (servers drop agents pinging more often than every 30s)")
+	fs.DurationVar(&o.SyncInterval, "sync-interval", o.SyncInterval, "time between attempts to connect to missing proxy-servers")
+	fs.DurationVar(&o.SyncIntervalCap, "sync-interval-cap", o.SyncIntervalCap, "longest time between attempts after failures")
+	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "time between health checks of server connections")
+	fs.BoolVar(&o.SyncForever, "sync-forever", o.SyncForever, "keep opening connections even when connected to every server")
+	fs.StringVar(&o.ServerCountSource, "server-count-source", o.ServerCountSource, "how to combine server counts: default or max")
+	fs.StringVar(&o.HealthServerHost, "health-server-host", o.HealthServerHost, "address for the health port (empty: all)")
+	fs.IntVar(&o.HealthServerPort, "health-server-port", o.HealthServerPort, "port for /healthz, /readyz and /metrics")
+	fs.StringVar(&o.AdminBindAddress, "admin-bind-address", o.AdminBindAddress, "address for the admin port")
+	fs.IntVar(&o.AdminServerPort, "admin-server-port", o.AdminServerPort, "port for /metrics and, with --enable-profiling, /debug/pprof")
+	fs.BoolVar(&o.EnableProfiling, "enable-profiling", o.EnableProfiling, "serve pprof on the admin port")
+	fs.BoolVar(&o.EnableContentionProfiler, "enable-contention-profiling", o.EnableContentionProfiler, "accepted for compatibility; ignored")
+	fs.BoolVar(&o.CountServerLeases, "count-server-leases", o.CountServerLeases, "not supported: this agent does not read the Kubernetes API")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "accepted for compatibility; ignored")
+	fs.StringVar(&o.KubeAPIContentType, "kube-api-content-type", o.KubeAPIContentType, "accepted for compatibility; ignored")
+	fs.StringVar(&o.LeaseLabel, "lease-label", o.LeaseLabel, "accepted for compatibility; ignored")
+	_ = fs.MarkDeprecated("lease-label", "use --lease-label-selector")
+	fs.StringVar(&o.LeaseLabelSelector, "lease-label-selector", o.LeaseLabelSelector, "accepted for compatibility; ignored")
+	fs.StringVar(&o.LeaseNamespace, "lease-namespace", o.LeaseNamespace, "accepted for compatibility; ignored")
+	fs.BoolVar(&o.WarnOnChannelLimit, "warn-on-channel-limit", o.WarnOnChannelLimit, "accepted for compatibility; ignored")
+	fs.IntVar(&o.XfrChannelSize, "xfr-channel-size", o.XfrChannelSize, "accepted for compatibility; ignored")
+	return fs
+}
+
+// Validate returns every problem with o, each naming its flag.
+func (o *Options) Validate() []error {
+	var errs []error
+	if o.AgentID == "" {
+		errs = append(errs, errors.New("--agent-id must not be empty"))
+	}
+	if _, err := wire.ParseIdentifiers(o.AgentIdentifiers); err != nil {
+		errs = append(errs, fmt.Errorf("invalid --agent-identifiers: %w", err))
+	}
+	if o.ProxyServerHost == "" {
+		errs = append(errs, errors.New("--proxy-server-host must not be empty"))
+	}
+	for _, p := range []struct {
+		flag string
+		port int
+	}{{"--proxy-server-port", o.ProxyServerPort}, {"--health-server-port", o.HealthServerPort}, {"--admin-server-port", o.AdminServerPort}} {
+		if p.port < 0 || p.port > 65535 {
+			errs = append(errs, fmt.Errorf("invalid %s %d: want 0 to 65535", p.flag, p.port))
+		}
+	}
+	if o.ProxyServerPort == 0 {
+		errs = append(errs, errors.New("--proxy-server-port must be set"))
+	}
+	if (o.AgentCert == "") != (o.AgentKey == "") {
+		errs = append(errs, errors.New("--agent-cert and --agent-key go together: set both or neither"))
+	}
+	if o.InsecurePlaintext && (o.CACert != "" || o.AgentCert != "") {
+		errs = append(errs, errors.New("--insecure-plaintext excludes --ca-cert, --agent-cert and --agent-key"))
+	}
+	if o.SyncInterval <= 0 || o.ProbeInterval <= 0 || o.KeepaliveTime <= 0 {
+		errs = append(errs, errors.New("--sync-interval, --probe-interval and --keepalive-time must be positive"))
+	}
+	if o.SyncIntervalCap < o.SyncInterval {
+		errs = append(errs, fmt.Errorf("--sync-interval-cap %v must be at least --sync-interval %v", o.SyncIntervalCap, o.SyncInterval))
+	}
+	if o.ServerCountSource != "default" && o.ServerCountSource != "max" {
+		errs = append(errs, fmt.Errorf("invalid --server-count-source %q: use default or max", o.ServerCountSource))
+	}
+	if o.CountServerLeases {
+		errs = append(errs, errors.New("--count-server-leases is not supported: this agent does not read the Kubernetes API; count servers from the proxy-servers' headers (the default) instead"))
+	}
+	return errs
+}
+
+// ALPN returns the ALPN protocols to offer. pflag prints an empty string
+// slice as "[]", and tools that pass every flag back as --name=value send
+// that literally: it means none.
+func (o *Options) ALPN() []string {
+	var protos []string
+	for _, p := range o.ALPNProtos {
+		if p != "" && p != "[]" {
+			protos = append(protos, p)
+		}
+	}
+	return protos
+}
+
+// Ignored lists the compatibility flags that were set and have no effect,
+// for a log line at start-up.
+func (o *Options) Ignored(fs *pflag.FlagSet) []string {
+	var names []string
+	for _, n := range []string{"enable-contention-profiling", "kubeconfig", "kube-api-content-type", "lease-label", "lease-label-selector", "lease-namespace", "warn-on-channel-limit", "xfr-channel-size"} {
+		if fs.Changed(n) {
+			names = append(names, "--"+n)
+		}
+	}
+	return names
+}
+
+func randomID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

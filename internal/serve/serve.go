@@ -1,0 +1,185 @@
+// Package serve holds what both proxy binaries do alike: listening,
+// serving HTTP endpoints (health, metrics, pprof), TLS configuration from
+// files, and shutting down in order on a signal.
+package serve
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+)
+
+// ServerTLS returns a TLS configuration serving certFile/keyFile. With a
+// caFile, clients must present a certificate signed by it.
+func ServerTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load server certificate %s and key %s: %w", certFile, keyFile, err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pool, err := CertPool(caFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}
+
+// ClientTLS returns a TLS configuration trusting caFile (the system roots
+// when empty) and presenting certFile/keyFile when given.
+func ClientTLS(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
+	cfg := &tls.Config{ServerName: serverName, MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pool, err := CertPool(caFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = pool
+	}
+	if certFile != "" || keyFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load client certificate %s and key %s: %w", certFile, keyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// CertPool reads a PEM bundle of CA certificates.
+func CertPool(caFile string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("read CA certificate: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("read CA certificate %s: no PEM certificate in it", caFile)
+	}
+	return pool, nil
+}
+
+// MetricsHandler serves reg's metrics.
+func MetricsHandler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+}
+
+// AdminMux serves /metrics, and pprof under /debug/pprof/ when profiling.
+func AdminMux(reg *prometheus.Registry, profiling bool) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", MetricsHandler(reg))
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+// Listen listens on TCP host:port, naming what the port is for in the
+// error.
+func Listen(what, host string, port int) (net.Listener, error) {
+	addr := net.JoinHostPort(host, fmt.Sprint(port))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for %s on %s: %w", what, addr, err)
+	}
+	return l, nil
+}
+
+// Group runs servers and stops them together.
+type Group struct {
+	errc  chan error
+	n     int
+	stops []func(context.Context)
+}
+
+// NewGroup returns an empty group.
+func NewGroup() *Group { return &Group{errc: make(chan error, 16)} }
+
+// Go runs serve, which must return once stop has been called.
+func (g *Group) Go(name string, serve func() error, stop func(context.Context)) {
+	g.n++
+	g.stops = append(g.stops, stop)
+	go func() {
+		err := serve()
+		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			err = fmt.Errorf("%s: %w", name, err)
+		} else {
+			err = nil
+		}
+		g.errc <- err
+	}()
+}
+
+// Defer adds a step to the shutdown, run before the stops of the servers
+// added so far.
+func (g *Group) Defer(stop func(context.Context)) {
+	g.stops = append(g.stops, stop)
+}
+
+// GRPC runs a gRPC server on l. Stopping waits for its streams to end
+// until the grace period is over, then cuts them.
+func (g *Group) GRPC(name string, l net.Listener, s *grpc.Server) {
+	g.Go(name, func() error { return s.Serve(l) }, func(ctx context.Context) {
+		done := make(chan struct{})
+		go func() {
+			s.GracefulStop()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.Stop()
+			<-done
+		}
+	})
+}
+
+// HTTP runs an HTTP server on l.
+func (g *Group) HTTP(name string, l net.Listener, h http.Handler) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	g.Go(name, func() error { return srv.Serve(l) }, func(ctx context.Context) { _ = srv.Shutdown(ctx) })
+}
+
+// Wait blocks until ctx ends or a server fails, then stops every server
+// in the reverse order of Go, each bounded by grace, and waits for them.
+// It returns the first server failure.
+func (g *Group) Wait(ctx context.Context, grace time.Duration) error {
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-g.errc:
+		g.n--
+	}
+	if first != nil {
+		klog.ErrorS(first, "Server failed, shutting down")
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	for i := len(g.stops) - 1; i >= 0; i-- {
+		g.stops[i](sctx)
+	}
+	for ; g.n > 0; g.n-- {
+		if err := <-g.errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
