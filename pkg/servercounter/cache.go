@@ -52,7 +52,9 @@ type CacheConfig struct {
 // count. Before the first success the cache answers CacheConfig.Fallback;
 // the very first call waits for the first refresh to end.
 //
-// A CachedServerCounter is safe for concurrent use. Close stops it.
+// A CachedServerCounter is safe for concurrent use. Close stops it. The
+// source must honour its context: RefreshTimeout bounds a refresh, and so
+// the first call's wait and Close, only through it.
 type CachedServerCounter struct {
 	source Counter
 	cfg    CacheConfig
@@ -122,7 +124,7 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 		errs = append(errs, fmt.Errorf("servercounter: invalid cache expiry %v (min %v, max %v): want positive durations with min <= max", cfg.Expiry, cfg.MinExpiry, cfg.MaxExpiry))
 	}
 	if cfg.Fallback < 0 {
-		errs = append(errs, fmt.Errorf("servercounter: invalid fallback count %d: must be at least 1", cfg.Fallback))
+		errs = append(errs, fmt.Errorf("servercounter: invalid fallback count %d: must be positive (0 means the default, %d)", cfg.Fallback, DefaultFallback))
 	}
 	if cfg.RefreshTimeout < 0 {
 		errs = append(errs, fmt.Errorf("servercounter: invalid refresh timeout %v: must be positive", cfg.RefreshTimeout))
@@ -251,11 +253,12 @@ func (c *CachedServerCounter) run(ctx context.Context) {
 		case <-c.refresh:
 		}
 		// Reads during a refresh leave a request behind; the count it
-		// asked for may be fresh by now.
-		if !c.cur.Load().stale {
-			continue
+		// asked for may be fresh by now, or pinned by Override.
+		if c.cur.Load().stale {
+			c.refreshOnce(ctx)
 		}
-		c.refreshOnce(ctx)
+		// Even a skipped refresh must release the first readers: an
+		// Override may have answered them.
 		if first {
 			close(c.ready)
 			first = false
@@ -287,7 +290,9 @@ func (c *CachedServerCounter) refreshOnce(ctx context.Context) {
 	if c.expiry != nil {
 		c.expiry.Stop()
 	}
-	c.expiry = time.AfterFunc(fresh, func() { c.expire(e) })
+	if c.override == nil {
+		c.expiry = time.AfterFunc(fresh, func() { c.expire(e) })
+	}
 }
 
 // publish makes the count readers see follow the override, the last good
@@ -310,7 +315,7 @@ func (c *CachedServerCounter) publish(stale bool) *entry {
 func (c *CachedServerCounter) expire(e *entry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.cur.Load() != e {
+	if c.closed || c.override != nil || c.cur.Load() != e {
 		return
 	}
 	c.set(&entry{count: e.count, stale: true, result: e.result})

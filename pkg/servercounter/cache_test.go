@@ -243,7 +243,7 @@ func TestCachedRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	_, err := servercounter.NewCachedServerCounter(nil, servercounter.CacheConfig{Fallback: -1, MinExpiry: time.Hour, MaxExpiry: time.Second})
 	require.Error(t, err)
-	for _, w := range []string{"no source", "invalid fallback count -1", "invalid cache expiry"} {
+	for _, w := range []string{"no source", "invalid fallback count -1: must be positive (0 means the default, 1)", "invalid cache expiry"} {
 		assert.Contains(t, err.Error(), w)
 	}
 }
@@ -276,4 +276,48 @@ func TestStaticServerCounter(t *testing.T) {
 	res, err := servercounter.StaticServerCounter(3).Count(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, servercounter.Result{Count: 3, Found: 3, Source: servercounter.SourceStatic}, res)
+}
+
+func TestCachedOverrideBeforeFirstRefreshReleasesReaders(t *testing.T) {
+	t.Parallel()
+	for range 200 {
+		src := newGatedSource()
+		c, err := servercounter.NewCachedServerCounter(src, servercounter.CacheConfig{})
+		require.NoError(t, err)
+		done := make(chan int, 1)
+		go func() { done <- c.CountServers() }()
+		c.Override(5)
+		select {
+		case n := <-done:
+			// Either the override answered, or the first refresh did.
+			assert.Contains(t, []int{5, 9}, n)
+		case src.answers <- answerOrErr{res: servercounter.Result{Count: 9, Source: servercounter.SourceDNS}}:
+			assert.Contains(t, []int{5, 9}, <-done)
+		case <-time.After(waitFor):
+			t.Fatal("a reader stayed blocked after Override")
+		}
+		require.NoError(t, c.Close())
+	}
+}
+
+func TestCachedOverridePausesRefreshes(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	src := servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
+		calls.Add(1)
+		return servercounter.Result{Count: 3, Source: servercounter.SourceDNS}, nil
+	})
+	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Millisecond, MinExpiry: time.Millisecond})
+	assert.Equal(t, 3, c.CountServers())
+	c.Override(7)
+	before := calls.Load()
+	// Many reads across many expiry periods: none may refresh. A refresh
+	// in flight at Override may still land, hence the slack of one.
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		assert.Equal(t, 7, c.CountServers())
+	}
+	assert.LessOrEqual(t, calls.Load(), before+1)
+	c.ClearOverride()
+	eventually(t, func() bool { return c.CountServers() == 3 && calls.Load() > before+1 }, "a refresh after the override")
 }

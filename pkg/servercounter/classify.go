@@ -49,7 +49,11 @@ func classify(q dns.Question, r *dns.Msg) (a answer, target string, hops int, _ 
 		return a, "", 0, &failure{kind: ErrorServerFailure, rcode: r.Rcode}
 	}
 
-	a.rrs, target, a.ttl, hops = follow(r.Answer, q.Name, q.Qtype)
+	var loop bool
+	a.rrs, target, a.ttl, hops, loop = follow(r.Answer, q.Name, q.Qtype)
+	if loop {
+		return a, "", 0, errCNAMELoop
+	}
 	switch {
 	case len(a.rrs) > 0:
 		a.outcome = OutcomeRecords
@@ -74,6 +78,10 @@ func classify(q dns.Question, r *dns.Msg) (a answer, target string, hops int, _ 
 	return a, target, hops, nil
 }
 
+// errCNAMELoop fails an answer whose CNAME chain is longer than resolvers
+// follow, as a loop is: it is broken DNS, not zero servers.
+var errCNAMELoop = &failure{kind: ErrorMalformed, rcode: -1, err: fmt.Errorf("CNAME chain longer than %d names (a loop?)", maxCNAMEs)}
+
 // exchangeFailure classifies an error from sending a query or reading its
 // reply.
 func exchangeFailure(err error) *failure {
@@ -93,19 +101,21 @@ func exchangeFailure(err error) *failure {
 }
 
 // follow returns the qtype records that answer name in section, following
-// CNAMEs (at most maxCNAMEs). Records owned by other names are ignored: an
-// answer only counts for the question asked. ttl is the smallest TTL of the
-// records and CNAMEs used.
-func follow(section []dns.RR, name string, qtype uint16) (rrs []dns.RR, target string, ttl uint32, hops int) {
+// CNAMEs (at most maxCNAMEs); loop reports that the limit cut a chain
+// short. Records owned by other names, of another class, or without the
+// data a count needs (an empty SRV target, an address of the wrong length)
+// are ignored: an answer only counts for the question asked. ttl is the
+// smallest TTL of the records and CNAMEs used.
+func follow(section []dns.RR, name string, qtype uint16) (rrs []dns.RR, target string, ttl uint32, hops int, loop bool) {
 	target = name
 	ttl = ^uint32(0)
 	for {
 		var cname *dns.CNAME
 		for _, rr := range section {
-			if !owns(rr, target) {
+			if rr.Header().Class != dns.ClassINET || !owns(rr, target) {
 				continue
 			}
-			if rr.Header().Rrtype == qtype {
+			if rr.Header().Rrtype == qtype && usable(rr) {
 				rrs = append(rrs, rr)
 				ttl = min(ttl, rr.Header().Ttl)
 			} else if c, ok := rr.(*dns.CNAME); ok && cname == nil {
@@ -116,12 +126,26 @@ func follow(section []dns.RR, name string, qtype uint16) (rrs []dns.RR, target s
 			if len(rrs) == 0 {
 				ttl = 0
 			}
-			return rrs, target, ttl, hops
+			return rrs, target, ttl, hops, len(rrs) == 0 && cname != nil
 		}
 		ttl = min(ttl, cname.Hdr.Ttl)
 		target = strings.ToLower(cname.Target)
 		hops++
 	}
+}
+
+// usable reports whether rr carries what a count needs. miekg/dns unpacks
+// a record with empty data into a zero value of its type.
+func usable(rr dns.RR) bool {
+	switch rr := rr.(type) {
+	case *dns.SRV:
+		return rr.Target != ""
+	case *dns.A:
+		return rr.A.To4() != nil
+	case *dns.AAAA:
+		return len(rr.AAAA) == net.IPv6len
+	}
+	return false
 }
 
 // glue returns the A and AAAA records in extra that belong to the targets
@@ -134,7 +158,7 @@ func glue(extra, srvs []dns.RR) []dns.RR {
 			continue
 		}
 		for _, s := range srvs {
-			if owns(rr, s.(*dns.SRV).Target) {
+			if srv, ok := s.(*dns.SRV); ok && owns(rr, srv.Target) {
 				out = append(out, rr)
 				break
 			}

@@ -50,9 +50,12 @@ type Result struct {
 	// it is the negative-caching TTL of the SOA in the answer, or 0 without
 	// one.
 	TTL time.Duration
-	// Truncated reports that even the TCP answer was truncated: Count is a
-	// lower bound.
+	// Truncated reports that the counted answer was truncated (even over
+	// TCP, or TCP could not be reached): Count is a lower bound.
 	Truncated bool
+	// Partial reports, for TypeIP, that one address family failed and
+	// Count comes from the other: a lower bound.
+	Partial bool
 	// Rcode is the DNS response code of the counted answer.
 	Rcode int
 	// Server is the nameserver (host:port) that answered.

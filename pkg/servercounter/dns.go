@@ -86,7 +86,7 @@ func (c *DNSServerCounter) Count(ctx context.Context) (Result, error) {
 		attempt++
 		r, name, err := c.lookup(ctx, server)
 		if err != nil {
-			var f *failure
+			f := &failure{kind: ErrorNetwork, rcode: -1, err: err}
 			errors.As(err, &f)
 			last = &DNSError{Name: name, Server: server, Kind: f.kind, Rcode: f.rcode, Err: f.err}
 			return err
@@ -150,16 +150,36 @@ func (c *DNSServerCounter) lookup(ctx context.Context, server string) (Result, s
 }
 
 // lookupName counts the servers at one name. For TypeIP it asks for A and
-// AAAA at once and counts the larger family.
+// AAAA at once and counts the larger family; when one family fails and the
+// other has records, as behind a server or middlebox that mishandles AAAA,
+// that family's count stands, as a lower bound marked Partial.
 func (c *DNSServerCounter) lookupName(ctx context.Context, server, name string) (Result, error) {
 	answers, err := c.query(ctx, server, name, c.cfg.Type.DNSTypes(), 0)
 	if err != nil {
 		return Result{}, err
 	}
 	if len(answers) == 1 {
+		if answers[0].err != nil {
+			return Result{}, answers[0].err
+		}
 		return answers[0].result(name), nil
 	}
-	r4, r6 := answers[0].result(name), answers[1].result(name)
+	a4, a6 := answers[0], answers[1]
+	switch {
+	case a4.err != nil && (a6.err != nil || a6.outcome != OutcomeRecords):
+		return Result{}, a4.err
+	case a6.err != nil && a4.outcome != OutcomeRecords:
+		return Result{}, a6.err
+	case a4.err != nil:
+		res := a6.result(name)
+		res.Partial = true
+		return res, nil
+	case a6.err != nil:
+		res := a4.result(name)
+		res.Partial = true
+		return res, nil
+	}
+	r4, r6 := a4.result(name), a6.result(name)
 	res := r4
 	if r6.Found > r4.Found {
 		res = r6
@@ -204,7 +224,7 @@ func (a answer) result(name string) Result {
 func countDistinct(rrs []dns.RR) int {
 	n := 0
 	for i, rr := range rrs {
-		if s, ok := rr.(*dns.SRV); ok && s.Target == "." {
+		if s, ok := rr.(*dns.SRV); ok && (s.Target == "." || s.Target == "") {
 			continue
 		}
 		if i == 0 || sameServer(rrs[i-1], rr) != 0 {
@@ -250,7 +270,7 @@ func (c *DNSServerCounter) observe(ctx context.Context, res Result, err *DNSErro
 	defer c.mu.Unlock()
 	if err != nil {
 		if err.Kind != c.lastKind {
-			logger.V(2).Info("DNS server count failed", "name", c.cfg.Name, "kind", err.Kind.String(), "server", err.Server, "err", err.Err)
+			logger.V(2).Info("DNS server count failed", "name", c.cfg.Name, "kind", err.Kind.String(), "server", err.Server, "err", err)
 			c.lastKind = err.Kind
 		}
 		if v := logger.V(4); v.Enabled() {

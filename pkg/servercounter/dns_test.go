@@ -117,7 +117,6 @@ func TestDNSCount(t *testing.T) {
 		{name: "wrong port name is nxdomain", qname: "_nope._tcp." + svc, wantCount: 0, wantOutcome: servercounter.OutcomeNXDomain, wantType: servercounter.TypeSRV, wantTTL: 5 * time.Second},
 		{name: "nodata is a valid zero", qname: "txtonly.example.", wantCount: 0, wantOutcome: servercounter.OutcomeNoData, wantType: servercounter.TypeIP, wantTTL: 5 * time.Second},
 		{name: "srv at an address name is nodata", qname: svc, typ: servercounter.TypeSRV, wantCount: 0, wantOutcome: servercounter.OutcomeNoData, wantType: servercounter.TypeSRV, wantTTL: 5 * time.Second},
-		{name: "cname loop ends", qname: "loop1.example.", wantCount: 0, wantOutcome: servercounter.OutcomeNoData, wantType: servercounter.TypeIP},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,9 +128,7 @@ func TestDNSCount(t *testing.T) {
 			assert.Equal(t, tc.wantOutcome, res.Outcome, "outcome")
 			assert.Equal(t, tc.wantType, res.Type, "type")
 			assert.Equal(t, servercounter.SourceDNS, res.Source, "source")
-			if tc.name != "cname loop ends" {
-				assert.Equal(t, tc.wantTTL, res.TTL, "ttl")
-			}
+			assert.Equal(t, tc.wantTTL, res.TTL, "ttl")
 			assert.Len(t, res.Answer, tc.wantAnswer, "answer")
 			assert.Len(t, res.Extra, tc.wantExtra, "extra")
 			assert.Equal(t, srv.Addr(), res.Server)
@@ -236,7 +233,7 @@ func TestDNSCountFaults(t *testing.T) {
 		{name: "no answer", fault: dnstest.Fault{Kind: dnstest.FaultDrop}, wantKind: servercounter.ErrorTimeout, wantRcode: -1},
 		{name: "slower than the timeout", fault: dnstest.Fault{Kind: dnstest.FaultSlow, Delay: 2 * time.Second}, wantKind: servercounter.ErrorTimeout, wantRcode: -1},
 		{name: "wrong id over udp is ignored until the timeout", fault: dnstest.Fault{Kind: dnstest.FaultWrongID, Network: "udp"}, wantKind: servercounter.ErrorTimeout, wantRcode: -1},
-		{name: "wrong question", fault: dnstest.Fault{Kind: dnstest.FaultWrongQuestion}, wantKind: servercounter.ErrorMalformed, wantRcode: -1},
+		{name: "wrong question over udp is ignored until the timeout", fault: dnstest.Fault{Kind: dnstest.FaultWrongQuestion}, wantKind: servercounter.ErrorTimeout, wantRcode: -1},
 		{name: "garbage", fault: dnstest.Fault{Kind: dnstest.FaultGarbage}, wantKind: servercounter.ErrorMalformed, wantRcode: -1},
 	}
 	for _, tc := range tests {
@@ -276,6 +273,30 @@ func TestDNSCountWrongIDOverTCPIsMalformed(t *testing.T) {
 	require.ErrorAs(t, err, &de)
 	assert.Equal(t, servercounter.ErrorMalformed, de.Kind)
 	assert.ErrorIs(t, err, dns.ErrId)
+}
+
+func TestDNSCountWrongQuestionOverTCPIsMalformed(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultWrongQuestion})
+	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP, c.Attempts = true, 1 })
+	_, err := c.Count(t.Context())
+	var de *servercounter.DNSError
+	require.ErrorAs(t, err, &de)
+	assert.Equal(t, servercounter.ErrorMalformed, de.Kind)
+	assert.ErrorContains(t, err, "another question")
+}
+
+func TestDNSCountCNAMELoopIsAnError(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	_, err := newCounter(t, srv, "loop1.example.").Count(t.Context())
+	var de *servercounter.DNSError
+	require.ErrorAs(t, err, &de, "a CNAME loop is broken DNS, not zero servers")
+	assert.Equal(t, servercounter.ErrorMalformed, de.Kind)
+	assert.ErrorContains(t, err, "CNAME chain longer than 8 names")
 }
 
 func TestDNSCountRetriesAfterTransientFailure(t *testing.T) {

@@ -1,6 +1,7 @@
 package servercounter
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -70,18 +71,29 @@ type DNSError struct {
 	Err error
 }
 
-// Error says what failed, where, and how often it was tried.
+// Error says what failed, where, how often it was tried, and what to try.
 func (e *DNSError) Error() string {
 	msg := "count servers at " + e.Name + ": "
+	hint := ""
 	switch e.Kind {
 	case ErrorTimeout:
 		msg += "timed out"
-	case ErrorServerFailure, ErrorRefused:
+		hint = "check that the nameserver is reachable, or allow more time"
+		if errors.Is(e.Err, context.Canceled) {
+			msg, hint = "count servers at "+e.Name+": canceled", ""
+		}
+	case ErrorServerFailure:
 		msg += "server answered " + dns.RcodeToString[e.Rcode]
+		hint = "the nameserver could not resolve the name; check its logs and upstreams"
+	case ErrorRefused:
+		msg += "server answered " + dns.RcodeToString[e.Rcode]
+		hint = "the nameserver will not resolve this name; ask the cluster DNS instead"
 	case ErrorMalformed:
 		msg += "malformed answer"
+		hint = "the nameserver's answer is broken; check its configuration"
 	default:
 		msg += "network error"
+		hint = "check the nameserver's address and port"
 	}
 	if e.Server != "" {
 		msg += " from " + e.Server
@@ -91,6 +103,9 @@ func (e *DNSError) Error() string {
 	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
+	}
+	if hint != "" {
+		msg += " (" + hint + ")"
 	}
 	return msg
 }

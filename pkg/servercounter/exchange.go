@@ -12,7 +12,7 @@ import (
 )
 
 // answer is what one name and type resolved to on one server, CNAMEs
-// followed.
+// followed, or why it failed.
 type answer struct {
 	outcome   Outcome
 	rrs       []dns.RR // records of the type asked for, at the end of the chain
@@ -21,12 +21,14 @@ type answer struct {
 	rcode     int
 	truncated bool
 	transport Transport
+	err       error // a *failure: this type's answer is unknown
 }
 
 // query asks server for each of qtypes at name, at once, and returns one
-// answer per type. When an answer ends in a CNAME whose target the server
-// did not answer for, as an authoritative server outside the target's zone
-// does, query asks again for the target, up to maxCNAMEs in all.
+// answer per type; the error is for the exchange as a whole. When an answer
+// ends in a CNAME whose target the server did not answer for, as an
+// authoritative server outside the target's zone does, query asks again
+// for the target, up to maxCNAMEs in all.
 func (c *DNSServerCounter) query(ctx context.Context, server, name string, qtypes []uint16, hops int) ([]answer, error) {
 	replies, transport, err := c.exchange(ctx, server, name, qtypes)
 	if err != nil {
@@ -35,11 +37,13 @@ func (c *DNSServerCounter) query(ctx context.Context, server, name string, qtype
 	answers := make([]answer, len(qtypes))
 	for i, qtype := range qtypes {
 		a, target, n, err := classify(dns.Question{Name: name, Qtype: qtype, Qclass: dns.ClassINET}, replies[i])
-		if err != nil {
-			return nil, err
-		}
 		a.transport = transport[i]
-		if a.outcome == OutcomeNoData && target != name && hops+n < maxCNAMEs {
+		switch {
+		case err != nil:
+			a.err = err
+		case a.outcome == OutcomeNoData && target != name && hops+n >= maxCNAMEs:
+			a.err = errCNAMELoop
+		case a.outcome == OutcomeNoData && target != name:
 			more, err := c.query(ctx, server, target, qtypes[i:i+1], hops+n)
 			if err != nil {
 				return nil, err
@@ -93,7 +97,17 @@ func (c *DNSServerCounter) exchange(ctx context.Context, server, name string, qt
 	}
 	again, err := c.exchangeTCP(ctx, server, retry)
 	if err != nil {
-		return nil, nil, err
+		if ctx.Err() != nil {
+			return nil, nil, err
+		}
+		// TCP is refused or blocked: the truncated UDP answers still count,
+		// as lower bounds, rather than losing what they hold.
+		for i := range transports {
+			if transports[i] == TransportUDPThenTCP {
+				transports[i] = TransportUDP
+			}
+		}
+		return replies, transports, nil
 	}
 	for i := range replies {
 		if transports[i] == TransportUDPThenTCP {
@@ -140,7 +154,16 @@ func (c *DNSServerCounter) exchangeUDP(ctx context.Context, server string, msgs 
 		}
 		r := new(dns.Msg)
 		if err := r.Unpack(p); err != nil {
-			return nil, &failure{kind: ErrorMalformed, rcode: -1, err: err}
+			// A truncated reply may be cut mid-record: TCP will carry it
+			// whole. Unpack has set the header before it failed.
+			if !r.Truncated {
+				return nil, &failure{kind: ErrorMalformed, rcode: -1, err: err}
+			}
+			r = &dns.Msg{MsgHdr: r.MsgHdr}
+		} else if !asks(r, msgs[i]) {
+			// Right ID, wrong question: a spoof or a stray; keep waiting
+			// for the real reply (RFC 5452, section 9.1).
+			continue
 		}
 		replies[i] = r
 		left--
@@ -208,6 +231,12 @@ func ctxErr(ctx context.Context, err error) error {
 		return errors.Join(cerr, err)
 	}
 	return err
+}
+
+// asks reports whether r's question is m's.
+func asks(r, m *dns.Msg) bool {
+	return len(r.Question) == 1 && strings.EqualFold(r.Question[0].Name, m.Question[0].Name) &&
+		r.Question[0].Qtype == m.Question[0].Qtype && r.Question[0].Qclass == m.Question[0].Qclass
 }
 
 // owns reports whether rr is owned by name.

@@ -58,10 +58,9 @@ func (p *printer) printDig(res servercounter.Result, err error) {
 		}
 	}
 	fmt.Fprintln(p.w)
-	fmt.Fprintf(p.w, ";; COUNT: %d%s, outcome: %s, rcode: %s, transport: %s, truncated: %s, min TTL: %s\n",
-		res.Count, clamped(res), res.Outcome, dns.RcodeToString[res.Rcode], res.Transport, yesNo(res.Truncated), res.TTL)
-	fmt.Fprintf(p.w, ";; Query time: %s\n", res.Duration.Round(10*time.Microsecond))
-	fmt.Fprintf(p.w, ";; SERVER: %s\n", res.Server)
+	fmt.Fprintf(p.w, ";; COUNT: %d%s, outcome: %s, rcode: %s, transport: %s, truncated: %s, min TTL: %s, query time: %s, server: %s\n",
+		res.Count, clamped(res), res.Outcome, dns.RcodeToString[res.Rcode], res.Transport, lowerBound(res),
+		res.TTL, res.Duration.Round(10*time.Microsecond), res.Server)
 }
 
 // printWatch prints one line for a change seen by --watch.
@@ -91,6 +90,7 @@ type jsonResult struct {
 	Rcode      string   `json:"rcode,omitempty"`
 	Transport  string   `json:"transport,omitempty"`
 	Truncated  bool     `json:"truncated"`
+	Partial    bool     `json:"partial"`
 	TTLSeconds float64  `json:"ttlSeconds"`
 	QueryTime  float64  `json:"queryTimeSeconds"`
 	Server     string   `json:"server,omitempty"`
@@ -106,6 +106,7 @@ func (p *printer) printJSON(res servercounter.Result, err error) {
 		Type:       p.types.String(),
 		Found:      res.Found,
 		Truncated:  res.Truncated,
+		Partial:    res.Partial,
 		TTLSeconds: res.TTL.Seconds(),
 		QueryTime:  res.Duration.Seconds(),
 		Server:     res.Server,
@@ -138,9 +139,13 @@ func clamped(res servercounter.Result) string {
 	return ""
 }
 
-func yesNo(b bool) string {
-	if b {
+// lowerBound says whether the count may be short of the truth.
+func lowerBound(res servercounter.Result) string {
+	switch {
+	case res.Truncated:
 		return "yes (count is a lower bound)"
+	case res.Partial:
+		return "no, but one address family failed (count is a lower bound)"
 	}
 	return "no"
 }
