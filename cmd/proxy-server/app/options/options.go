@@ -1,0 +1,163 @@
+// Package options holds the proxy-server's command line: the flags, with
+// upstream Konnectivity's names and defaults, their validation, and the
+// server configuration they make.
+package options
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/servercount/servercount/pkg/server"
+)
+
+// Modes of the frontend.
+const (
+	ModeGRPC        = "grpc"
+	ModeHTTPConnect = "http-connect"
+)
+
+// Options is the proxy-server's command line.
+type Options struct {
+	ServerID    string
+	ServerCount int
+
+	Mode    string
+	UDSName string
+
+	ServerBindAddress string
+	ServerPort        int
+	ServerCert        string
+	ServerKey         string
+	ServerCACert      string
+
+	AgentBindAddress string
+	AgentPort        int
+	ClusterCert      string
+	ClusterKey       string
+	ClusterCACert    string
+	AgentTokenFile   string
+
+	// InsecurePlaintext serves the agent and frontend ports without TLS,
+	// for local use only.
+	InsecurePlaintext bool
+
+	HealthBindAddress string
+	HealthPort        int
+	AdminBindAddress  string
+	AdminPort         int
+	EnableProfiling   bool
+
+	ProxyStrategies          string
+	KeepaliveTime            time.Duration
+	FrontendKeepaliveTime    time.Duration
+	BackendDialTimeout       time.Duration
+	GracefulShutdownTimeout  time.Duration
+	DeleteExistingUDSFile    bool
+	EnableContentionProfiler bool
+}
+
+// NewOptions returns the defaults: upstream's, so that an existing manifest
+// keeps its meaning after a binary swap.
+func NewOptions() *Options {
+	return &Options{
+		ServerID:                randomID(),
+		ServerCount:             1,
+		Mode:                    ModeGRPC,
+		ServerPort:              8090,
+		AgentPort:               8091,
+		HealthPort:              8092,
+		AdminBindAddress:        "127.0.0.1",
+		AdminPort:               8095,
+		ProxyStrategies:         string(server.StrategyDefault),
+		KeepaliveTime:           time.Hour,
+		FrontendKeepaliveTime:   time.Hour,
+		GracefulShutdownTimeout: 15 * time.Second,
+	}
+}
+
+// Flags returns the flags, bound to o.
+func (o *Options) Flags() *pflag.FlagSet {
+	fs := pflag.NewFlagSet("proxy-server", pflag.ContinueOnError)
+	fs.StringVar(&o.ServerID, "server-id", o.ServerID, "unique ID of this server, sent to agents (default: random)")
+	fs.IntVar(&o.ServerCount, "server-count", o.ServerCount, "number of proxy-server replicas, sent to agents so that they connect to each")
+	fs.StringVar(&o.Mode, "mode", o.Mode, "frontend protocol: grpc or http-connect")
+	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "serve the frontend on this Unix socket instead of --server-port")
+	fs.BoolVar(&o.DeleteExistingUDSFile, "delete-existing-uds-file", o.DeleteExistingUDSFile, "remove an existing file at --uds-name before listening")
+	fs.StringVar(&o.ServerBindAddress, "server-bind-address", o.ServerBindAddress, "address for the frontend port (empty: all)")
+	fs.IntVar(&o.ServerPort, "server-port", o.ServerPort, "frontend port, for kube-apiserver (mTLS)")
+	fs.StringVar(&o.ServerCert, "server-cert", o.ServerCert, "frontend TLS certificate")
+	fs.StringVar(&o.ServerKey, "server-key", o.ServerKey, "frontend TLS key")
+	fs.StringVar(&o.ServerCACert, "server-ca-cert", o.ServerCACert, "CA that signs frontend client certificates")
+	fs.StringVar(&o.AgentBindAddress, "agent-bind-address", o.AgentBindAddress, "address for the agent port (empty: all)")
+	fs.IntVar(&o.AgentPort, "agent-port", o.AgentPort, "port agents connect to")
+	fs.StringVar(&o.ClusterCert, "cluster-cert", o.ClusterCert, "agent-facing TLS certificate")
+	fs.StringVar(&o.ClusterKey, "cluster-key", o.ClusterKey, "agent-facing TLS key")
+	fs.StringVar(&o.ClusterCACert, "cluster-ca-cert", o.ClusterCACert, "CA that signs agent client certificates (empty: agents need no certificate)")
+	fs.StringVar(&o.AgentTokenFile, "agent-token-file", o.AgentTokenFile, "file of bearer tokens agents must present, one per line (empty: no token needed)")
+	fs.BoolVar(&o.InsecurePlaintext, "insecure-plaintext", o.InsecurePlaintext, "serve agent and frontend ports without TLS; for local use only")
+	fs.StringVar(&o.HealthBindAddress, "health-bind-address", o.HealthBindAddress, "address for the health port (empty: all)")
+	fs.IntVar(&o.HealthPort, "health-port", o.HealthPort, "port for /healthz, /readyz and /metrics")
+	fs.StringVar(&o.AdminBindAddress, "admin-bind-address", o.AdminBindAddress, "address for the admin port")
+	fs.IntVar(&o.AdminPort, "admin-port", o.AdminPort, "port for /metrics and, with --enable-profiling, /debug/pprof")
+	fs.BoolVar(&o.EnableProfiling, "enable-profiling", o.EnableProfiling, "serve pprof on the admin port")
+	fs.BoolVar(&o.EnableContentionProfiler, "enable-contention-profiling", o.EnableContentionProfiler, "accepted for compatibility; ignored")
+	fs.StringVar(&o.ProxyStrategies, "proxy-strategies", o.ProxyStrategies, "comma-separated strategies to pick an agent: default, destHost, defaultRoute")
+	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "time between keepalive pings to agents")
+	fs.DurationVar(&o.FrontendKeepaliveTime, "frontend-keepalive-time", o.FrontendKeepaliveTime, "time between keepalive pings to frontends")
+	fs.DurationVar(&o.BackendDialTimeout, "backend-dial-timeout", o.BackendDialTimeout, "give up on an agent's dial after this long (0: wait)")
+	fs.DurationVar(&o.GracefulShutdownTimeout, "graceful-shutdown-timeout", o.GracefulShutdownTimeout, "how long to wait for streams to end on SIGTERM")
+	return fs
+}
+
+// Validate returns every problem with o, each naming its flag.
+func (o *Options) Validate() []error {
+	var errs []error
+	if o.ServerID == "" {
+		errs = append(errs, errors.New("--server-id must not be empty"))
+	}
+	if o.ServerCount < 1 {
+		errs = append(errs, fmt.Errorf("invalid --server-count %d: must be at least 1", o.ServerCount))
+	}
+	if o.Mode != ModeGRPC && o.Mode != ModeHTTPConnect {
+		errs = append(errs, fmt.Errorf("invalid --mode %q: use grpc or http-connect", o.Mode))
+	}
+	if _, err := server.ParseStrategies(o.ProxyStrategies); err != nil {
+		errs = append(errs, fmt.Errorf("invalid --proxy-strategies: %w", err))
+	}
+	for _, p := range []struct {
+		flag string
+		port int
+	}{{"--server-port", o.ServerPort}, {"--agent-port", o.AgentPort}, {"--health-port", o.HealthPort}, {"--admin-port", o.AdminPort}} {
+		if p.port < 0 || p.port > 65535 {
+			errs = append(errs, fmt.Errorf("invalid %s %d: want 0 to 65535", p.flag, p.port))
+		}
+	}
+	if !o.InsecurePlaintext {
+		if o.ClusterCert == "" || o.ClusterKey == "" {
+			errs = append(errs, errors.New("agents need TLS: set --cluster-cert and --cluster-key (or --insecure-plaintext for local use)"))
+		}
+		if o.UDSName == "" && (o.ServerCert == "" || o.ServerKey == "" || o.ServerCACert == "") {
+			errs = append(errs, errors.New("the frontend port needs mTLS: set --server-cert, --server-key and --server-ca-cert, or serve it on --uds-name (or --insecure-plaintext for local use)"))
+		}
+	}
+	if o.KeepaliveTime <= 0 || o.FrontendKeepaliveTime <= 0 {
+		errs = append(errs, errors.New("--keepalive-time and --frontend-keepalive-time must be positive"))
+	}
+	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 {
+		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
+	}
+	return errs
+}
+
+// randomID returns a random 128-bit ID in hex, as upstream's default
+// server ID is a random UUID.
+func randomID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

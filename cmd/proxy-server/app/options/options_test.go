@@ -1,0 +1,71 @@
+package options_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/servercount/servercount/cmd/proxy-server/app/options"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+var tlsFlags = []string{
+	"--cluster-cert=/c/s.crt", "--cluster-key=/c/s.key", "--cluster-ca-cert=/c/ca.crt",
+	"--server-cert=/c/s.crt", "--server-key=/c/s.key", "--server-ca-cert=/c/ca.crt",
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr []string
+	}{
+		{name: "tls", args: tlsFlags},
+		{name: "insecure local", args: []string{"--insecure-plaintext"}},
+		{name: "uds frontend needs no server certs", args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=/c/s.crt", "--cluster-key=/c/s.key"}},
+		{name: "http-connect", args: append([]string{"--mode=http-connect"}, tlsFlags...)},
+		{name: "no tls", args: nil, wantErr: []string{"agents need TLS: set --cluster-cert and --cluster-key", "the frontend port needs mTLS"}},
+		{name: "bad mode", args: append([]string{"--mode=socks"}, tlsFlags...), wantErr: []string{`invalid --mode "socks": use grpc or http-connect`}},
+		{name: "zero servers", args: append([]string{"--server-count=0"}, tlsFlags...), wantErr: []string{"invalid --server-count 0: must be at least 1"}},
+		{name: "bad strategy", args: append([]string{"--proxy-strategies=destHost,nearest"}, tlsFlags...), wantErr: []string{"invalid --proxy-strategies"}},
+		{name: "bad port", args: append([]string{"--agent-port=99999"}, tlsFlags...), wantErr: []string{"invalid --agent-port 99999"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := options.NewOptions()
+			require.NoError(t, o.Flags().Parse(tc.args))
+			errs := o.Validate()
+			var msgs []string
+			for _, err := range errs {
+				msgs = append(msgs, err.Error())
+			}
+			all := strings.Join(msgs, "\n")
+			for _, w := range tc.wantErr {
+				assert.Contains(t, all, w)
+			}
+			assert.Len(t, errs, len(tc.wantErr), all)
+		})
+	}
+}
+
+func TestDefaultsAreUpstreams(t *testing.T) {
+	t.Parallel()
+	o := options.NewOptions()
+	assert.Equal(t, 1, o.ServerCount)
+	assert.Equal(t, 8090, o.ServerPort)
+	assert.Equal(t, 8091, o.AgentPort)
+	assert.Equal(t, 8092, o.HealthPort)
+	assert.Equal(t, 8095, o.AdminPort)
+	assert.Equal(t, "grpc", o.Mode)
+	assert.Equal(t, "default", o.ProxyStrategies)
+	assert.NotEmpty(t, o.ServerID)
+	assert.NotEqual(t, o.ServerID, options.NewOptions().ServerID, "a random ID per server")
+}

@@ -1,0 +1,150 @@
+// Package app runs the proxy-server: it turns options into listeners,
+// gRPC and HTTP servers around pkg/server, and stops them on a signal.
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/cmd/proxy-server/app/options"
+	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/pkg/server"
+	"github.com/servercount/servercount/pkg/servercounter"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// Run serves until ctx ends, then shuts down within the grace period.
+func Run(ctx context.Context, o *options.Options) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	strategies, err := server.ParseStrategies(o.ProxyStrategies)
+	if err != nil {
+		return err
+	}
+	cfg := server.Config{
+		ServerID:           o.ServerID,
+		Counter:            servercounter.StaticServerCounter(o.ServerCount),
+		Strategies:         strategies,
+		BackendDialTimeout: o.BackendDialTimeout,
+		Registerer:         reg,
+	}
+	if o.AgentTokenFile != "" {
+		if cfg.Authenticator, err = server.NewTokenFileAuthenticator(o.AgentTokenFile); err != nil {
+			return err
+		}
+	}
+	srv, err := server.New(cfg)
+	if err != nil {
+		return err
+	}
+
+	g := serve.NewGroup()
+	defer func() {
+		if err != nil {
+			srv.Close()
+		}
+	}()
+
+	// Agents.
+	agentOpts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.KeepaliveTime}))
+	if !o.InsecurePlaintext {
+		tlsCfg, err := serve.ServerTLS(o.ClusterCert, o.ClusterKey, o.ClusterCACert)
+		if err != nil {
+			return fmt.Errorf("agent port: %w", err)
+		}
+		agentOpts = append(agentOpts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	agentGRPC := grpc.NewServer(agentOpts...)
+	wire.RegisterAgentServiceServer(agentGRPC, srv)
+	al, err := serve.Listen("agents", o.AgentBindAddress, o.AgentPort)
+	if err != nil {
+		return err
+	}
+	g.GRPC("agent server", al, agentGRPC)
+
+	// Frontends.
+	fl, frontendTLS, err := frontendListener(o)
+	if err != nil {
+		return err
+	}
+	switch o.Mode {
+	case options.ModeGRPC:
+		fopts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.FrontendKeepaliveTime}))
+		if frontendTLS != nil {
+			fopts = append(fopts, grpc.Creds(credentials.NewTLS(frontendTLS)))
+		}
+		fg := grpc.NewServer(fopts...)
+		client.RegisterProxyServiceServer(fg, srv)
+		g.GRPC("frontend server", fl, fg)
+	case options.ModeHTTPConnect:
+		if frontendTLS != nil {
+			fl = tls.NewListener(fl, frontendTLS)
+		}
+		g.HTTP("frontend server", fl, srv.HTTPConnect())
+	}
+
+	// Health and admin.
+	hl, err := serve.Listen("health", o.HealthBindAddress, o.HealthPort)
+	if err != nil {
+		return err
+	}
+	health := http.NewServeMux()
+	health.Handle("/metrics", serve.MetricsHandler(reg))
+	health.Handle("/", srv.Health())
+	g.HTTP("health server", hl, health)
+	adl, err := serve.Listen("admin", o.AdminBindAddress, o.AdminPort)
+	if err != nil {
+		return err
+	}
+	g.HTTP("admin server", adl, serve.AdminMux(reg, o.EnableProfiling))
+
+	// Ending the tunnels first lets the gRPC servers stop gracefully at
+	// once instead of waiting out the grace period for streams that never
+	// end by themselves.
+	g.Defer(func(context.Context) { srv.Close() })
+
+	klog.InfoS("Proxy-server started", "serverID", o.ServerID, "serverCount", o.ServerCount, "mode", o.Mode,
+		"agentAddress", al.Addr().String(), "frontendAddress", fl.Addr().String(),
+		"healthAddress", hl.Addr().String(), "adminAddress", adl.Addr().String())
+	err = g.Wait(ctx, o.GracefulShutdownTimeout)
+	klog.InfoS("Proxy-server stopped")
+	return err
+}
+
+// frontendListener listens on the Unix socket or the TCP port, and returns
+// the mTLS configuration the TCP port needs.
+func frontendListener(o *options.Options) (net.Listener, *tls.Config, error) {
+	if o.UDSName != "" {
+		if o.DeleteExistingUDSFile {
+			if err := os.Remove(o.UDSName); err != nil && !os.IsNotExist(err) {
+				return nil, nil, fmt.Errorf("remove existing --uds-name %s: %w", o.UDSName, err)
+			}
+		}
+		l, err := net.Listen("unix", o.UDSName)
+		if err != nil {
+			return nil, nil, fmt.Errorf("listen for frontends on unix socket %s: %w", o.UDSName, err)
+		}
+		return l, nil, nil
+	}
+	var tlsCfg *tls.Config
+	if !o.InsecurePlaintext {
+		var err error
+		if tlsCfg, err = serve.ServerTLS(o.ServerCert, o.ServerKey, o.ServerCACert); err != nil {
+			return nil, nil, fmt.Errorf("frontend port: %w", err)
+		}
+	}
+	l, err := serve.Listen("frontends", o.ServerBindAddress, o.ServerPort)
+	return l, tlsCfg, err
+}

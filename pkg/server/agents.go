@@ -1,0 +1,279 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcpeer "google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// backend is one agent Connect stream.
+type backend struct {
+	agentID string
+	ids     wire.Identifiers
+	peer    *peer
+	seq     uint64 // connection order: lower is older
+	// draining is set when the agent sends DRAIN on this stream.
+	draining atomic.Bool
+	// conns holds the established connections by connectID. Guarded by
+	// Server.mu.
+	conns map[int64]*tunnel
+	// pending holds the dials sent on this stream, by random. Guarded by
+	// Server.mu.
+	pending map[int64]*tunnel
+}
+
+// agent is every stream of one agentID, oldest first. Its streams field is
+// guarded by Server.mu.
+type agent struct {
+	streams []*backend
+}
+
+// Connect implements wire.AgentServiceServer: it checks the handshake
+// metadata, sends the serverID and serverCount response headers, and then
+// serves the stream as a backend until it ends or the Server closes.
+func (s *Server) Connect(stream wire.AgentConnectServer) error {
+	ctx := stream.Context()
+	select {
+	case <-s.quit:
+		s.metrics.observeAgentRejection(RejectShuttingDown)
+		return status.Error(codes.Unavailable, errShuttingDown.Error())
+	default:
+	}
+	agentID, ids, err := s.handshake(ctx)
+	if err != nil {
+		return err
+	}
+	count := s.cfg.Counter.CountServers()
+	hdr := metadata.Pairs(wire.HeaderServerID, s.cfg.ServerID, wire.HeaderServerCount, strconv.Itoa(count))
+	if err := stream.SendHeader(hdr); err != nil {
+		return fmt.Errorf("send handshake headers to agent %q: %w", agentID, err)
+	}
+	s.metrics.setReportedServerCount(count)
+
+	be := &backend{agentID: agentID, ids: ids, peer: newPeer(stream), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}}
+	if !s.addBackend(be) {
+		s.metrics.observeAgentRejection(RejectShuttingDown)
+		return status.Error(codes.Unavailable, errShuttingDown.Error())
+	}
+	s.log.V(2).Info("Agent connected", "agentID", agentID, "identifiers", ids.String(), "serverCount", count, "remote", remoteAddr(ctx))
+	return s.waitStream(be.peer)
+}
+
+// handshake checks the agent's metadata and returns its ID and identifiers,
+// or a gRPC status error. Every rejection is logged once.
+func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	reject := func(agentID string, reason RejectReason, code codes.Code, err error) (string, wire.Identifiers, error) {
+		s.metrics.observeAgentRejection(reason)
+		s.log.Error(err, "Rejected agent stream", "agentID", agentID, "reason", reason, "remote", remoteAddr(ctx))
+		return "", wire.Identifiers{}, status.Error(code, err.Error())
+	}
+	agentIDs := md.Get(wire.HeaderAgentID)
+	if len(agentIDs) != 1 || agentIDs[0] == "" {
+		return reject(strings.Join(agentIDs, ","), RejectInvalidMetadata, codes.InvalidArgument,
+			fmt.Errorf("want exactly one non-empty %s metadata value, got %d", wire.HeaderAgentID, len(agentIDs)))
+	}
+	agentID := agentIDs[0]
+	var ids wire.Identifiers
+	switch v := md.Get(wire.HeaderAgentIdentifiers); len(v) {
+	case 0:
+	case 1:
+		var err error
+		if ids, err = wire.ParseIdentifiers(v[0]); err != nil {
+			return reject(agentID, RejectInvalidMetadata, codes.InvalidArgument, err)
+		}
+	default:
+		return reject(agentID, RejectInvalidMetadata, codes.InvalidArgument,
+			fmt.Errorf("want at most one %s metadata value, got %d", wire.HeaderAgentIdentifiers, len(v)))
+	}
+	if s.cfg.Authenticator != nil {
+		auth := md.Get(wire.HeaderAuthorization)
+		if len(auth) != 1 {
+			return reject(agentID, RejectUnauthenticated, codes.Unauthenticated,
+				fmt.Errorf("want exactly one %s metadata value \"Bearer <token>\", got %d", wire.HeaderAuthorization, len(auth)))
+		}
+		scheme, token, ok := strings.Cut(auth[0], " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			return reject(agentID, RejectUnauthenticated, codes.Unauthenticated,
+				fmt.Errorf("%s metadata is not of the form \"Bearer <token>\"", wire.HeaderAuthorization))
+		}
+		if err := s.cfg.Authenticator.AuthenticateToken(ctx, strings.TrimSpace(token)); err != nil {
+			return reject(agentID, RejectUnauthenticated, codes.Unauthenticated, fmt.Errorf("agent token rejected: %w", err))
+		}
+	}
+	return agentID, ids, nil
+}
+
+// addBackend registers be and starts its goroutines, unless the Server is
+// closed.
+func (s *Server) addBackend(be *backend) bool {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return false
+	}
+	s.nextSeq++
+	be.seq = s.nextSeq
+	a := s.agents[be.agentID]
+	if a == nil {
+		a = &agent{}
+		s.agents[be.agentID] = a
+	}
+	a.streams = append(a.streams, be)
+	s.nBackends++
+	s.metrics.addBackends(1)
+	s.metrics.addGRPCConns(methodAgentConnect, 1)
+	s.wg.Add(2)
+	s.mu.Unlock()
+	s.goStream(be.peer, func() { s.serveAgent(be) })
+	return true
+}
+
+// removeBackendLocked unregisters be, once.
+func (s *Server) removeBackendLocked(be *backend) {
+	a := s.agents[be.agentID]
+	if a == nil {
+		return
+	}
+	for i, b := range a.streams {
+		if b != be {
+			continue
+		}
+		a.streams = append(a.streams[:i:i], a.streams[i+1:]...)
+		if len(a.streams) == 0 {
+			delete(s.agents, be.agentID)
+		}
+		s.nBackends--
+		s.metrics.addBackends(-1)
+		s.metrics.addGRPCConns(methodAgentConnect, -1)
+		return
+	}
+}
+
+// serveAgent is be's receive loop.
+func (s *Server) serveAgent(be *backend) {
+	for {
+		pkt, err := be.peer.stream.Recv()
+		if err != nil {
+			be.peer.end(err)
+			s.log.V(2).Info("Agent disconnected", "agentID", be.agentID, "err", err)
+			s.backendGone(be)
+			return
+		}
+		s.log.V(4).Info("Received packet from agent", "agentID", be.agentID, "type", pkt.GetType())
+		switch pkt.GetType() {
+		case client.PacketType_DIAL_RSP:
+			s.onDialResponse(be, pkt)
+		case client.PacketType_DATA:
+			s.onAgentData(be, pkt)
+		case client.PacketType_CLOSE_RSP:
+			s.onAgentCloseResponse(be, pkt)
+		case client.PacketType_DRAIN:
+			if !be.draining.Swap(true) {
+				s.log.V(2).Info("Agent is draining", "agentID", be.agentID)
+			}
+		default:
+			s.log.V(2).Info("Ignored unexpected packet from agent", "agentID", be.agentID, "type", pkt.GetType())
+		}
+	}
+}
+
+// chooseLocked picks an agent stream for a dial to address by the
+// configured strategies, or returns nil.
+func (s *Server) chooseLocked(address string) *backend {
+	host := address
+	if h, _, err := net.SplitHostPort(address); err == nil {
+		host = h
+	}
+	for _, st := range s.cfg.Strategies {
+		var match func(*backend) bool
+		switch st {
+		case StrategyDestHost:
+			match = func(b *backend) bool { return identifiersMatchHost(b.ids, host) }
+		case StrategyDefaultRoute:
+			match = func(b *backend) bool { return b.ids.DefaultRoute }
+		}
+		if be := s.pickLocked(match); be != nil {
+			return be
+		}
+	}
+	return nil
+}
+
+// pickLocked picks a random agent with a stream that match accepts (nil
+// accepts all), and returns that agent's oldest such stream that is not
+// draining. Agents whose matching streams all drain are used only when no
+// other agent matches.
+func (s *Server) pickLocked(match func(*backend) bool) *backend {
+	var ready, draining []*backend
+	for _, a := range s.agents {
+		var oldest, oldestReady *backend
+		for _, b := range a.streams {
+			if match != nil && !match(b) {
+				continue
+			}
+			if oldest == nil {
+				oldest = b
+			}
+			if !b.draining.Load() {
+				oldestReady = b
+				break
+			}
+		}
+		switch {
+		case oldestReady != nil:
+			ready = append(ready, oldestReady)
+		case oldest != nil:
+			draining = append(draining, oldest)
+		}
+	}
+	if len(ready) == 0 {
+		ready = draining
+	}
+	if len(ready) == 0 {
+		return nil
+	}
+	return ready[rand.IntN(len(ready))]
+}
+
+func remoteAddr(ctx context.Context) string {
+	if p, ok := grpcpeer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
+
+// identifiersMatchHost reports whether host is one of ids' host, ipv4 or
+// ipv6 identifiers. Host names compare without case, addresses by value.
+func identifiersMatchHost(ids wire.Identifiers, host string) bool {
+	for _, h := range ids.Host {
+		if strings.EqualFold(h, host) {
+			return true
+		}
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	for _, list := range [][]string{ids.IPv4, ids.IPv6} {
+		for _, v := range list {
+			if a, err := netip.ParseAddr(v); err == nil && a.Unmap() == addr.Unmap() {
+				return true
+			}
+		}
+	}
+	return false
+}

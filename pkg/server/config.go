@@ -1,0 +1,143 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/servercount/servercount/pkg/servercounter"
+)
+
+// Strategy names a way to choose an agent for a dial.
+type Strategy string
+
+// The strategies, as upstream's --proxy-strategies names them.
+const (
+	// StrategyDefault picks a random agent and uses its oldest stream. It
+	// skips agents that sent DRAIN unless every agent is draining.
+	StrategyDefault Strategy = "default"
+	// StrategyDestHost picks an agent one of whose host, ipv4 or ipv6
+	// identifiers equals the dial's host.
+	StrategyDestHost Strategy = "destHost"
+	// StrategyDefaultRoute picks a random agent that advertised
+	// default-route=true.
+	StrategyDefaultRoute Strategy = "defaultRoute"
+)
+
+// String returns the strategy's name.
+func (s Strategy) String() string { return string(s) }
+
+var validStrategies = []Strategy{StrategyDefault, StrategyDestHost, StrategyDefaultRoute}
+
+func (s Strategy) valid() bool {
+	for _, v := range validStrategies {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+func validStrategyNames() string {
+	names := make([]string, len(validStrategies))
+	for i, v := range validStrategies {
+		names[i] = string(v)
+	}
+	return strings.Join(names, ", ")
+}
+
+// ParseStrategies parses a comma-separated list of strategies such as
+// "destHost,default", in the order they are to be tried. Spaces around
+// names are ignored; an empty list, an empty name or an unknown name is an
+// error that lists the valid names.
+func ParseStrategies(s string) ([]Strategy, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("empty proxy strategy list: want a comma-separated list of %s", validStrategyNames())
+	}
+	var out []Strategy
+	for _, name := range strings.Split(s, ",") {
+		st := Strategy(strings.TrimSpace(name))
+		if !st.valid() {
+			return nil, fmt.Errorf("unknown proxy strategy %q in %q: valid strategies are %s", st, s, validStrategyNames())
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// DefaultFrontendWriteTimeout is how long a packet from an agent waits for
+// room in a frontend's queue before the frontend is torn down. It matches
+// the 10 s read timeout of the konnectivity-client library.
+const DefaultFrontendWriteTimeout = 10 * time.Second
+
+// TokenAuthenticator checks an agent's bearer token.
+type TokenAuthenticator interface {
+	// AuthenticateToken returns nil if token may connect, else an error
+	// saying why not (it is logged, never sent to the agent).
+	AuthenticateToken(ctx context.Context, token string) error
+}
+
+// Config configures a [Server]. The zero value of each field but ServerID
+// means its default.
+type Config struct {
+	// ServerID identifies this server to agents (the serverID header).
+	// Required.
+	ServerID string
+	// Counter is read on every agent handshake for the serverCount header.
+	// Nil means servercounter.StaticServerCounter(1).
+	Counter servercounter.ServerCounter
+	// Strategies are tried in order to choose an agent for a dial; the
+	// first that finds one wins. Nil means [StrategyDefault] alone.
+	Strategies []Strategy
+	// Authenticator, if set, checks the bearer token every agent must send
+	// in the authorization header. Nil means no token authentication (TLS
+	// client certificates are checked by the gRPC server's credentials,
+	// outside this package).
+	Authenticator TokenAuthenticator
+	// BackendDialTimeout bounds the wait for an agent's DIAL_RSP; when it
+	// passes, the frontend gets DIAL_RSP{error "timed out waiting for
+	// backend dial"}. Zero means no limit.
+	BackendDialTimeout time.Duration
+	// FrontendWriteTimeout bounds the wait for room in a slow frontend's
+	// queue (see the package doc). Zero means
+	// [DefaultFrontendWriteTimeout].
+	FrontendWriteTimeout time.Duration
+	// Registerer receives the server's metrics. Nil means they are not
+	// registered anywhere.
+	Registerer prometheus.Registerer
+}
+
+// withDefaults validates cfg and fills in its defaults, returning every
+// problem at once.
+func (cfg Config) withDefaults() (Config, error) {
+	var errs []error
+	if cfg.ServerID == "" {
+		errs = append(errs, errors.New("server ID is empty: set it to a name unique among the proxy-servers (upstream --server-id)"))
+	}
+	if cfg.Counter == nil {
+		cfg.Counter = servercounter.StaticServerCounter(1)
+	}
+	if cfg.Strategies == nil {
+		cfg.Strategies = []Strategy{StrategyDefault}
+	} else if len(cfg.Strategies) == 0 {
+		errs = append(errs, fmt.Errorf("empty proxy strategy list: want one or more of %s", validStrategyNames()))
+	}
+	for _, st := range cfg.Strategies {
+		if !st.valid() {
+			errs = append(errs, fmt.Errorf("unknown proxy strategy %q: valid strategies are %s", st, validStrategyNames()))
+		}
+	}
+	if cfg.BackendDialTimeout < 0 {
+		errs = append(errs, fmt.Errorf("backend dial timeout %v is negative: use 0 for no limit", cfg.BackendDialTimeout))
+	}
+	if cfg.FrontendWriteTimeout < 0 {
+		errs = append(errs, fmt.Errorf("frontend write timeout %v is negative: use 0 for the default %v", cfg.FrontendWriteTimeout, DefaultFrontendWriteTimeout))
+	} else if cfg.FrontendWriteTimeout == 0 {
+		cfg.FrontendWriteTimeout = DefaultFrontendWriteTimeout
+	}
+	return cfg, errors.Join(errs...)
+}

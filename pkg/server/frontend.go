@@ -1,0 +1,143 @@
+package server
+
+import (
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// grpcFrontend is one /ProxyService/Proxy stream. It may carry several
+// dials and connections; connections are named by the agent's connectID.
+type grpcFrontend struct {
+	s    *Server
+	peer *peer
+	// pending holds this stream's pending dials by random. Guarded by
+	// Server.mu.
+	pending map[int64]*tunnel
+	// conns holds this stream's connections by connectID. Guarded by
+	// Server.mu.
+	conns map[int64]*tunnel
+}
+
+// Proxy implements client.ProxyServiceServer: it serves one frontend
+// stream until it ends or the Server closes. Register it with
+// client.RegisterProxyServiceServer.
+func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
+	f := &grpcFrontend{s: s, peer: newPeer(stream), pending: map[int64]*tunnel{}, conns: map[int64]*tunnel{}}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return status.Error(codes.Unavailable, errShuttingDown.Error())
+	}
+	s.wg.Add(2)
+	s.metrics.addGRPCConns(methodProxy, 1)
+	s.mu.Unlock()
+	s.log.V(2).Info("Frontend connected", "remote", remoteAddr(stream.Context()))
+	s.goStream(f.peer, f.serve)
+	return s.waitStream(f.peer)
+}
+
+// serve is the frontend's receive loop.
+func (f *grpcFrontend) serve() {
+	s := f.s
+	defer s.metrics.addGRPCConns(methodProxy, -1)
+	for {
+		pkt, err := f.peer.stream.Recv()
+		if err != nil {
+			f.peer.end(err)
+			f.gone()
+			return
+		}
+		s.log.V(4).Info("Received packet from frontend", "type", pkt.GetType())
+		switch pkt.GetType() {
+		case client.PacketType_DIAL_REQ:
+			f.dial(pkt)
+		case client.PacketType_DIAL_CLS:
+			s.cancelDial(f, pkt.GetCloseDial().GetRandom())
+		case client.PacketType_DATA:
+			f.forward(pkt.GetData().GetConnectID(), pkt)
+		case client.PacketType_CLOSE_REQ:
+			f.forward(pkt.GetCloseRequest().GetConnectID(), pkt)
+		default:
+			s.log.V(2).Info("Ignored unexpected packet from frontend", "type", pkt.GetType())
+		}
+	}
+}
+
+// dial handles DIAL_REQ: it forwards the request, unchanged, to the chosen
+// agent, or answers it with an error.
+func (f *grpcFrontend) dial(pkt *client.Packet) {
+	req := pkt.GetDialRequest()
+	t, err := f.s.startDial(f, req.GetAddress(), req.GetRandom())
+	if err != nil {
+		f.s.log.V(2).Info("Dial refused", "address", req.GetAddress(), "dialID", req.GetRandom(), "err", err)
+		if !errors.Is(err, errShuttingDown) {
+			f.peer.send(dialRspPacket(req.GetRandom(), 0, err.Error()), f.s.quit)
+		}
+		return
+	}
+	f.s.log.V(4).Info("Forwarded dial to agent", "agentID", t.be.agentID, "address", req.GetAddress(), "dialID", req.GetRandom())
+	// If the agent stream has ended, backendGone answers the dial.
+	t.be.peer.send(pkt, f.s.quit)
+}
+
+// forward sends DATA or CLOSE_REQ for connectID to its agent, or answers
+// CLOSE_RSP with an error when the connection is unknown.
+func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
+	f.s.mu.Lock()
+	t := f.conns[connectID]
+	f.s.mu.Unlock()
+	if t == nil {
+		f.s.log.V(4).Info("Frontend packet matched no connection", "type", pkt.GetType(), "connectionID", connectID)
+		f.peer.send(closeRspPacket(connectID, errTextUnknownConnect), f.s.quit)
+		return
+	}
+	// Wait for room in the agent's queue: back-pressure on this frontend.
+	t.be.peer.send(pkt, f.s.quit)
+}
+
+// gone drops the frontend's pending dials and closes its connections at
+// their agents.
+func (f *grpcFrontend) gone() {
+	f.s.mu.Lock()
+	var ts []*tunnel
+	for _, t := range f.pending {
+		ts = append(ts, t)
+	}
+	for _, t := range f.conns {
+		ts = append(ts, t)
+	}
+	f.s.mu.Unlock()
+	for _, t := range ts {
+		f.s.closeFromFrontend(t)
+	}
+	f.s.log.V(2).Info("Frontend disconnected", "connections", len(ts), "err", f.peer.reason)
+}
+
+func (f *grpcFrontend) deliver(pkt *client.Packet) {
+	if err := f.peer.sendWithin(pkt, f.s.cfg.FrontendWriteTimeout, f.s.quit); errors.Is(err, errSlowFrontend) {
+		f.s.log.Info("Ended a frontend stream that did not read for too long", "timeout", f.s.cfg.FrontendWriteTimeout)
+		f.peer.end(errSlowFrontend)
+	}
+}
+
+func (f *grpcFrontend) track(t *tunnel) { f.pending[t.random] = t }
+
+func (f *grpcFrontend) established(t *tunnel) bool {
+	if f.conns[t.connectID] != nil {
+		return false
+	}
+	f.conns[t.connectID] = t
+	return true
+}
+
+func (f *grpcFrontend) forget(t *tunnel) {
+	if f.pending[t.random] == t {
+		delete(f.pending, t.random)
+	}
+	if t.connectID != 0 && f.conns[t.connectID] == t {
+		delete(f.conns, t.connectID)
+	}
+}

@@ -1,0 +1,387 @@
+package server_test
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/pkg/server"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// waitFor bounds every wait in these tests.
+const waitFor = 10 * time.Second
+
+// settableCounter is a servercounter.ServerCounter whose value the test
+// changes.
+type settableCounter struct{ n atomic.Int64 }
+
+func (c *settableCounter) CountServers() int { return int(c.n.Load()) }
+
+// env is one Server with its listeners: the agent port (mTLS), the gRPC
+// frontend port (mTLS), the HTTP CONNECT port and the health port.
+type env struct {
+	srv                                      *server.Server
+	agentAddr, frontAddr, connectAddr, hzURL string
+	agentTLS, frontTLS                       *tls.Config // client-side configs
+}
+
+func newCA(t testing.TB) *pki.CA {
+	t.Helper()
+	ca, err := pki.NewCA("test-ca")
+	require.NoError(t, err)
+	return ca
+}
+
+func listen(t testing.TB) net.Listener {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	return lis
+}
+
+// startEnv starts a Server configured by cfg (ServerID defaults to "s1").
+func startEnv(t testing.TB, cfg server.Config) *env {
+	t.Helper()
+	if cfg.ServerID == "" {
+		cfg.ServerID = "s1"
+	}
+	srv, err := server.New(cfg)
+	require.NoError(t, err)
+	ca := newCA(t)
+	srvCert, err := ca.Server("proxy-server")
+	require.NoError(t, err)
+	cliCert, err := ca.Client("client")
+	require.NoError(t, err)
+	serverTLS := &tls.Config{Certificates: []tls.Certificate{srvCert.TLS}, ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+	clientTLS := &tls.Config{Certificates: []tls.Certificate{cliCert.TLS}, RootCAs: ca.Pool(), ServerName: "localhost", MinVersion: tls.VersionTLS12}
+
+	e := &env{srv: srv, agentTLS: clientTLS, frontTLS: clientTLS}
+
+	agentLis, frontLis, connectLis, hzLis := listen(t), listen(t), listen(t), listen(t)
+	e.agentAddr, e.frontAddr, e.connectAddr = agentLis.Addr().String(), frontLis.Addr().String(), connectLis.Addr().String()
+	e.hzURL = "http://" + hzLis.Addr().String()
+
+	agentGRPC := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(serverTLS)))...)
+	wire.RegisterAgentServiceServer(agentGRPC, srv)
+	frontGRPC := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(serverTLS)))...)
+	client.RegisterProxyServiceServer(frontGRPC, srv)
+	connectHTTP := &http.Server{Handler: srv.HTTPConnect(), ReadHeaderTimeout: waitFor}
+	hzHTTP := &http.Server{Handler: srv.Health(), ReadHeaderTimeout: waitFor}
+
+	var wg sync.WaitGroup
+	wg.Add(4)
+	go func() { defer wg.Done(); _ = agentGRPC.Serve(agentLis) }()
+	go func() { defer wg.Done(); _ = frontGRPC.Serve(frontLis) }()
+	go func() { defer wg.Done(); _ = connectHTTP.Serve(connectLis) }()
+	go func() { defer wg.Done(); _ = hzHTTP.Serve(hzLis) }()
+	t.Cleanup(func() {
+		srv.Close()
+		agentGRPC.Stop()
+		frontGRPC.Stop()
+		_ = connectHTTP.Close()
+		_ = hzHTTP.Close()
+		wg.Wait()
+	})
+	return e
+}
+
+// testAgent stands in for pkg/agent: a real gRPC client on
+// /AgentService/Connect that dials what it is asked to and relays DATA.
+type testAgent struct {
+	t       testing.TB
+	cc      *grpc.ClientConn
+	stream  wire.AgentConnectClient
+	cancel  context.CancelFunc
+	header  metadata.MD
+	sendMu  sync.Mutex
+	dials   atomic.Int64
+	closeCh chan int64 // CLOSE_REQ connectIDs received; buffered, extra dropped
+	done    chan struct{}
+	wg      sync.WaitGroup
+
+	mu     sync.Mutex
+	conns  map[int64]net.Conn // guarded by mu
+	nextID int64              // guarded by mu
+}
+
+// agentOpts are the handshake metadata of a test agent.
+type agentOpts struct {
+	id, identifiers, token string
+	extraMD                []string // appended as key, value pairs
+}
+
+// connectAgent opens the agent's stream and returns it with the
+// handshake's error, without serving.
+func connectAgent(t testing.TB, e *env, o agentOpts) (*testAgent, error) {
+	t.Helper()
+	// Windows as an agent should set them (see server.GRPCServerOptions).
+	cc, err := grpc.NewClient(e.agentAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.agentTLS)),
+		grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(4<<20))
+	require.NoError(t, err)
+	var kv []string
+	if o.id != "" {
+		kv = append(kv, wire.HeaderAgentID, o.id)
+	}
+	if o.identifiers != "" {
+		kv = append(kv, wire.HeaderAgentIdentifiers, o.identifiers)
+	}
+	if o.token != "" {
+		kv = append(kv, wire.HeaderAuthorization, "Bearer "+o.token)
+	}
+	kv = append(kv, o.extraMD...)
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), kv...))
+	a := &testAgent{t: t, cc: cc, cancel: cancel, closeCh: make(chan int64, 1024), done: make(chan struct{}), conns: map[int64]net.Conn{}}
+	fail := func(err error) (*testAgent, error) {
+		cancel()
+		cc.Close()
+		return nil, err
+	}
+	a.stream, err = wire.Connect(ctx, cc)
+	if err != nil {
+		return fail(err)
+	}
+	a.header, err = a.stream.Header()
+	if err != nil {
+		return fail(err)
+	}
+	if len(a.header) == 0 { // trailers-only: the server refused the stream
+		_, err = a.stream.Recv()
+		return fail(err)
+	}
+	return a, nil
+}
+
+// startAgent connects and serves an agent until the test ends.
+func startAgent(t testing.TB, e *env, o agentOpts) *testAgent {
+	t.Helper()
+	a, err := connectAgent(t, e, o)
+	require.NoError(t, err)
+	go a.serve()
+	t.Cleanup(a.stop)
+	return a
+}
+
+// stop ends the agent's stream and waits for its goroutines.
+func (a *testAgent) stop() {
+	a.cancel()
+	<-a.done
+	a.cc.Close()
+}
+
+func (a *testAgent) send(p *client.Packet) {
+	a.sendMu.Lock()
+	defer a.sendMu.Unlock()
+	_ = a.stream.Send(p)
+}
+
+func (a *testAgent) drain() {
+	a.send(&client.Packet{Type: client.PacketType_DRAIN, Payload: &client.Packet_Drain{Drain: &client.Drain{}}})
+}
+
+// drainAndSync sends DRAIN and waits until the server has processed it:
+// it then sends a DIAL_RSP for no pending dial, which the server answers
+// with CLOSE_REQ, after DRAIN since a stream's packets are handled in
+// order.
+func (a *testAgent) drainAndSync(t *testing.T) {
+	t.Helper()
+	const marker = 1 << 40
+	a.drain()
+	a.send(dialRsp(-1, marker, ""))
+	for {
+		select {
+		case id := <-a.closeCh:
+			if id == marker {
+				return
+			}
+		case <-time.After(waitFor):
+			t.Fatal("server did not answer the DRAIN marker")
+		}
+	}
+}
+
+func (a *testAgent) serve() {
+	defer close(a.done)
+	defer a.wg.Wait()
+	defer func() {
+		a.mu.Lock()
+		for id, c := range a.conns {
+			c.Close()
+			delete(a.conns, id)
+		}
+		a.mu.Unlock()
+	}()
+	for {
+		pkt, err := a.stream.Recv()
+		if err != nil {
+			return
+		}
+		switch pkt.GetType() {
+		case client.PacketType_DIAL_REQ:
+			a.dials.Add(1)
+			req := pkt.GetDialRequest()
+			// Tests reach only this machine: refuse anything but a
+			// loopback address, without resolving names.
+			if host, _, err := net.SplitHostPort(req.GetAddress()); err != nil || !isLoopback(host) {
+				a.send(dialRsp(req.GetRandom(), 0, "test agent dials only loopback addresses"))
+				continue
+			}
+			c, err := net.DialTimeout("tcp", req.GetAddress(), 5*time.Second)
+			if err != nil {
+				a.send(dialRsp(req.GetRandom(), 0, err.Error()))
+				continue
+			}
+			a.mu.Lock()
+			a.nextID++
+			id := a.nextID
+			a.conns[id] = c
+			a.mu.Unlock()
+			a.send(dialRsp(req.GetRandom(), id, ""))
+			a.wg.Add(1)
+			go a.readConn(id, c)
+		case client.PacketType_DATA:
+			d := pkt.GetData()
+			a.mu.Lock()
+			c := a.conns[d.GetConnectID()]
+			a.mu.Unlock()
+			if c == nil {
+				a.send(closeRsp(d.GetConnectID(), "unknown connectID"))
+				continue
+			}
+			_, _ = c.Write(d.GetData())
+		case client.PacketType_CLOSE_REQ:
+			id := pkt.GetCloseRequest().GetConnectID()
+			select {
+			case a.closeCh <- id:
+			default:
+			}
+			a.mu.Lock()
+			c := a.conns[id]
+			delete(a.conns, id)
+			a.mu.Unlock()
+			if c != nil {
+				c.Close()
+				a.send(closeRsp(id, ""))
+			} else {
+				a.send(closeRsp(id, "unknown connectID"))
+			}
+		}
+	}
+}
+
+func (a *testAgent) readConn(id int64, c net.Conn) {
+	defer a.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			a.send(&client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{Data: &client.Data{ConnectID: id, Data: append([]byte(nil), buf[:n]...)}}})
+		}
+		if err != nil {
+			break
+		}
+	}
+	a.mu.Lock()
+	mine := a.conns[id] == c
+	delete(a.conns, id)
+	a.mu.Unlock()
+	c.Close()
+	if mine {
+		a.send(closeRsp(id, ""))
+	}
+}
+
+func isLoopback(host string) bool {
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+func dialRsp(random, id int64, errText string) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{DialResponse: &client.DialResponse{Random: random, ConnectID: id, Error: errText}}}
+}
+
+func closeRsp(id int64, errText string) *client.Packet {
+	return &client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{CloseResponse: &client.CloseResponse{ConnectID: id, Error: errText}}}
+}
+
+// waitReady waits until the Server has n agent streams.
+func waitBackends(t testing.TB, e *env, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return e.srv.Backends() == n }, waitFor, 5*time.Millisecond, "want %d agent streams", n)
+}
+
+// refusedAddr returns a loopback address nothing listens on.
+func refusedAddr(t *testing.T) string {
+	t.Helper()
+	lis := listen(t)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close())
+	return addr
+}
+
+// echoServer starts a TCP server that echoes every connection.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	lis := listen(t)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return lis.Addr().String()
+}

@@ -1,0 +1,256 @@
+package server
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// readBufferSize is the size of one read from a client's socket, and so
+// the most data one DATA packet carries.
+const readBufferSize = 32 << 10
+
+// httpTunnel is one HTTP CONNECT connection: a frontend with exactly one
+// tunnel.
+type httpTunnel struct {
+	s      *Server
+	dialed chan *client.DialResponse // the DIAL_RSP; buffer of 1, written once
+	data   chan []byte               // DATA from the agent, read by writeLoop
+	closed chan struct{}             // closed by shutdown: CLOSE_RSP, or too slow
+	once   sync.Once
+	// conn is the hijacked connection; nil before the hijack. Guarded by
+	// Server.mu.
+	conn net.Conn
+}
+
+// HTTPConnect returns the HTTP CONNECT frontend: for each CONNECT request
+// it dials the request's host:port through an agent and then relays bytes
+// both ways. Other methods get 405.
+func (s *Server) HTTPConnect() http.Handler {
+	return http.HandlerFunc(s.serveConnect)
+}
+
+func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodConnect {
+		w.Header().Set("Allow", http.MethodConnect)
+		http.Error(w, "only the CONNECT method is supported", http.StatusMethodNotAllowed)
+		return
+	}
+	ht := &httpTunnel{s: s, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{})}
+	t, err := s.startDial(ht, r.Host, 0)
+	switch {
+	case errors.Is(err, errShuttingDown):
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	log := s.log.WithValues("address", r.Host, "agentID", t.be.agentID, "dialID", t.random)
+
+	var timeout <-chan time.Time
+	if d := s.cfg.BackendDialTimeout; d > 0 {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	req := &client.Packet{Type: client.PacketType_DIAL_REQ, Payload: &client.Packet_DialRequest{
+		DialRequest: &client.DialRequest{Protocol: "tcp", Address: r.Host, Random: t.random}}}
+	select {
+	case t.be.peer.out <- req:
+	case <-t.be.peer.done:
+		s.cancelDial(ht, t.random)
+		http.Error(w, "sending the dial request to the agent failed: agent stream closed", http.StatusBadGateway)
+		return
+	case <-timeout:
+		s.cancelDial(ht, t.random)
+		http.Error(w, "sending the dial request to the agent timed out", http.StatusGatewayTimeout)
+		return
+	case <-r.Context().Done():
+		s.cancelDial(ht, t.random)
+		return
+	case <-s.quit:
+		http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
+		return
+	}
+
+	var rsp *client.DialResponse
+	select {
+	case rsp = <-ht.dialed:
+	case <-r.Context().Done():
+		s.cancelDial(ht, t.random)
+		return
+	case <-s.quit:
+		http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	if rsp.GetError() != "" {
+		code := dialErrorStatus(rsp.GetError())
+		log.V(2).Info("Dial through the agent failed", "err", rsp.GetError(), "status", code)
+		http.Error(w, rsp.GetError(), code)
+		return
+	}
+
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		s.closeFromFrontend(t)
+		http.Error(w, "cannot take over the connection for CONNECT: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		conn.Close()
+		return
+	}
+	ht.conn = conn
+	s.httpTunnels[ht] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	s.metrics.addHTTPConns(1)
+	defer s.metrics.addHTTPConns(-1)
+
+	writerDone := make(chan struct{})
+	go func() {
+		defer s.wg.Done()
+		defer close(writerDone)
+		ht.writeLoop(conn)
+	}()
+	log.V(2).Info("HTTP CONNECT tunnel established", "connectionID", t.connectID)
+	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err == nil {
+		ht.readLoop(t, brw.Reader)
+	}
+	// The client closed, the agent closed (writeLoop closed conn), or
+	// Close closed conn.
+	s.closeFromFrontend(t)
+	ht.shutdown()
+	conn.Close()
+	<-writerDone
+	s.mu.Lock()
+	delete(s.httpTunnels, ht)
+	s.mu.Unlock()
+	log.V(2).Info("HTTP CONNECT tunnel closed", "connectionID", t.connectID)
+}
+
+// readLoop relays the client's bytes to the agent until the client
+// closes, the tunnel closes, or the Server closes.
+func (ht *httpTunnel) readLoop(t *tunnel, r *bufio.Reader) {
+	buf := make([]byte, readBufferSize)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			// The packet is sent later by another goroutine: copy.
+			pkt := dataPacket(t.connectID, append([]byte(nil), buf[:n]...))
+			select {
+			case t.be.peer.out <- pkt:
+			case <-t.be.peer.done:
+				return
+			case <-ht.closed:
+				return
+			case <-ht.s.quit:
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// writeLoop writes the agent's bytes to the client. After CLOSE_RSP it
+// writes what is queued and closes conn.
+func (ht *httpTunnel) writeLoop(conn net.Conn) {
+	defer conn.Close()
+	for {
+		select {
+		case d := <-ht.data:
+			if _, err := conn.Write(d); err != nil {
+				ht.shutdown()
+				return
+			}
+		case <-ht.closed:
+			for {
+				select {
+				case d := <-ht.data:
+					if _, err := conn.Write(d); err != nil {
+						return
+					}
+				default:
+					return
+				}
+			}
+		case <-ht.s.quit:
+			return
+		}
+	}
+}
+
+// shutdown stops the tunnel's loops, once.
+func (ht *httpTunnel) shutdown() { ht.once.Do(func() { close(ht.closed) }) }
+
+// closeConn closes the client connection (for Server.Close).
+func (ht *httpTunnel) closeConn() {
+	ht.s.mu.Lock()
+	conn := ht.conn
+	ht.s.mu.Unlock()
+	if conn != nil {
+		conn.Close()
+	}
+}
+
+func (ht *httpTunnel) deliver(pkt *client.Packet) {
+	switch pkt.GetType() {
+	case client.PacketType_DIAL_RSP:
+		select {
+		case ht.dialed <- pkt.GetDialResponse():
+		default: // a second answer cannot happen: the dial is answered once
+		}
+	case client.PacketType_DATA:
+		if len(pkt.GetData().GetData()) == 0 {
+			return
+		}
+		select {
+		case ht.data <- pkt.GetData().GetData():
+			return
+		default:
+		}
+		timer := time.NewTimer(ht.s.cfg.FrontendWriteTimeout)
+		defer timer.Stop()
+		select {
+		case ht.data <- pkt.GetData().GetData():
+		case <-ht.closed:
+		case <-ht.s.quit:
+		case <-timer.C:
+			ht.s.log.Info("Closed an HTTP CONNECT client that did not read for too long", "timeout", ht.s.cfg.FrontendWriteTimeout)
+			ht.shutdown()
+			ht.closeConn()
+		}
+	case client.PacketType_CLOSE_RSP:
+		ht.shutdown()
+	}
+}
+
+func (ht *httpTunnel) track(*tunnel)            {}
+func (ht *httpTunnel) established(*tunnel) bool { return true }
+func (ht *httpTunnel) forget(*tunnel)           {}
+
+// dialErrorStatus maps an agent's dial error to the HTTP status of the
+// CONNECT response, as upstream does.
+func dialErrorStatus(errText string) int {
+	lower := strings.ToLower(errText)
+	switch {
+	case strings.Contains(lower, "timeout"), strings.Contains(lower, "timed out"):
+		return http.StatusGatewayTimeout
+	case strings.Contains(lower, "too many open files"):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusBadGateway
+	}
+}

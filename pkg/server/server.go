@@ -1,0 +1,169 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// Server is a Konnectivity proxy-server core: it implements the agent
+// service (/AgentService/Connect), the frontend ProxyService
+// (/ProxyService/Proxy) and an HTTP CONNECT frontend. Create it with
+// [New] and end it with [Close]. It is safe for concurrent use.
+type Server struct {
+	cfg     Config
+	log     klog.Logger
+	metrics *metrics
+	quit    chan struct{} // closed by Close: every stream and tunnel ends
+	wg      sync.WaitGroup
+
+	mu sync.Mutex
+	// closed is set by Close; no goroutine is added to wg once it is set.
+	// Guarded by mu.
+	closed bool
+	// agents holds the connected agents by agentID. Guarded by mu.
+	agents map[string]*agent
+	// nBackends counts the agent streams in agents. Guarded by mu.
+	nBackends int
+	// nextSeq orders agent streams by age. Guarded by mu.
+	nextSeq uint64
+	// pending holds the dials sent to an agent and not yet answered, by
+	// the dial's random. Guarded by mu.
+	pending map[int64]*tunnel
+	// httpTunnels holds the HTTP CONNECT tunnels, so that Close can end
+	// them. Guarded by mu.
+	httpTunnels map[*httpTunnel]struct{}
+}
+
+// New validates cfg and returns a Server, or an error that lists every
+// problem in cfg.
+func New(cfg Config) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("invalid proxy-server configuration: %w", err)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{
+		cfg:         cfg,
+		log:         klog.Background().WithName("proxy-server"),
+		metrics:     m,
+		quit:        make(chan struct{}),
+		agents:      map[string]*agent{},
+		pending:     map[int64]*tunnel{},
+		httpTunnels: map[*httpTunnel]struct{}{},
+	}, nil
+}
+
+// Close ends every agent stream, frontend stream and HTTP CONNECT tunnel,
+// and waits for the goroutines the Server started. Streams that arrive
+// later are refused with codes.Unavailable. Close may be called more than
+// once.
+func (s *Server) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.wg.Wait()
+		return
+	}
+	s.closed = true
+	for _, t := range s.pending {
+		if t.timer != nil {
+			t.timer.Stop()
+		}
+	}
+	var hts []*httpTunnel
+	for ht := range s.httpTunnels {
+		hts = append(hts, ht)
+	}
+	s.mu.Unlock()
+	close(s.quit)
+	for _, ht := range hts {
+		ht.closeConn()
+	}
+	s.wg.Wait()
+}
+
+// Ready reports whether at least one agent is connected.
+func (s *Server) Ready() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.agents) > 0
+}
+
+// Backends returns the number of connected agent streams.
+func (s *Server) Backends() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nBackends
+}
+
+// goStream starts p's writer goroutine and its receive loop recv. The
+// caller has done s.wg.Add(2) under s.mu, having checked s.closed, so that
+// Close waits for both.
+func (s *Server) goStream(p *peer, recv func()) {
+	go func() {
+		defer s.wg.Done()
+		p.writeLoop()
+	}()
+	go func() {
+		defer s.wg.Done()
+		recv()
+	}()
+}
+
+// waitStream blocks the gRPC handler until p ends or the Server closes,
+// and returns the handler's status. Returning cancels the stream's
+// context, which ends p's receive loop and writer even when they are
+// blocked in Recv or Send: that is why neither runs on the handler's
+// goroutine.
+func (s *Server) waitStream(p *peer) error {
+	select {
+	case <-p.done:
+	case <-s.quit:
+		p.end(errShuttingDown)
+	}
+	switch err := p.reason; {
+	case err == nil, errors.Is(err, io.EOF):
+		return nil
+	case errors.Is(err, errShuttingDown):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, errSlowFrontend):
+		return status.Error(codes.ResourceExhausted, err.Error())
+	default:
+		if _, ok := status.FromError(err); ok {
+			return err
+		}
+		return status.Error(codes.Unknown, err.Error())
+	}
+}
+
+// Packet constructors.
+
+func dialRspPacket(random, connectID int64, errText string) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{
+		DialResponse: &client.DialResponse{Random: random, ConnectID: connectID, Error: errText}}}
+}
+
+func closeReqPacket(connectID int64) *client.Packet {
+	return &client.Packet{Type: client.PacketType_CLOSE_REQ, Payload: &client.Packet_CloseRequest{
+		CloseRequest: &client.CloseRequest{ConnectID: connectID}}}
+}
+
+func closeRspPacket(connectID int64, errText string) *client.Packet {
+	return &client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{
+		CloseResponse: &client.CloseResponse{ConnectID: connectID, Error: errText}}}
+}
+
+func dataPacket(connectID int64, data []byte) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{
+		Data: &client.Data{ConnectID: connectID, Data: data}}}
+}

@@ -1,0 +1,259 @@
+package server
+
+import (
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// Dial error texts sent to frontends. "No agent available" and the
+// timeout text are upstream's, which clients may match.
+const (
+	errTextNoAgent        = "No agent available"
+	errTextDialTimeout    = "timed out waiting for backend dial"
+	errTextBackendClosed  = "agent stream closed before the dial completed"
+	errTextAgentGone      = "agent stream closed"
+	errTextDuplicateID    = "connectID already in use on this frontend stream"
+	errTextUnknownConnect = "unknown connectID"
+)
+
+var (
+	//lint:ignore ST1005 upstream's exact DIAL_RSP text, which clients may match
+	errNoAgent       = errors.New(errTextNoAgent)
+	errDuplicateDial = errors.New("a dial with the same random is pending")
+)
+
+// frontend is the side that asked for a tunnel: a ProxyService stream or
+// an HTTP CONNECT connection.
+type frontend interface {
+	// deliver hands pkt (DIAL_RSP, DATA or CLOSE_RSP) to the frontend. It
+	// waits at most Config.FrontendWriteTimeout for room and tears the
+	// frontend down if it stays full. It is never called with Server.mu
+	// held.
+	deliver(pkt *client.Packet)
+	// track records t as a pending dial of the frontend. Called with
+	// Server.mu held.
+	track(t *tunnel)
+	// established records that t's dial succeeded with t.connectID; false
+	// means the frontend cannot take it (the connectID collides). Called
+	// with Server.mu held.
+	established(t *tunnel) bool
+	// forget drops t. Called with Server.mu held.
+	forget(t *tunnel)
+}
+
+// tunnel is one dial, then one connection, between a frontend and an agent
+// stream.
+type tunnel struct {
+	fe     frontend
+	be     *backend
+	random int64
+	// connectID is the agent's ID for the connection, 0 while the dial is
+	// pending. Guarded by Server.mu.
+	connectID int64
+	// timer fires Config.BackendDialTimeout after the dial was sent; nil
+	// without a timeout. Guarded by Server.mu.
+	timer *time.Timer
+}
+
+// startDial chooses an agent for address and records a pending dial for
+// fe. A zero random means "choose one" (for HTTP CONNECT). The caller then
+// queues the DIAL_REQ on t.be.
+func (s *Server) startDial(fe frontend, address string, random int64) (*tunnel, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errShuttingDown
+	}
+	if random == 0 {
+		for random == 0 || s.pending[random] != nil {
+			random = rand.Int64()
+		}
+	} else if s.pending[random] != nil {
+		s.metrics.observeDialFailure(DialFailureDuplicate)
+		return nil, errDuplicateDial
+	}
+	be := s.chooseLocked(address)
+	if be == nil {
+		s.metrics.observeDialFailure(DialFailureNoAgent)
+		return nil, errNoAgent
+	}
+	t := &tunnel{fe: fe, be: be, random: random}
+	s.pending[random] = t
+	be.pending[random] = t
+	fe.track(t)
+	if d := s.cfg.BackendDialTimeout; d > 0 {
+		t.timer = time.AfterFunc(d, func() { s.dialTimedOut(t) })
+	}
+	s.metrics.addPendingDials(1)
+	return t, nil
+}
+
+// dropPendingLocked forgets a pending dial everywhere, counting it as a
+// failure for reason. It reports whether t was pending.
+func (s *Server) dropPendingLocked(t *tunnel, reason DialFailureReason) bool {
+	if s.pending[t.random] != t {
+		return false
+	}
+	delete(s.pending, t.random)
+	delete(t.be.pending, t.random)
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	t.fe.forget(t)
+	s.metrics.addPendingDials(-1)
+	if reason != "" {
+		s.metrics.observeDialFailure(reason)
+	}
+	return true
+}
+
+// dialTimedOut answers a dial the agent did not answer within
+// Config.BackendDialTimeout. A late DIAL_RSP then finds no pending dial,
+// and a connection it opened is closed.
+func (s *Server) dialTimedOut(t *tunnel) {
+	s.mu.Lock()
+	if s.closed || !s.dropPendingLocked(t, DialFailureTimeout) {
+		s.mu.Unlock()
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	s.log.V(2).Info("Backend dial timed out", "agentID", t.be.agentID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
+	t.fe.deliver(dialRspPacket(t.random, 0, errTextDialTimeout))
+}
+
+// cancelDial drops fe's pending dial random (DIAL_CLS, or the frontend
+// gave up).
+func (s *Server) cancelDial(fe frontend, random int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.pending[random]; t != nil && t.fe == fe {
+		s.dropPendingLocked(t, DialFailureFrontendClosed)
+	}
+}
+
+// onDialResponse handles DIAL_RSP from agent stream be.
+func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
+	rsp := pkt.GetDialResponse()
+	s.mu.Lock()
+	t := be.pending[rsp.GetRandom()]
+	if t == nil {
+		s.mu.Unlock()
+		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.agentID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
+		if rsp.GetConnectID() != 0 {
+			be.peer.send(closeReqPacket(rsp.GetConnectID()), s.quit)
+		}
+		return
+	}
+	failed := rsp.GetError() != "" || rsp.GetConnectID() == 0
+	reason := DialFailureReason("")
+	if failed {
+		reason = DialFailureBackend
+	}
+	s.dropPendingLocked(t, reason)
+	if failed {
+		s.mu.Unlock()
+		t.fe.deliver(pkt)
+		return
+	}
+	t.connectID = rsp.GetConnectID()
+	if _, dup := be.conns[t.connectID]; dup || !t.fe.established(t) {
+		s.metrics.observeDialFailure(DialFailureDuplicate)
+		s.mu.Unlock()
+		be.peer.send(closeReqPacket(t.connectID), s.quit)
+		t.fe.deliver(dialRspPacket(t.random, 0, errTextDuplicateID))
+		return
+	}
+	be.conns[t.connectID] = t
+	s.metrics.addEstablished(1)
+	s.mu.Unlock()
+	t.fe.deliver(pkt)
+}
+
+// onAgentData handles DATA from agent stream be.
+func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
+	id := pkt.GetData().GetConnectID()
+	s.mu.Lock()
+	t := be.conns[id]
+	s.mu.Unlock()
+	if t == nil {
+		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.agentID, "connectionID", id)
+		be.peer.send(closeReqPacket(id), s.quit)
+		return
+	}
+	t.fe.deliver(pkt)
+}
+
+// onAgentCloseResponse handles CLOSE_RSP from agent stream be.
+func (s *Server) onAgentCloseResponse(be *backend, pkt *client.Packet) {
+	id := pkt.GetCloseResponse().GetConnectID()
+	s.mu.Lock()
+	t := be.conns[id]
+	if t != nil {
+		s.forgetConnLocked(t)
+	}
+	s.mu.Unlock()
+	if t != nil {
+		t.fe.deliver(pkt)
+	}
+}
+
+// forgetConnLocked forgets an established connection everywhere.
+func (s *Server) forgetConnLocked(t *tunnel) {
+	if t.be.conns[t.connectID] != t {
+		return
+	}
+	delete(t.be.conns, t.connectID)
+	t.fe.forget(t)
+	s.metrics.addEstablished(-1)
+}
+
+// closeFromFrontend ends t because its frontend went away: the dial is
+// dropped if pending, else the agent gets CLOSE_REQ. Later packets for it
+// find nothing (an agent's DATA is then answered with CLOSE_REQ again).
+func (s *Server) closeFromFrontend(t *tunnel) {
+	s.mu.Lock()
+	if s.dropPendingLocked(t, DialFailureFrontendClosed) {
+		s.mu.Unlock()
+		return
+	}
+	established := t.be.conns[t.connectID] == t
+	if established {
+		s.forgetConnLocked(t)
+	}
+	s.mu.Unlock()
+	if established {
+		t.be.peer.send(closeReqPacket(t.connectID), s.quit)
+	}
+}
+
+// backendGone unregisters agent stream be and tells every frontend with a
+// dial or a connection through it.
+func (s *Server) backendGone(be *backend) {
+	s.mu.Lock()
+	s.removeBackendLocked(be)
+	var dials, conns []*tunnel
+	for _, t := range be.pending {
+		dials = append(dials, t)
+	}
+	for _, t := range dials {
+		s.dropPendingLocked(t, DialFailureBackendClosed)
+	}
+	for _, t := range be.conns {
+		conns = append(conns, t)
+	}
+	for _, t := range conns {
+		s.forgetConnLocked(t)
+	}
+	s.mu.Unlock()
+	for _, t := range dials {
+		t.fe.deliver(dialRspPacket(t.random, 0, errTextBackendClosed))
+	}
+	for _, t := range conns {
+		t.fe.deliver(closeRspPacket(t.connectID, errTextAgentGone))
+	}
+}
