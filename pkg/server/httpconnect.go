@@ -11,11 +11,9 @@ import (
 	"time"
 
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
-)
 
-// readBufferSize is the size of one read from a client's socket, and so
-// the most data one DATA packet carries.
-const readBufferSize = 32 << 10
+	"github.com/servercount/servercount/pkg/wire"
+)
 
 // httpTunnel is one HTTP CONNECT connection: a frontend with exactly one
 // tunnel.
@@ -142,7 +140,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 // readLoop relays the client's bytes to the agent until the client
 // closes, the tunnel closes, or the Server closes.
 func (ht *httpTunnel) readLoop(t *tunnel, r *bufio.Reader) {
-	buf := make([]byte, readBufferSize)
+	buf := make([]byte, wire.MaxDataPayload)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {

@@ -81,3 +81,24 @@ func Connect(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.Call
 	}
 	return &grpc.GenericClientStream[client.Packet, client.Packet]{ClientStream: stream}, nil
 }
+
+// MaxDataPayload is the most data the agent and the server put in one DATA
+// packet: the size of one read from a socket. Upstream reads 4 KiB, which
+// costs throughput. It stays a little under 32 KiB so that the encoded
+// packet (payload plus at most ~25 bytes of Packet and Data framing) fits
+// gRPC's 32 KiB buffer-pool tier: one byte more and gRPC takes a buffer from
+// its 1 MiB tier and zeroes all of it for every message.
+const MaxDataPayload = 32<<10 - 64
+
+// Transport settings both ends of a tunnel use.
+const (
+	// StreamWindow and ConnWindow are HTTP/2 flow-control windows large
+	// enough for one stream to fill a loopback or LAN link: with gRPC's
+	// 64 KiB default a tunnel upload runs at about half the speed.
+	StreamWindow = 1 << 20
+	ConnWindow   = 4 << 20
+	// MaxMessageSize admits a DATA packet carrying one large write from a
+	// konnectivity-client user, which sends each Write as one packet;
+	// gRPC's default limit is 4 MiB.
+	MaxMessageSize = 16 << 20
+)

@@ -1,0 +1,206 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// errUnknownConnectID is the CLOSE_RSP error for DATA or CLOSE_REQ on a
+// connectID the agent does not have (upstream words it the same way).
+const errUnknownConnectID = "Unknown connectID"
+
+// client is one Connect stream to one proxy-server, over its own gRPC
+// connection, and the tunnels the server opened on it.
+type client struct {
+	cs          *ClientSet
+	serverID    string
+	serverCount int
+	cc          *grpc.ClientConn
+	stream      wire.AgentConnectClient
+	// cancel ends the stream; safe to call more than once.
+	cancel context.CancelFunc
+	// done is closed when the receive loop has ended.
+	done chan struct{}
+
+	// sendMu serialises Send: a gRPC stream's Send is not safe for
+	// concurrent use. It is never held while anything else is locked.
+	sendMu sync.Mutex
+
+	// drained makes DRAIN go out once.
+	drained atomic.Bool
+
+	// mu guards the fields below it.
+	mu sync.Mutex
+	// tunnels are the open endpoint connections by connectID. Guarded by
+	// mu.
+	tunnels map[int64]*tunnel
+	// lastID is the last connectID given out; IDs start at 1. Guarded by
+	// mu.
+	lastID int64
+	// closed is set when the stream has ended: no tunnel is added after.
+	// Guarded by mu.
+	closed bool
+
+	// wg counts the dial and tunnel goroutines; the receive loop waits for
+	// it before the client is gone.
+	wg sync.WaitGroup
+}
+
+func newClient(cs *ClientSet, serverID string, serverCount int, cc *grpc.ClientConn, stream wire.AgentConnectClient, cancel context.CancelFunc) *client {
+	return &client{
+		cs:          cs,
+		serverID:    serverID,
+		serverCount: serverCount,
+		cc:          cc,
+		stream:      stream,
+		cancel:      cancel,
+		done:        make(chan struct{}),
+		tunnels:     make(map[int64]*tunnel),
+	}
+}
+
+// closeUnstarted closes a client that was never run (a duplicate).
+func (c *client) closeUnstarted() {
+	c.cancel()
+	_ = c.cc.Close() // nothing to do about an error: the connection is dropped
+	close(c.done)
+}
+
+// ended reports whether the receive loop has ended.
+func (c *client) ended() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// send sends one packet on the stream.
+func (c *client) send(p *pb.Packet) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	return c.stream.Send(p)
+}
+
+// drain sends DRAIN, once.
+func (c *client) drain() {
+	if c.drained.Swap(true) {
+		return
+	}
+	if err := c.send(&pb.Packet{Type: pb.PacketType_DRAIN, Payload: &pb.Packet_Drain{Drain: &pb.Drain{}}}); err != nil {
+		klog.Background().V(2).Info("Failed to send DRAIN", "serverID", c.serverID, "err", err)
+	}
+}
+
+// run is the receive loop. When the stream ends it closes every tunnel,
+// waits for their goroutines, closes the connection and removes the
+// client from the ClientSet.
+func (c *client) run(ctx context.Context, drain bool) {
+	logger := klog.FromContext(ctx).WithValues("serverID", c.serverID)
+	if drain {
+		c.drain()
+	}
+	// The stream's context ends with the stream: dials and blocked writes
+	// stop with it.
+	err := c.receive(klog.NewContext(c.stream.Context(), logger))
+	if ctx.Err() == nil {
+		logger.V(2).Info("Lost proxy-server connection", "err", err)
+	}
+
+	c.cancel()
+	c.mu.Lock()
+	c.closed = true
+	tunnels := c.tunnels
+	c.tunnels = nil
+	c.mu.Unlock()
+	for _, t := range tunnels {
+		t.finish(false)
+	}
+	c.wg.Wait()
+	_ = c.cc.Close() // the connection is dropped either way
+	c.cs.remove(c)
+	close(c.done)
+}
+
+// receive reads packets until the stream ends.
+func (c *client) receive(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	for {
+		p, err := c.stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+				return nil
+			}
+			return err
+		}
+		switch p.GetType() {
+		case pb.PacketType_DIAL_REQ:
+			req := p.GetDialRequest()
+			logger.V(4).Info("Received DIAL_REQ", "protocol", req.GetProtocol(), "address", req.GetAddress(), "dialID", req.GetRandom())
+			c.wg.Go(func() { c.dial(ctx, req) })
+		case pb.PacketType_DATA:
+			d := p.GetData()
+			if t := c.tunnel(d.GetConnectID()); t != nil {
+				if !t.closing {
+					t.enqueue(ctx, d.GetData())
+				}
+			} else {
+				logger.V(4).Info("Received DATA for an unknown connectID", "connectID", d.GetConnectID())
+				c.sendCloseRsp(d.GetConnectID(), errUnknownConnectID)
+			}
+		case pb.PacketType_CLOSE_REQ:
+			id := p.GetCloseRequest().GetConnectID()
+			logger.V(4).Info("Received CLOSE_REQ", "connectID", id)
+			if t := c.tunnel(id); t != nil && !t.closing {
+				t.closing = true
+				t.closeAfterWrites()
+			} else {
+				c.sendCloseRsp(id, errUnknownConnectID)
+			}
+		case pb.PacketType_DIAL_CLS:
+			// A frontend gave up on a pending dial. Our dial answers within
+			// DialTimeout anyway and the server drops the unmatched reply.
+			logger.V(4).Info("Ignored DIAL_CLS", "dialID", p.GetCloseDial().GetRandom())
+		default:
+			logger.V(4).Info("Ignored unexpected packet", "type", p.GetType().String())
+		}
+	}
+}
+
+// tunnel returns the open tunnel with connectID id, or nil.
+func (c *client) tunnel(id int64) *tunnel {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tunnels[id]
+}
+
+// forget removes t from the open tunnels, if it is still there.
+func (c *client) forget(t *tunnel) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tunnels[t.connectID] == t {
+		delete(c.tunnels, t.connectID)
+	}
+}
+
+// sendCloseRsp answers CLOSE_RSP{id, errText}.
+func (c *client) sendCloseRsp(id int64, errText string) {
+	p := &pb.Packet{Type: pb.PacketType_CLOSE_RSP, Payload: &pb.Packet_CloseResponse{
+		CloseResponse: &pb.CloseResponse{ConnectID: id, Error: errText},
+	}}
+	if err := c.send(p); err != nil {
+		klog.Background().V(4).Info("Failed to send CLOSE_RSP", "serverID", c.serverID, "connectID", id, "err", err)
+	}
+}

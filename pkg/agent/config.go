@@ -1,0 +1,159 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/servercount/servercount/pkg/servercounter"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// Defaults of [Config]; they are upstream's defaults where upstream has the
+// same setting.
+const (
+	// DefaultSyncInterval is the wait between sync rounds, and the first
+	// wait after a failed server dial.
+	DefaultSyncInterval = time.Second
+	// DefaultSyncIntervalCap caps the wait after repeated failed dials.
+	DefaultSyncIntervalCap = 10 * time.Second
+	// DefaultProbeInterval is how often server connections are checked.
+	DefaultProbeInterval = time.Second
+	// DefaultDialTimeout bounds one endpoint dial (upstream: 5 s).
+	DefaultDialTimeout = 5 * time.Second
+	// DefaultHandshakeTimeout bounds one server dial, from opening the
+	// stream to reading the server's response headers.
+	DefaultHandshakeTimeout = 30 * time.Second
+)
+
+// syncBackoffMultiplier is how much the wait grows after each failed or
+// duplicate server dial (upstream: x1.5).
+const syncBackoffMultiplier = 1.5
+
+// syncBackoffJitter is the randomisation factor of the wait after a failed
+// dial: each wait is drawn from [w*(1-j), w*(1+j)] and then capped at
+// SyncIntervalCap, so that agents started together do not dial in step.
+const syncBackoffJitter = 0.2
+
+// Config configures a [ClientSet]. A zero duration means its default;
+// [DefaultConfig] returns a Config with every default filled in.
+type Config struct {
+	// AgentID is sent as the agentID header on every stream. Required.
+	AgentID string
+	// Identifiers are sent as the agentIdentifiers header when non-empty.
+	Identifiers wire.Identifiers
+	// ServerAddress is the host:port of the proxy-servers' agent port,
+	// usually a load balancer in front of them. Required.
+	ServerAddress string
+	// DialOptions are used for every server connection: transport
+	// credentials (TLS) and keepalive, built by the caller. Without
+	// transport credentials in them, set Insecure.
+	DialOptions []grpc.DialOption
+	// Insecure adds plaintext transport credentials to DialOptions,
+	// overriding any given there. For local use only.
+	Insecure bool
+	// TokenPath names a file holding a bearer token, re-read on every
+	// server dial and sent as "authorization: Bearer <token>". Empty means
+	// no Authorization header.
+	TokenPath string
+	// Counter gives the server count aimed for. Nil means
+	// servercounter.StaticServerCounter(1).
+	Counter servercounter.ServerCounter
+	// RespectReceivedServerCount makes the serverCount header of the last
+	// newly connected server overwrite Counter's count, as upstream agents
+	// do. DefaultConfig sets it.
+	RespectReceivedServerCount bool
+	// SyncInterval is the wait between sync rounds and the first wait
+	// after a failed dial; default 1s.
+	SyncInterval time.Duration
+	// SyncIntervalCap caps the wait after repeated failed dials; default
+	// 10s.
+	SyncIntervalCap time.Duration
+	// ProbeInterval is how often server connections are checked and dead
+	// ones dropped; default 1s.
+	ProbeInterval time.Duration
+	// SyncForever keeps opening a Connect stream every SyncInterval even
+	// when the target is reached, as upstream's --sync-forever does to
+	// learn counts. The new streams to known servers are closed at once.
+	SyncForever bool
+	// DialTimeout bounds one endpoint dial; default 5s.
+	DialTimeout time.Duration
+	// HandshakeTimeout bounds one server dial, until the server's response
+	// headers arrive; default 30s.
+	HandshakeTimeout time.Duration
+	// Registerer receives the agent's metrics. Nil means they are not
+	// registered.
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig returns a Config with every default set and
+// RespectReceivedServerCount true (the upstream default). AgentID and
+// ServerAddress, and DialOptions or Insecure, are left to the caller.
+func DefaultConfig() Config {
+	return Config{
+		Counter:                    servercounter.StaticServerCounter(1),
+		RespectReceivedServerCount: true,
+		SyncInterval:               DefaultSyncInterval,
+		SyncIntervalCap:            DefaultSyncIntervalCap,
+		ProbeInterval:              DefaultProbeInterval,
+		DialTimeout:                DefaultDialTimeout,
+		HandshakeTimeout:           DefaultHandshakeTimeout,
+	}
+}
+
+// withDefaults returns cfg with every zero field that has a default set.
+func (cfg Config) withDefaults() Config {
+	if cfg.Counter == nil {
+		cfg.Counter = servercounter.StaticServerCounter(1)
+	}
+	setDefault(&cfg.SyncInterval, DefaultSyncInterval)
+	setDefault(&cfg.SyncIntervalCap, DefaultSyncIntervalCap)
+	setDefault(&cfg.ProbeInterval, DefaultProbeInterval)
+	setDefault(&cfg.DialTimeout, DefaultDialTimeout)
+	setDefault(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
+	return cfg
+}
+
+func setDefault(d *time.Duration, def time.Duration) {
+	if *d == 0 {
+		*d = def
+	}
+}
+
+// validate returns every problem of cfg (defaults already applied), joined.
+func (cfg Config) validate() error {
+	var errs []error
+	if cfg.AgentID == "" {
+		errs = append(errs, errors.New("AgentID is empty: set the agent's ID (--agent-id)"))
+	}
+	if cfg.ServerAddress == "" {
+		errs = append(errs, errors.New("ServerAddress is empty: set the proxy-servers' host:port"))
+	} else if _, _, err := net.SplitHostPort(cfg.ServerAddress); err != nil {
+		errs = append(errs, fmt.Errorf("ServerAddress %q is not host:port: %w", cfg.ServerAddress, err))
+	}
+	if len(cfg.DialOptions) == 0 && !cfg.Insecure {
+		errs = append(errs, errors.New("DialOptions is empty and Insecure is false: give transport credentials (TLS), or set Insecure for plaintext local use"))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"SyncInterval", cfg.SyncInterval},
+		{"SyncIntervalCap", cfg.SyncIntervalCap},
+		{"ProbeInterval", cfg.ProbeInterval},
+		{"DialTimeout", cfg.DialTimeout},
+		{"HandshakeTimeout", cfg.HandshakeTimeout},
+	} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s is %v: want a positive duration, or 0 for the default", d.name, d.v))
+		}
+	}
+	if cfg.SyncInterval > 0 && cfg.SyncIntervalCap > 0 && cfg.SyncIntervalCap < cfg.SyncInterval {
+		errs = append(errs, fmt.Errorf("SyncIntervalCap %v is less than SyncInterval %v: want a cap at least the interval", cfg.SyncIntervalCap, cfg.SyncInterval))
+	}
+	return errors.Join(errs...)
+}

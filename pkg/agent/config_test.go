@@ -1,0 +1,139 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/servercount/servercount/pkg/servercounter"
+)
+
+func TestNewClientSetValidates(t *testing.T) {
+	valid := func() Config {
+		cfg := DefaultConfig()
+		cfg.AgentID = "a"
+		cfg.ServerAddress = "127.0.0.1:8091"
+		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		return cfg
+	}
+	tests := []struct {
+		name     string
+		mutate   func(*Config)
+		wantErrs []string
+	}{
+		{name: "valid", mutate: func(*Config) {}},
+		{name: "zero durations take defaults", mutate: func(c *Config) {
+			c.SyncInterval, c.SyncIntervalCap, c.ProbeInterval, c.DialTimeout, c.HandshakeTimeout = 0, 0, 0, 0, 0
+		}},
+		{name: "insecure without dial options", mutate: func(c *Config) { c.DialOptions, c.Insecure = nil, true }},
+		{name: "missing agent ID", mutate: func(c *Config) { c.AgentID = "" }, wantErrs: []string{"AgentID"}},
+		{name: "missing address", mutate: func(c *Config) { c.ServerAddress = "" }, wantErrs: []string{"ServerAddress"}},
+		{name: "address without port", mutate: func(c *Config) { c.ServerAddress = "proxy" }, wantErrs: []string{"ServerAddress"}},
+		{name: "no credentials", mutate: func(c *Config) { c.DialOptions = nil }, wantErrs: []string{"DialOptions", "Insecure"}},
+		{name: "negative probe interval", mutate: func(c *Config) { c.ProbeInterval = -time.Second }, wantErrs: []string{"ProbeInterval"}},
+		{name: "cap below interval", mutate: func(c *Config) { c.SyncInterval, c.SyncIntervalCap = 5*time.Second, time.Second }, wantErrs: []string{"SyncIntervalCap"}},
+		{name: "every problem at once", mutate: func(c *Config) {
+			c.AgentID, c.ServerAddress, c.DialOptions, c.DialTimeout = "", "", nil, -1
+		}, wantErrs: []string{"AgentID", "ServerAddress", "DialOptions", "DialTimeout"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := valid()
+			tc.mutate(&cfg)
+			cs, err := NewClientSet(cfg)
+			if len(tc.wantErrs) == 0 {
+				require.NoError(t, err)
+				require.NotNil(t, cs)
+				return
+			}
+			require.Error(t, err)
+			for _, want := range tc.wantErrs {
+				assert.Contains(t, err.Error(), want)
+			}
+		})
+	}
+}
+
+func TestDefaultConfig(t *testing.T) {
+	cfg := DefaultConfig()
+	assert.True(t, cfg.RespectReceivedServerCount)
+	assert.Equal(t, time.Second, cfg.SyncInterval)
+	assert.Equal(t, 10*time.Second, cfg.SyncIntervalCap)
+	assert.Equal(t, time.Second, cfg.ProbeInterval)
+	assert.Equal(t, 5*time.Second, cfg.DialTimeout)
+	assert.Equal(t, servercounter.StaticServerCounter(1), cfg.Counter)
+}
+
+func TestMetricsExistFromStart(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.AgentID, cfg.ServerAddress, cfg.Insecure = "a", "127.0.0.1:1", true
+	cfg.Counter = servercounter.StaticServerCounter(4)
+	a := newAgent(t, cfg)
+
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{name: "konnectivity_network_proxy_agent_open_server_connections", want: 0},
+		{name: "konnectivity_network_proxy_agent_open_endpoint_connections", want: 0},
+		{name: "konnectivity_network_proxy_agent_known_server_count", want: 4},
+		{name: "servercount_agent_target_server_count", labels: []string{"source", "counter"}, want: 4},
+		{name: "konnectivity_network_proxy_agent_endpoint_dial_failure_total", labels: []string{"reason", "timeout"}, want: 0},
+		{name: "servercount_agent_server_dials_total", labels: []string{"result", "duplicate"}, want: 0},
+	} {
+		got, ok := a.metric(t, tc.name, tc.labels...)
+		assert.True(t, ok, "%s%v missing", tc.name, tc.labels)
+		assert.Equal(t, tc.want, got, "%s%v", tc.name, tc.labels)
+	}
+
+	// A second ClientSet on the same registry is refused, clearly.
+	cfg.Registerer = a.reg
+	_, err := NewClientSet(cfg)
+	require.ErrorContains(t, err, "register agent metrics")
+}
+
+func TestTargetPolicy(t *testing.T) {
+	tests := []struct {
+		name       string
+		counter    int
+		respect    bool
+		received   int
+		wantCount  int
+		wantSource countSource
+	}{
+		{name: "counter before any server", counter: 3, respect: true, received: -1, wantCount: 3, wantSource: sourceCounter},
+		{name: "received overwrites counter", counter: 3, respect: true, received: 5, wantCount: 5, wantSource: sourceReceived},
+		{name: "received ignored", counter: 3, respect: false, received: 5, wantCount: 3, wantSource: sourceCounter},
+		{name: "received zero is at least one", counter: 3, respect: true, received: 0, wantCount: 1, wantSource: sourceReceived},
+		{name: "counter zero is at least one", counter: 0, respect: false, received: -1, wantCount: 1, wantSource: sourceCounter},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := targetPolicy{counter: servercounter.StaticServerCounter(tc.counter), respectReceived: tc.respect}
+			n, src := p.target(tc.received)
+			assert.Equal(t, tc.wantCount, n)
+			assert.Equal(t, tc.wantSource, src)
+		})
+	}
+}
+
+// The metrics are registered on the Registerer and nowhere else.
+func TestNilRegistererRegistersNothing(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.AgentID, cfg.ServerAddress, cfg.Insecure = "a", "127.0.0.1:1", true
+	_, err := NewClientSet(cfg)
+	require.NoError(t, err)
+	_, err = NewClientSet(cfg) // would fail if the first had registered globally
+	require.NoError(t, err)
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		assert.NotContains(t, mf.GetName(), "proxy_agent")
+	}
+}

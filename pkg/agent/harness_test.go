@@ -1,0 +1,509 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// waitFor bounds every wait in these tests.
+const waitFor = 10 * time.Second
+
+// tick is the polling period of require.Eventually.
+const tick = 5 * time.Millisecond
+
+// testTLS holds one CA's server and client credentials.
+type testTLS struct {
+	server credentials.TransportCredentials
+	client grpc.DialOption
+}
+
+func newTestTLS(t testing.TB) testTLS {
+	t.Helper()
+	ca, err := pki.NewCA("agent-test-ca")
+	require.NoError(t, err)
+	srv, err := ca.Server("proxy-server")
+	require.NoError(t, err)
+	cli, err := ca.Client("proxy-agent")
+	require.NoError(t, err)
+	return testTLS{
+		server: credentials.NewTLS(&tls.Config{
+			Certificates: []tls.Certificate{srv.TLS},
+			ClientCAs:    ca.Pool(),
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			MinVersion:   tls.VersionTLS13,
+		}),
+		client: grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+			Certificates: []tls.Certificate{cli.TLS},
+			RootCAs:      ca.Pool(),
+			MinVersion:   tls.VersionTLS13,
+		})),
+	}
+}
+
+// serverOpts say what a test proxy-server sends in its handshake.
+type serverOpts struct {
+	id    string
+	count string
+	// omitID and omitCount leave the header out.
+	omitID, omitCount bool
+}
+
+// testServer is a proxy-server's agent port, for tests: it answers the
+// handshake as told and hands each Connect stream to the test.
+type testServer struct {
+	opts serverOpts
+	addr string
+	gs   *grpc.Server
+	// opened counts Connect streams accepted.
+	opened atomic.Int64
+	// streams receives every stream, in order.
+	streams  chan *testStream
+	stopOnce sync.Once
+}
+
+// testStream is one agent's Connect stream as the test server sees it.
+type testStream struct {
+	md     metadata.MD
+	stream wire.AgentConnectServer
+	sendMu sync.Mutex
+	// recv carries the agent's packets.
+	recv chan *pb.Packet
+	// done is closed when the handler has returned: the stream is over.
+	done chan struct{}
+}
+
+func newTestServer(t testing.TB, tt testTLS, opts serverOpts) *testServer {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	s := &testServer{
+		opts:    opts,
+		addr:    lis.Addr().String(),
+		gs:      grpc.NewServer(grpc.Creds(tt.server), grpc.WaitForHandlers(true)),
+		streams: make(chan *testStream, 1024),
+	}
+	wire.RegisterAgentServiceServer(s.gs, s)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = s.gs.Serve(lis) // returns when stopped
+	}()
+	t.Cleanup(func() {
+		s.stop()
+		<-served
+	})
+	return s
+}
+
+// stop closes the listener and every stream, and waits for the handlers.
+func (s *testServer) stop() {
+	s.stopOnce.Do(func() {
+		s.gs.Stop() // WaitForHandlers: returns when every handler has
+	})
+}
+
+// Connect implements wire.AgentServiceServer.
+func (s *testServer) Connect(stream wire.AgentConnectServer) error {
+	s.opened.Add(1)
+	md, _ := metadata.FromIncomingContext(stream.Context())
+	hdr := metadata.MD{}
+	if !s.opts.omitID {
+		hdr.Set(wire.HeaderServerID, s.opts.id)
+	}
+	if !s.opts.omitCount {
+		hdr.Set(wire.HeaderServerCount, s.opts.count)
+	}
+	if err := stream.SendHeader(hdr); err != nil {
+		return err
+	}
+	ts := &testStream{md: md, stream: stream, recv: make(chan *pb.Packet, 4096), done: make(chan struct{})}
+	defer close(ts.done)
+	select {
+	case s.streams <- ts:
+	default:
+		return errors.New("test server: too many streams")
+	}
+	for {
+		p, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		select {
+		case ts.recv <- p:
+		case <-stream.Context().Done():
+			return nil
+		}
+	}
+}
+
+// nextStream returns the next stream the server accepted.
+func (s *testServer) nextStream(t testing.TB) *testStream {
+	t.Helper()
+	select {
+	case ts := <-s.streams:
+		return ts
+	case <-time.After(waitFor):
+		t.Fatalf("server %s accepted no stream within %v", s.opts.id, waitFor)
+		return nil
+	}
+}
+
+// send sends p to the agent.
+func (ts *testStream) send(t testing.TB, p *pb.Packet) {
+	t.Helper()
+	ts.sendMu.Lock()
+	defer ts.sendMu.Unlock()
+	require.NoError(t, ts.stream.Send(p))
+}
+
+// next returns the agent's next packet.
+func (ts *testStream) next(t testing.TB) *pb.Packet {
+	t.Helper()
+	select {
+	case p := <-ts.recv:
+		return p
+	case <-time.After(waitFor):
+		t.Fatalf("no packet from the agent within %v", waitFor)
+		return nil
+	}
+}
+
+// nextOf returns the agent's next packet and checks its type.
+func (ts *testStream) nextOf(t testing.TB, typ pb.PacketType) *pb.Packet {
+	t.Helper()
+	p := ts.next(t)
+	require.Equal(t, typ, p.GetType(), "packet %v", p)
+	return p
+}
+
+// ended reports whether the stream is over.
+func (ts *testStream) ended() bool {
+	select {
+	case <-ts.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func dialReq(address string, random int64) *pb.Packet {
+	return &pb.Packet{Type: pb.PacketType_DIAL_REQ, Payload: &pb.Packet_DialRequest{
+		DialRequest: &pb.DialRequest{Protocol: "tcp", Address: address, Random: random},
+	}}
+}
+
+func dataPkt(connectID int64, b []byte) *pb.Packet {
+	return &pb.Packet{Type: pb.PacketType_DATA, Payload: &pb.Packet_Data{Data: &pb.Data{ConnectID: connectID, Data: b}}}
+}
+
+func closeReq(connectID int64) *pb.Packet {
+	return &pb.Packet{Type: pb.PacketType_CLOSE_REQ, Payload: &pb.Packet_CloseRequest{CloseRequest: &pb.CloseRequest{ConnectID: connectID}}}
+}
+
+// dialOK sends DIAL_REQ for address and returns the connectID of a
+// successful DIAL_RSP.
+func (ts *testStream) dialOK(t testing.TB, address string, random int64) int64 {
+	t.Helper()
+	ts.send(t, dialReq(address, random))
+	rsp := ts.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+	require.Empty(t, rsp.GetError())
+	require.Equal(t, random, rsp.GetRandom())
+	require.Positive(t, rsp.GetConnectID())
+	return rsp.GetConnectID()
+}
+
+// testLB is a random TCP load balancer: each accepted connection goes to
+// a random backend, bytes copied both ways.
+type testLB struct {
+	addr string
+	lis  net.Listener
+	// mu guards backends and conns.
+	mu       sync.Mutex
+	backends []string
+	conns    map[net.Conn]struct{}
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+func newTestLB(t testing.TB, backends ...string) *testLB {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	lb := &testLB{addr: lis.Addr().String(), lis: lis, backends: backends, conns: map[net.Conn]struct{}{}}
+	lb.wg.Go(lb.accept)
+	t.Cleanup(lb.close)
+	return lb
+}
+
+func (lb *testLB) setBackends(backends ...string) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	lb.backends = backends
+}
+
+func (lb *testLB) accept() {
+	for {
+		c, err := lb.lis.Accept()
+		if err != nil {
+			return
+		}
+		lb.mu.Lock()
+		if lb.closed || len(lb.backends) == 0 {
+			lb.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		backend := lb.backends[rand.IntN(len(lb.backends))]
+		lb.conns[c] = struct{}{}
+		lb.mu.Unlock()
+		lb.wg.Go(func() { lb.pipe(c, backend) })
+	}
+}
+
+func (lb *testLB) pipe(c net.Conn, backend string) {
+	defer lb.forget(c)
+	b, err := net.DialTimeout("tcp", backend, waitFor)
+	if err != nil {
+		return
+	}
+	if !lb.track(b) {
+		return
+	}
+	defer lb.forget(b)
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(b, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, b); done <- struct{}{} }()
+	<-done
+	_ = c.Close()
+	_ = b.Close()
+	<-done
+}
+
+func (lb *testLB) track(c net.Conn) bool {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	if lb.closed {
+		_ = c.Close()
+		return false
+	}
+	lb.conns[c] = struct{}{}
+	return true
+}
+
+func (lb *testLB) forget(c net.Conn) {
+	_ = c.Close()
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	delete(lb.conns, c)
+}
+
+func (lb *testLB) close() {
+	_ = lb.lis.Close()
+	lb.mu.Lock()
+	lb.closed = true
+	for c := range lb.conns {
+		_ = c.Close()
+	}
+	lb.mu.Unlock()
+	lb.wg.Wait()
+}
+
+// testTarget is an endpoint for tunnels. It hands accepted connections to
+// the test, or echoes them when echo is set.
+type testTarget struct {
+	addr  string
+	lis   net.Listener
+	echo  bool
+	conns chan net.Conn
+	mu    sync.Mutex
+	open  []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newTestTarget(t testing.TB, echo bool) *testTarget {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	tg := &testTarget{addr: lis.Addr().String(), lis: lis, echo: echo, conns: make(chan net.Conn, 1024)}
+	tg.wg.Go(func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			tg.mu.Lock()
+			tg.open = append(tg.open, c)
+			tg.mu.Unlock()
+			if tg.echo {
+				tg.wg.Go(func() { _, _ = io.Copy(c, c); _ = c.Close() })
+			} else {
+				tg.conns <- c
+			}
+		}
+	})
+	t.Cleanup(func() {
+		_ = lis.Close()
+		tg.mu.Lock()
+		for _, c := range tg.open {
+			_ = c.Close()
+		}
+		tg.mu.Unlock()
+		tg.wg.Wait()
+	})
+	return tg
+}
+
+// accepted returns the next connection the target accepted.
+func (tg *testTarget) accepted(t testing.TB) net.Conn {
+	t.Helper()
+	select {
+	case c := <-tg.conns:
+		return c
+	case <-time.After(waitFor):
+		t.Fatalf("target accepted no connection within %v", waitFor)
+		return nil
+	}
+}
+
+// testConfig is a Config for tests: short intervals, TLS.
+func testConfig(tt testTLS, addr string) Config {
+	cfg := DefaultConfig()
+	cfg.AgentID = "agent-1"
+	cfg.ServerAddress = addr
+	cfg.DialOptions = []grpc.DialOption{tt.client}
+	cfg.SyncInterval = 10 * time.Millisecond
+	cfg.SyncIntervalCap = 50 * time.Millisecond
+	cfg.ProbeInterval = 10 * time.Millisecond
+	cfg.DialTimeout = 2 * time.Second
+	cfg.HandshakeTimeout = 5 * time.Second
+	return cfg
+}
+
+// testAgent is a running ClientSet and its metrics.
+type testAgent struct {
+	*ClientSet
+	reg  *prometheus.Registry
+	stop func()
+}
+
+// startAgent builds a ClientSet from cfg and runs it until the test ends
+// or stop is called; stop waits for Run to return.
+func startAgent(t testing.TB, cfg Config) *testAgent {
+	t.Helper()
+	a := newAgent(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	a.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(waitFor):
+				t.Errorf("Run did not return within %v of cancel", waitFor)
+			}
+		})
+	}
+	t.Cleanup(a.stop)
+	require.Eventually(t, a.running.Load, waitFor, tick)
+	return a
+}
+
+// newAgent builds a ClientSet from cfg with a private registry.
+func newAgent(t testing.TB, cfg Config) *testAgent {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	cfg.Registerer = reg
+	cs, err := NewClientSet(cfg)
+	require.NoError(t, err)
+	return &testAgent{ClientSet: cs, reg: reg}
+}
+
+// metric returns the value of the series name{labels}, and whether it
+// exists.
+func (a *testAgent) metric(t testing.TB, name string, labels ...string) (float64, bool) {
+	t.Helper()
+	mfs, err := a.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if !hasLabels(m, labels) {
+				continue
+			}
+			switch {
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue(), true
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+func hasLabels(m *dto.Metric, kv []string) bool {
+	for i := 0; i+1 < len(kv); i += 2 {
+		found := false
+		for _, l := range m.GetLabel() {
+			if l.GetName() == kv[i] && l.GetValue() == kv[i+1] {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// syncRounds returns the number of sync rounds so far.
+func (a *testAgent) syncRounds(t testing.TB) float64 {
+	t.Helper()
+	v, _ := a.metric(t, "servercount_agent_sync_rounds_total")
+	return v
+}
+
+// waitSyncRounds waits until n more sync rounds have run.
+func (a *testAgent) waitSyncRounds(t testing.TB, n float64) {
+	t.Helper()
+	start := a.syncRounds(t)
+	require.Eventually(t, func() bool { return a.syncRounds(t) >= start+n }, waitFor, tick)
+}
+
+// httpStatus GETs url and returns the status code.
+func httpStatus(t testing.TB, url string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), waitFor)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}

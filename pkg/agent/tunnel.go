@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"k8s.io/klog/v2"
+	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// Tunnel sizes and bounds.
+//
+// Data from the server is written to an endpoint by a writer goroutine per
+// tunnel, fed by a queue of tunnelQueueLen packets, so that the stream's
+// receive loop does not wait for one endpoint's socket. The protocol has no
+// per-tunnel flow control, so when an endpoint reads slower than its
+// server sends and its queue fills up, the receive loop waits for room
+// (stalling the other tunnels of that stream: dropping data is not an
+// option). That wait is bounded: a write to an endpoint that makes no
+// progress for tunnelWriteTimeout fails, and the tunnel is closed with a
+// CLOSE_RSP, which frees the receive loop.
+const (
+	// tunnelQueueLen is the number of DATA packets queued per endpoint.
+	tunnelQueueLen = 128
+	// tunnelWriteTimeout bounds one write to an endpoint.
+	tunnelWriteTimeout = 10 * time.Second
+)
+
+// tunnel is one endpoint connection, relayed over a client's stream as
+// connectID.
+type tunnel struct {
+	c         *client
+	connectID int64
+	conn      net.Conn
+	// writeq feeds the writer goroutine. Only the receive loop sends on
+	// it, and only the receive loop closes it (on CLOSE_REQ).
+	writeq chan []byte
+	// closing is set on CLOSE_REQ. Owned by the receive loop: no other
+	// goroutine reads or writes it.
+	closing bool
+	// closed is closed by finish: the tunnel is over.
+	closed chan struct{}
+	// finishOnce makes finish run once.
+	finishOnce sync.Once
+}
+
+// dial serves one DIAL_REQ: it dials the endpoint, answers DIAL_RSP and,
+// on success, relays the endpoint's data to the server until the endpoint
+// closes. It runs in its own goroutine, counted in c.wg.
+func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
+	logger := klog.FromContext(ctx).WithValues("address", req.GetAddress(), "dialID", req.GetRandom())
+	conn, err := c.dialEndpoint(ctx, req.GetProtocol(), req.GetAddress())
+	if err != nil {
+		reason := dialFailureUnknown
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			reason = dialFailureTimeout
+		}
+		c.cs.metrics.endpointDialFailed(reason)
+		logger.V(2).Info("Failed to dial endpoint", "reason", string(reason), "err", err)
+		c.sendDialRsp(req.GetRandom(), 0, err.Error())
+		return
+	}
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		_ = conn.Close() // the stream is gone: nobody to relay for
+		return
+	}
+	c.lastID++
+	t := &tunnel{
+		c:         c,
+		connectID: c.lastID,
+		conn:      conn,
+		writeq:    make(chan []byte, tunnelQueueLen),
+		closed:    make(chan struct{}),
+	}
+	// In the map before DIAL_RSP goes out, so that DATA following it
+	// finds the tunnel.
+	c.tunnels[t.connectID] = t
+	c.mu.Unlock()
+	c.cs.metrics.endpointOpened()
+	logger.V(4).Info("Dialed endpoint", "connectID", t.connectID)
+
+	c.wg.Go(t.writeLoop)
+	if err := c.sendDialRsp(req.GetRandom(), t.connectID, ""); err != nil {
+		t.finish(false)
+		return
+	}
+	// Only after DIAL_RSP: no DATA may precede it.
+	t.readLoop()
+}
+
+// dialEndpoint dials a TCP endpoint with DialTimeout.
+func (c *client) dialEndpoint(ctx context.Context, protocol, address string) (net.Conn, error) {
+	switch protocol {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, fmt.Errorf("dial %s %q: unsupported protocol, want tcp", protocol, address)
+	}
+	d := net.Dialer{Timeout: c.cs.cfg.DialTimeout}
+	return d.DialContext(ctx, protocol, address)
+}
+
+// sendDialRsp answers DIAL_RSP; errText empty means success.
+func (c *client) sendDialRsp(random, connectID int64, errText string) error {
+	err := c.send(&pb.Packet{Type: pb.PacketType_DIAL_RSP, Payload: &pb.Packet_DialResponse{
+		DialResponse: &pb.DialResponse{Random: random, ConnectID: connectID, Error: errText},
+	}})
+	if err != nil {
+		klog.Background().V(4).Info("Failed to send DIAL_RSP", "serverID", c.serverID, "dialID", random, "err", err)
+	}
+	return err
+}
+
+// readLoop sends what the endpoint sends as DATA, until it closes.
+func (t *tunnel) readLoop() {
+	// One buffer for the tunnel's life: Send marshals the packet before it
+	// returns, so the buffer is free again. (A gRPC stats handler in
+	// DialOptions that kept the message past HandleRPC would see it
+	// change.)
+	buf := make([]byte, wire.MaxDataPayload)
+	data := &pb.Data{ConnectID: t.connectID}
+	p := &pb.Packet{Type: pb.PacketType_DATA, Payload: &pb.Packet_Data{Data: data}}
+	for {
+		n, err := t.conn.Read(buf)
+		if n > 0 {
+			data.Data = buf[:n]
+			if serr := t.c.send(p); serr != nil {
+				t.finish(false) // the stream is broken: no CLOSE_RSP can go out
+				return
+			}
+		}
+		if err != nil {
+			// EOF or error from the endpoint, or the tunnel was finished
+			// elsewhere; finish does its work once.
+			t.finish(true)
+			return
+		}
+	}
+}
+
+// writeLoop writes queued data to the endpoint. When the queue is closed
+// (CLOSE_REQ) it finishes the tunnel once the queued data is written.
+func (t *tunnel) writeLoop() {
+	for {
+		select {
+		case b, ok := <-t.writeq:
+			if !ok {
+				t.finish(true)
+				return
+			}
+			if err := t.conn.SetWriteDeadline(time.Now().Add(tunnelWriteTimeout)); err != nil {
+				t.finish(true)
+				return
+			}
+			if _, err := t.conn.Write(b); err != nil {
+				klog.Background().V(4).Info("Failed to write to endpoint", "serverID", t.c.serverID, "connectID", t.connectID, "err", err)
+				t.finish(true)
+				return
+			}
+		case <-t.closed:
+			return
+		}
+	}
+}
+
+// enqueue queues data for the endpoint. It waits while the queue is full,
+// until the tunnel or the stream ends; see tunnelWriteTimeout. Called only
+// by the receive loop.
+func (t *tunnel) enqueue(ctx context.Context, b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	select {
+	case t.writeq <- b:
+	case <-t.closed:
+	case <-ctx.Done():
+	}
+}
+
+// closeAfterWrites ends the tunnel after the data queued so far is
+// written. Called only by the receive loop, once.
+func (t *tunnel) closeAfterWrites() { close(t.writeq) }
+
+// finish ends the tunnel once: it forgets it, closes the endpoint
+// connection and, if sendRsp, tells the server with CLOSE_RSP.
+func (t *tunnel) finish(sendRsp bool) {
+	t.finishOnce.Do(func() {
+		t.c.forget(t)
+		close(t.closed)
+		_ = t.conn.Close() // a close error changes nothing for the tunnel
+		t.c.cs.metrics.endpointClosed()
+		if sendRsp {
+			t.c.sendCloseRsp(t.connectID, "")
+		}
+	})
+}

@@ -1,0 +1,282 @@
+package agent
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// oneStream starts a server and an agent and returns the agent's stream.
+func oneStream(t testing.TB) (*testAgent, *testStream) {
+	t.Helper()
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
+	a := startAgent(t, testConfig(tt, srv.addr))
+	return a, srv.nextStream(t)
+}
+
+func TestTunnelRoundTrip(t *testing.T) {
+	a, st := oneStream(t)
+	target := newTestTarget(t, false)
+
+	id := st.dialOK(t, target.addr, 42)
+	assert.Equal(t, int64(1), id, "connectIDs start at 1")
+	conn := target.accepted(t)
+	v, _ := a.metric(t, "konnectivity_network_proxy_agent_open_endpoint_connections")
+	assert.Equal(t, 1.0, v)
+
+	// Server to endpoint.
+	st.send(t, dataPkt(id, []byte("hello ")))
+	st.send(t, dataPkt(id, []byte("endpoint")))
+	got := make([]byte, len("hello endpoint"))
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitFor)))
+	_, err := io.ReadFull(conn, got)
+	require.NoError(t, err)
+	assert.Equal(t, "hello endpoint", string(got))
+
+	// Endpoint to server.
+	_, err = conn.Write([]byte("hello server"))
+	require.NoError(t, err)
+	var back []byte
+	for len(back) < len("hello server") {
+		d := st.nextOf(t, pb.PacketType_DATA).GetData()
+		assert.Equal(t, id, d.GetConnectID())
+		back = append(back, d.GetData()...)
+	}
+	assert.Equal(t, "hello server", string(back))
+
+	// The next tunnel gets the next ID.
+	assert.Equal(t, int64(2), st.dialOK(t, target.addr, 43))
+}
+
+func TestTunnelDialErrors(t *testing.T) {
+	refused := func(t *testing.T) string {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		addr := lis.Addr().String()
+		require.NoError(t, lis.Close())
+		return addr
+	}
+	tests := []struct {
+		name    string
+		address func(t *testing.T) string
+	}{
+		{name: "refused port", address: refused},
+		// An invalid host name fails in the (pinned, see main_test.go) Go
+		// resolver without a query: tests send nothing off loopback, so a
+		// real unresolvable name such as nonexistent.invalid, which would
+		// go to the host's nameserver, is not used.
+		{name: "unresolvable host", address: func(*testing.T) string { return "bad host:80" }},
+		{name: "no port", address: func(*testing.T) string { return "127.0.0.1" }},
+	}
+	a, st := oneStream(t)
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			random := int64(100 + i)
+			start := time.Now()
+			st.send(t, dialReq(tc.address(t), random))
+			rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+			assert.Less(t, time.Since(start), 2*time.Second, "longer than DialTimeout")
+			assert.NotEmpty(t, rsp.GetError())
+			assert.Equal(t, random, rsp.GetRandom())
+			assert.Zero(t, rsp.GetConnectID())
+		})
+	}
+	v, _ := a.metric(t, "konnectivity_network_proxy_agent_endpoint_dial_failure_total", "reason", "unknown")
+	assert.Equal(t, float64(len(tests)), v)
+
+	t.Run("unsupported protocol", func(t *testing.T) {
+		st.send(t, &pb.Packet{Type: pb.PacketType_DIAL_REQ, Payload: &pb.Packet_DialRequest{
+			DialRequest: &pb.DialRequest{Protocol: "unix", Address: "/run/x.sock", Random: 9},
+		}})
+		rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+		assert.Contains(t, rsp.GetError(), "unsupported protocol")
+	})
+}
+
+func TestTunnelCloseRequest(t *testing.T) {
+	a, st := oneStream(t)
+	target := newTestTarget(t, false)
+	id := st.dialOK(t, target.addr, 1)
+	conn := target.accepted(t)
+
+	// Data sent before CLOSE_REQ still reaches the endpoint.
+	st.send(t, dataPkt(id, []byte("last words")))
+	st.send(t, closeReq(id))
+	rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+	assert.Equal(t, id, rsp.GetConnectID())
+	assert.Empty(t, rsp.GetError())
+
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitFor)))
+	got, err := io.ReadAll(conn)
+	require.NoError(t, err, "the endpoint connection was not closed")
+	assert.Equal(t, "last words", string(got))
+	require.Eventually(t, func() bool {
+		v, _ := a.metric(t, "konnectivity_network_proxy_agent_open_endpoint_connections")
+		return v == 0
+	}, waitFor, tick)
+
+	// The connectID is gone now.
+	st.send(t, dataPkt(id, []byte("late")))
+	rsp = st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+	assert.Equal(t, id, rsp.GetConnectID())
+	assert.NotEmpty(t, rsp.GetError())
+}
+
+func TestTunnelEndpointCloses(t *testing.T) {
+	_, st := oneStream(t)
+	target := newTestTarget(t, false)
+	id := st.dialOK(t, target.addr, 1)
+	conn := target.accepted(t)
+
+	_, err := conn.Write([]byte("bye"))
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+	var got []byte
+	for {
+		p := st.next(t)
+		if p.GetType() == pb.PacketType_CLOSE_RSP {
+			assert.Equal(t, id, p.GetCloseResponse().GetConnectID())
+			assert.Empty(t, p.GetCloseResponse().GetError())
+			break
+		}
+		require.Equal(t, pb.PacketType_DATA, p.GetType())
+		got = append(got, p.GetData().GetData()...)
+	}
+	assert.Equal(t, "bye", string(got))
+
+	// One CLOSE_RSP only: the next packet answers the next request.
+	st.send(t, closeReq(id))
+	rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+	assert.Equal(t, id, rsp.GetConnectID())
+	assert.NotEmpty(t, rsp.GetError(), "a second CLOSE_RSP for the closed tunnel")
+}
+
+func TestTunnelUnknownConnectID(t *testing.T) {
+	tests := []struct {
+		name string
+		pkt  *pb.Packet
+	}{
+		{name: "DATA", pkt: dataPkt(999, []byte("x"))},
+		{name: "CLOSE_REQ", pkt: closeReq(999)},
+	}
+	_, st := oneStream(t)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st.send(t, tc.pkt)
+			rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+			assert.Equal(t, int64(999), rsp.GetConnectID())
+			assert.Equal(t, errUnknownConnectID, rsp.GetError())
+		})
+	}
+	t.Run("DIAL_CLS is ignored", func(t *testing.T) {
+		st.send(t, &pb.Packet{Type: pb.PacketType_DIAL_CLS, Payload: &pb.Packet_CloseDial{CloseDial: &pb.CloseDial{Random: 5}}})
+		st.send(t, closeReq(998))
+		assert.Equal(t, int64(998), st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
+	})
+}
+
+func TestTunnelsConcurrent(t *testing.T) {
+	const (
+		tunnels = 200
+		size    = 64 << 10
+		chunk   = 8 << 10
+	)
+	a, st := oneStream(t)
+	target := newTestTarget(t, true)
+
+	for i := range tunnels {
+		st.send(t, dialReq(target.addr, int64(i+1)))
+	}
+	ids := map[int64]int{} // connectID -> tunnel index
+	for range tunnels {
+		rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+		require.Empty(t, rsp.GetError())
+		ids[rsp.GetConnectID()] = int(rsp.GetRandom() - 1)
+	}
+	require.Len(t, ids, tunnels, "connectIDs not distinct")
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	payloads := make([][]byte, tunnels)
+	for i := range payloads {
+		payloads[i] = make([]byte, size)
+		for j := range payloads[i] {
+			payloads[i][j] = byte(rng.IntN(256))
+		}
+	}
+	// Send from one goroutine per tunnel while the test reads the echoes.
+	sendErr := make(chan error, tunnels)
+	for id, i := range ids {
+		go func() {
+			for off := 0; off < size; off += chunk {
+				st.sendMu.Lock()
+				err := st.stream.Send(dataPkt(id, payloads[i][off:off+chunk]))
+				st.sendMu.Unlock()
+				if err != nil {
+					sendErr <- err
+					return
+				}
+			}
+			sendErr <- nil
+		}()
+	}
+	got := make(map[int64][]byte, tunnels)
+	complete := 0
+	for complete < tunnels {
+		d := st.nextOf(t, pb.PacketType_DATA).GetData()
+		id := d.GetConnectID()
+		_, ok := ids[id]
+		require.True(t, ok, "DATA for connectID %d", id)
+		got[id] = append(got[id], d.GetData()...)
+		require.LessOrEqual(t, len(got[id]), size)
+		if len(got[id]) == size {
+			complete++
+		}
+	}
+	for range tunnels {
+		require.NoError(t, <-sendErr)
+	}
+	for id, i := range ids {
+		require.True(t, bytes.Equal(payloads[i], got[id]), "tunnel %d (connectID %d) corrupted", i, id)
+	}
+	v, _ := a.metric(t, "konnectivity_network_proxy_agent_open_endpoint_connections")
+	assert.Equal(t, float64(tunnels), v)
+
+	for id := range ids {
+		st.send(t, closeReq(id))
+	}
+	for range tunnels {
+		rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+		require.Empty(t, rsp.GetError(), fmt.Sprint(rsp))
+	}
+	require.Eventually(t, func() bool {
+		v, _ := a.metric(t, "konnectivity_network_proxy_agent_open_endpoint_connections")
+		return v == 0
+	}, waitFor, tick)
+}
+
+// A stream that ends closes its tunnels and is dropped.
+func TestStreamEndClosesTunnels(t *testing.T) {
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
+	target := newTestTarget(t, false)
+	a := startAgent(t, testConfig(tt, srv.addr))
+	st := srv.nextStream(t)
+	st.dialOK(t, target.addr, 1)
+	conn := target.accepted(t)
+	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
+
+	srv.stop()
+	require.Eventually(t, func() bool { return a.Connected() == 0 }, waitFor, tick)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitFor)))
+	_, err := conn.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF)
+}
