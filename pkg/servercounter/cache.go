@@ -41,6 +41,11 @@ type CacheConfig struct {
 	// RefreshTimeout bounds one refresh, and so the first call's wait;
 	// default DefaultRefreshTimeout.
 	RefreshTimeout time.Duration
+	// Background refreshes the count as soon as it expires, rather than
+	// on the next read, so that [CachedServerCounter.Changed] fires soon
+	// after the source changes even when nobody reads. It costs one
+	// refresh per expiry while the cache is open.
+	Background bool
 }
 
 // CachedServerCounter caches the count of another [Counter].
@@ -83,6 +88,8 @@ type CachedServerCounter struct {
 	// expiry marks cur stale when it fires.
 	expiry *time.Timer
 	closed bool
+	// changed is closed, and replaced, when the published count changes.
+	changed chan struct{}
 }
 
 // set publishes e. c.mu must be held, but for the first entry.
@@ -141,9 +148,13 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 		ready:   make(chan struct{}),
 		done:    make(chan struct{}),
 		cancel:  cancel,
+		changed: make(chan struct{}),
 	}
 	c.set(&entry{count: cfg.Fallback, stale: true, result: c.fallback()})
 	go c.run(ctx)
+	if cfg.Background {
+		c.refresh <- struct{}{} // the buffer is empty: this never blocks
+	}
 	return c, nil
 }
 
@@ -306,8 +317,21 @@ func (c *CachedServerCounter) publish(stale bool) *entry {
 	case c.good != nil:
 		e.count, e.result = c.good.Count, *c.good
 	}
+	if old := c.cur.Load(); old == nil || old.count != e.count {
+		close(c.changed)
+		c.changed = make(chan struct{})
+	}
 	c.set(e)
 	return e
+}
+
+// Changed returns a channel that is closed when the count changes. Call it
+// again after each change for the next one. A watcher that must not miss a
+// change calls Changed before it reads the count.
+func (c *CachedServerCounter) Changed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.changed
 }
 
 // expire marks e stale, so that the next read asks for a refresh, unless a
@@ -319,6 +343,12 @@ func (c *CachedServerCounter) expire(e *entry) {
 		return
 	}
 	c.set(&entry{count: e.count, stale: true, result: e.result})
+	if c.cfg.Background {
+		select {
+		case c.refresh <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (c *CachedServerCounter) fallback() Result {

@@ -321,3 +321,26 @@ func TestCachedOverridePausesRefreshes(t *testing.T) {
 	c.ClearOverride()
 	eventually(t, func() bool { return c.CountServers() == 3 && calls.Load() > before+1 }, "a refresh after the override")
 }
+
+func TestCachedBackgroundRefreshSignalsChanges(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1")...)
+	dc := newCounter(t, srv, svc)
+	c := newCache(t, dc, servercounter.CacheConfig{Expiry: 5 * time.Millisecond, MinExpiry: time.Millisecond, Background: true})
+
+	// Nobody reads: the background refresh alone must notice each change.
+	for _, n := range []int{1, 3, 2} {
+		ips := []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}[:n]
+		ch := c.Changed()
+		srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, ips...)...)
+		if n != 1 {
+			select {
+			case <-ch:
+			case <-time.After(waitFor):
+				t.Fatalf("no change signalled for %d servers", n)
+			}
+		}
+		eventually(t, func() bool { res, _ := c.Count(t.Context()); return res.Count == n }, "the new count")
+	}
+}
