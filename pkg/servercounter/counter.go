@@ -2,6 +2,10 @@ package servercounter
 
 import (
 	"context"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/miekg/dns"
@@ -173,4 +177,50 @@ func (n StaticServerCounter) CountServers() int { return int(n) }
 // Count returns n, with Source [SourceStatic]. It never fails.
 func (n StaticServerCounter) Count(context.Context) (Result, error) {
 	return Result{Count: int(n), Found: int(n), Source: SourceStatic}, nil
+}
+
+// Endpoints returns where each counted server listens, as host:port,
+// sorted and without duplicates: for SRV records the target's address when
+// the answer carried it as glue (else the target name) and the record's
+// port; for A and AAAA records the address and defaultPort. A client can
+// dial them directly instead of going through a load balancer.
+func (r Result) Endpoints(defaultPort int) []string {
+	glue := map[string][]string{}
+	for _, rr := range r.Extra {
+		switch rr := rr.(type) {
+		case *dns.A:
+			glue[strings.ToLower(rr.Hdr.Name)] = append(glue[strings.ToLower(rr.Hdr.Name)], rr.A.String())
+		case *dns.AAAA:
+			glue[strings.ToLower(rr.Hdr.Name)] = append(glue[strings.ToLower(rr.Hdr.Name)], rr.AAAA.String())
+		}
+	}
+	seen := map[string]bool{}
+	var out []string
+	add := func(host string, port int) {
+		hp := net.JoinHostPort(host, strconv.Itoa(port))
+		if !seen[hp] {
+			seen[hp] = true
+			out = append(out, hp)
+		}
+	}
+	for _, rr := range r.Answer {
+		switch rr := rr.(type) {
+		case *dns.SRV:
+			if rr.Target == "." || rr.Target == "" {
+				continue
+			}
+			// One endpoint per server: an SRV target's first glue address.
+			if addrs := glue[strings.ToLower(rr.Target)]; len(addrs) > 0 {
+				add(addrs[0], int(rr.Port))
+			} else {
+				add(strings.TrimSuffix(rr.Target, "."), int(rr.Port))
+			}
+		case *dns.A:
+			add(rr.A.String(), defaultPort)
+		case *dns.AAAA:
+			add(rr.AAAA.String(), defaultPort)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -567,3 +567,16 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+func TestResultEndpoints(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.2", "10.0.0.1", "fd00::1")...)
+	res, err := newCounter(t, srv, "_agent._tcp."+svc).Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, []string{"10.0.0.1:8091", "10.0.0.2:8091", "[fd00::1]:8091"}, res.Endpoints(1))
+
+	res, err = newCounter(t, srv, svc, func(c *servercounter.Config) { c.Type = servercounter.TypeA }).Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, []string{"10.0.0.1:9000", "10.0.0.2:9000"}, res.Endpoints(9000))
+}

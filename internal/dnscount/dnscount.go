@@ -1,0 +1,191 @@
+// Package dnscount is the --server-count-dns feature that both proxy
+// binaries share: its flags, the cached DNS counter they build from them,
+// and the counter's metrics.
+package dnscount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/servercount/servercount/pkg/servercounter"
+)
+
+// DefaultMax caps a DNS count unless --server-count-max says otherwise: a
+// broken or hostile answer must not make an agent open thousands of
+// connections.
+const DefaultMax = 100
+
+// Options are the --server-count-dns flags.
+type Options struct {
+	Name        string
+	Type        string
+	Servers     []string
+	CacheTTL    time.Duration
+	CacheTTLMin time.Duration
+	CacheTTLMax time.Duration
+	Fallback    int
+	Max         int
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	return &Options{
+		Type:        "auto",
+		CacheTTLMin: servercounter.DefaultMinExpiry,
+		CacheTTLMax: servercounter.DefaultMaxExpiry,
+		Fallback:    servercounter.DefaultFallback,
+		Max:         DefaultMax,
+	}
+}
+
+// AddFlags adds the flags to fs. withFallback adds --fallback-server-count;
+// the proxy-server uses its --server-count as the fallback instead.
+func (o *Options) AddFlags(fs *pflag.FlagSet, withFallback bool) {
+	fs.StringVar(&o.Name, "server-count-dns", o.Name, "count proxy-servers from this DNS name: their headless Service, e.g. proxy-server.kube-system.svc.cluster.local, or _agent._tcp.proxy-server.kube-system.svc.cluster.local for SRV")
+	fs.StringVar(&o.Type, "server-count-dns-type", o.Type, "records to count: auto (srv for names starting with _, else ip), srv, a, aaaa, ip (A and AAAA, the larger family)")
+	fs.StringSliceVar(&o.Servers, "server-count-dns-server", o.Servers, "nameservers as host:port (default: those of /etc/resolv.conf)")
+	fs.DurationVar(&o.CacheTTL, "server-count-cache-ttl", o.CacheTTL, "how long a DNS count stays fresh (0: the answer's TTL, bounded by --server-count-cache-ttl-min and -max)")
+	fs.DurationVar(&o.CacheTTLMin, "server-count-cache-ttl-min", o.CacheTTLMin, "shortest time a DNS count stays fresh, and the wait after a failed lookup")
+	fs.DurationVar(&o.CacheTTLMax, "server-count-cache-ttl-max", o.CacheTTLMax, "longest time a DNS count stays fresh")
+	if withFallback {
+		fs.IntVar(&o.Fallback, "fallback-server-count", o.Fallback, "server count to use until DNS has answered")
+	}
+	fs.IntVar(&o.Max, "server-count-max", o.Max, "never count more servers than this, whatever DNS says")
+}
+
+// Enabled reports whether --server-count-dns was given.
+func (o *Options) Enabled() bool { return o.Name != "" }
+
+// Validate returns every problem with the flags, each naming its flag. The
+// name and nameservers are checked by Build, which knows resolv.conf.
+func (o *Options) Validate() []error {
+	var errs []error
+	if _, err := servercounter.ParseRecordType(o.Type); err != nil {
+		errs = append(errs, fmt.Errorf("invalid --server-count-dns-type %q: use auto, srv, a, aaaa or ip", o.Type))
+	}
+	if o.CacheTTL < 0 || o.CacheTTLMin <= 0 || o.CacheTTLMax < o.CacheTTLMin {
+		errs = append(errs, fmt.Errorf("invalid cache TTLs (--server-count-cache-ttl %v, -min %v, -max %v): want 0 < min <= max and a TTL of 0 or more", o.CacheTTL, o.CacheTTLMin, o.CacheTTLMax))
+	}
+	if o.Fallback < 1 {
+		errs = append(errs, fmt.Errorf("invalid --fallback-server-count %d: must be at least 1", o.Fallback))
+	}
+	if o.Max < 1 {
+		errs = append(errs, fmt.Errorf("invalid --server-count-max %d: must be at least 1", o.Max))
+	}
+	if !o.Enabled() && (len(o.Servers) > 0 || o.CacheTTL != 0) {
+		errs = append(errs, errors.New("--server-count-dns-server and --server-count-cache-ttl need --server-count-dns"))
+	}
+	return errs
+}
+
+// Build returns a DNS counter behind a cache that refreshes in the
+// background, answering fallback until DNS has answered, with its metrics
+// registered on reg under servercount_<subsystem>_. Close the cache when
+// done.
+func (o *Options) Build(reg prometheus.Registerer, subsystem string, fallback int) (*servercounter.CachedServerCounter, error) {
+	typ, err := servercounter.ParseRecordType(o.Type)
+	if err != nil {
+		return nil, err
+	}
+	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: o.Name, Type: typ, Servers: o.Servers, Max: o.Max})
+	if err != nil {
+		return nil, fmt.Errorf("--server-count-dns: %w", err)
+	}
+	m, err := newMetrics(reg, subsystem)
+	if err != nil {
+		return nil, err
+	}
+	cache, err := servercounter.NewCachedServerCounter(m.instrument(dc), servercounter.CacheConfig{
+		Expiry: o.CacheTTL, MinExpiry: o.CacheTTLMin, MaxExpiry: o.CacheTTLMax,
+		Fallback: fallback, Background: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	m.watch(cache)
+	return cache, nil
+}
+
+// metrics of a DNS count. Names:
+//
+//	servercount_<subsystem>_dns_lookups_total{outcome}  counter  DNS counts by outcome: records, nxdomain, nodata, or the failure kind
+//	servercount_<subsystem>_dns_server_count            gauge    servers in the last good DNS answer (after the clamp)
+//	servercount_<subsystem>_server_count_age_seconds    gauge    age of the count the cache answers (0 before the first)
+type metrics struct {
+	lookups *prometheus.CounterVec
+	count   prometheus.Gauge
+	age     prometheus.GaugeFunc
+	cache   atomic.Pointer[servercounter.CachedServerCounter]
+}
+
+// outcomes are every value of the lookups' outcome label.
+var outcomes = []string{"records", "nxdomain", "nodata", "timeout", "servfail", "refused", "malformed", "network"}
+
+func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
+	m := &metrics{
+		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "servercount", Subsystem: subsystem, Name: "dns_lookups_total",
+			Help: "DNS server counts by outcome: records, nxdomain, nodata, or the kind of failure.",
+		}, []string{"outcome"}),
+		count: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "servercount", Subsystem: subsystem, Name: "dns_server_count",
+			Help: "Servers in the last good DNS answer, after the --server-count-max clamp.",
+		}),
+	}
+	m.age = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "servercount", Subsystem: subsystem, Name: "server_count_age_seconds",
+		Help: "Age of the server count learnt from DNS; 0 before the first answer.",
+	}, m.ageSeconds)
+	for _, o := range outcomes {
+		m.lookups.WithLabelValues(o)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.lookups, m.count, m.age} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register DNS count metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) instrument(c servercounter.Counter) servercounter.Counter {
+	return servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
+		res, err := c.Count(ctx)
+		var de *servercounter.DNSError
+		switch {
+		case errors.As(err, &de):
+			m.lookups.WithLabelValues(de.Kind.String()).Inc()
+		case err != nil:
+			m.lookups.WithLabelValues("network").Inc()
+		default:
+			m.lookups.WithLabelValues(res.Outcome.String()).Inc()
+			m.count.Set(float64(res.Count))
+		}
+		return res, err
+	})
+}
+
+func (m *metrics) watch(c *servercounter.CachedServerCounter) { m.cache.Store(c) }
+
+func (m *metrics) ageSeconds() float64 {
+	c := m.cache.Load()
+	if c == nil {
+		return 0
+	}
+	// A short deadline: a scrape must not wait for the first lookup.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	res, err := c.Count(ctx)
+	if err != nil || res.At.IsZero() {
+		return 0
+	}
+	return time.Since(res.At).Seconds()
+}
