@@ -26,8 +26,10 @@ type client struct {
 	cs          *ClientSet
 	serverID    string
 	serverCount int
-	cc          *grpc.ClientConn
-	stream      wire.AgentConnectClient
+	// addr is where the server was dialed; set before the client starts.
+	addr   string
+	cc     *grpc.ClientConn
+	stream wire.AgentConnectClient
 	// cancel ends the stream; safe to call more than once.
 	cancel context.CancelFunc
 	// done is closed when the receive loop has ended.

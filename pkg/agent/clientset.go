@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"k8s.io/klog/v2"
 
-	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -30,7 +29,7 @@ import (
 type ClientSet struct {
 	cfg     Config
 	metrics *metrics
-	policy  targetPolicy
+	policy  *targetPolicy
 
 	// running is true while Run runs; read by the health handler.
 	running atomic.Bool
@@ -44,13 +43,14 @@ type ClientSet struct {
 	// draining stops the sync loop dialing; set once by Drain. Guarded by
 	// mu.
 	draining bool
-	// received is the serverCount of the last newly added server, or -1
-	// before any. Guarded by mu.
-	received int
 	// lastTarget and lastSource are the target last reported, to log and
 	// export changes. Guarded by mu.
 	lastTarget int
-	lastSource countSource
+	lastSource string
+	// nextEndpoint rotates where a resolved dial starts in the endpoint
+	// list, so that an unreachable server does not starve the others.
+	// Used only by the sync loop.
+	nextEndpoint int
 
 	// clientsWG counts the clients' goroutines. Add is called only by the
 	// sync loop, which has exited before Run waits.
@@ -69,55 +69,37 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 		return nil, err
 	}
 	cs := &ClientSet{
-		cfg:      cfg,
-		metrics:  m,
-		policy:   targetPolicy{counter: cfg.Counter, respectReceived: cfg.RespectReceivedServerCount},
-		clients:  make(map[string]*client),
-		received: -1,
+		cfg:     cfg,
+		metrics: m,
+		policy: &targetPolicy{
+			counter: cfg.Counter, respectReceived: cfg.RespectReceivedServerCount,
+			source: cfg.CountSource, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown, now: cfg.Now,
+		},
+		clients: make(map[string]*client),
 	}
 	m.setOpenServerConnections(0)
 	cs.Target() // export the first target
 	return cs, nil
 }
 
-// targetPolicy decides the server count the agent aims for from its
-// sources. It is the one place that does, so that another policy (DNS
-// only, the largest count received, hysteresis) replaces only this type.
-type targetPolicy struct {
-	counter         servercounter.ServerCounter
-	respectReceived bool
-}
-
-// target returns the count to aim for and its source, given the serverCount
-// of the last newly added server (-1 for none). As upstream does, a
-// received count overwrites the counter's when respectReceived is set. The
-// result is at least 1: an agent with no server serves nothing.
-func (p targetPolicy) target(received int) (int, countSource) {
-	n, src := p.counter.CountServers(), sourceCounter
-	if p.respectReceived && received >= 0 {
-		n, src = received, sourceReceived
-	}
-	return max(n, 1), src
-}
-
 // Target returns the server count currently aimed for.
-func (cs *ClientSet) Target() int {
-	cs.mu.Lock()
-	received := cs.received
-	cs.mu.Unlock()
-	// CountServers is called without mu: it may take its own locks.
-	n, src := cs.policy.target(received)
+func (cs *ClientSet) Target() int { return cs.target(context.Background()) }
+
+// target returns the server count aimed for, exporting and logging changes.
+func (cs *ClientSet) target(ctx context.Context) int {
+	// The policy reads the Counter without mu: it may take its own locks.
+	n, src := cs.policy.target(ctx)
 
 	cs.mu.Lock()
 	changed := n != cs.lastTarget || src != cs.lastSource
-	old := cs.lastTarget
+	old, oldSrc := cs.lastTarget, cs.lastSource
 	cs.lastTarget, cs.lastSource = n, src
 	if changed {
-		cs.metrics.setTarget(n, src)
+		cs.metrics.setTarget(n, src, oldSrc)
 	}
 	cs.mu.Unlock()
-	if changed {
-		klog.Background().V(2).Info("Server count target changed", "oldCount", old, "newCount", n, "source", src)
+	if changed && n != old {
+		klog.FromContext(ctx).V(2).Info("Server count target changed", "oldCount", old, "newCount", n, "source", src)
 	}
 	return n
 }
@@ -199,13 +181,22 @@ func (cs *ClientSet) syncLoop(ctx context.Context) {
 		backoff.WithMaxInterval(cs.cfg.SyncIntervalCap),
 		backoff.WithMaxElapsedTime(0),
 	)
+	// A Counter that signals changes (a cache refreshing DNS in the
+	// background) wakes the loop at once, instead of at its next round.
+	notifier, _ := cs.cfg.Counter.(interface{ Changed() <-chan struct{} })
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
+		var changed <-chan struct{}
+		if notifier != nil {
+			changed = notifier.Changed()
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+		case <-changed:
+			logger.V(4).Info("Server count changed, syncing now")
 		}
 		wait := cs.syncRound(ctx, bo)
 		cs.metrics.syncRound()
@@ -220,7 +211,7 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	if cs.isDraining() {
 		return cs.cfg.SyncInterval
 	}
-	target := cs.Target()
+	target := cs.target(ctx)
 	if cs.Connected() >= target && !cs.cfg.SyncForever {
 		bo.Reset()
 		return cs.cfg.SyncInterval
@@ -228,9 +219,11 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	switch cs.dialServer(ctx) {
 	case dialOK:
 		bo.Reset()
-		if cs.Connected() < cs.Target() {
+		if cs.Connected() < cs.target(ctx) {
 			return 0
 		}
+		return cs.cfg.SyncInterval
+	case dialNone:
 		return cs.cfg.SyncInterval
 	default:
 		return min(bo.NextBackOff(), cs.cfg.SyncIntervalCap)
@@ -241,8 +234,12 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 // ServerAddress, reads the handshake and adds the server, unless it is
 // already connected.
 func (cs *ClientSet) dialServer(ctx context.Context) dialResult {
-	logger := klog.FromContext(ctx).WithValues("serverAddress", cs.cfg.ServerAddress)
-	c, err := cs.connect(ctx)
+	addr, ok := cs.dialAddress(ctx)
+	if !ok {
+		return dialNone
+	}
+	logger := klog.FromContext(ctx).WithValues("serverAddress", addr)
+	c, err := cs.connect(ctx, addr)
 	if err != nil {
 		cs.metrics.serverDialed(dialError)
 		logger.V(2).Info("Failed to connect to proxy-server", "err", err)
@@ -259,9 +256,38 @@ func (cs *ClientSet) dialServer(ctx context.Context) dialResult {
 	return res
 }
 
+// dialAddress returns where the next server dial goes: ServerAddress, or
+// in DialResolved mode the next endpoint no connected server was reached
+// at. ok is false when every endpoint is connected: DNS lists no server to
+// add yet.
+func (cs *ClientSet) dialAddress(ctx context.Context) (addr string, ok bool) {
+	if cs.cfg.DialMode != DialResolved {
+		return cs.cfg.ServerAddress, true
+	}
+	eps, err := cs.cfg.Endpoints(ctx)
+	if err != nil || len(eps) == 0 {
+		klog.FromContext(ctx).V(4).Info("No server endpoints resolved, dialing the server address", "err", err)
+		return cs.cfg.ServerAddress, true
+	}
+	used := map[string]bool{}
+	cs.mu.Lock()
+	for _, c := range cs.clients {
+		used[c.addr] = true
+	}
+	cs.mu.Unlock()
+	for i := range eps {
+		ep := eps[(cs.nextEndpoint+i)%len(eps)]
+		if !used[ep] {
+			cs.nextEndpoint = (cs.nextEndpoint + i + 1) % len(eps)
+			return ep, true
+		}
+	}
+	return "", false
+}
+
 // connect dials, opens the stream and checks the handshake headers. On
 // success the returned client owns the connection; it is not running yet.
-func (cs *ClientSet) connect(ctx context.Context) (*client, error) {
+func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) {
 	md := metadata.Pairs(wire.HeaderAgentID, cs.cfg.AgentID)
 	if ids := cs.cfg.Identifiers.String(); ids != "" {
 		md.Set(wire.HeaderAgentIdentifiers, ids)
@@ -286,9 +312,9 @@ func (cs *ClientSet) connect(ctx context.Context) (*client, error) {
 	}
 	// One ClientConn per stream, so that a load balancer can send each to
 	// a different server.
-	cc, err := grpc.NewClient(cs.cfg.ServerAddress, opts...)
+	cc, err := grpc.NewClient(addr, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("create gRPC client for %s: %w", cs.cfg.ServerAddress, err)
+		return nil, fmt.Errorf("create gRPC client for %s: %w", addr, err)
 	}
 	// The stream lives until cancel: the client's lifetime.
 	sctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, md))
@@ -308,23 +334,25 @@ func (cs *ClientSet) connect(ctx context.Context) (*client, error) {
 		if timedOut.Load() {
 			err = fmt.Errorf("no answer within %v: %w", cs.cfg.HandshakeTimeout, err)
 		}
-		return fail(fmt.Errorf("open Connect stream to %s: %w", cs.cfg.ServerAddress, err))
+		return fail(fmt.Errorf("open Connect stream to %s: %w", addr, err))
 	}
 	hdr, err := stream.Header()
 	if err != nil {
 		if timedOut.Load() {
 			err = fmt.Errorf("no answer within %v: %w", cs.cfg.HandshakeTimeout, err)
 		}
-		return fail(fmt.Errorf("read handshake headers from %s: %w", cs.cfg.ServerAddress, err))
+		return fail(fmt.Errorf("read handshake headers from %s: %w", addr, err))
 	}
 	if !timer.Stop() {
-		return fail(fmt.Errorf("read handshake headers from %s: no answer within %v", cs.cfg.ServerAddress, cs.cfg.HandshakeTimeout))
+		return fail(fmt.Errorf("read handshake headers from %s: no answer within %v", addr, cs.cfg.HandshakeTimeout))
 	}
 	id, count, err := parseHandshake(hdr)
 	if err != nil {
-		return fail(fmt.Errorf("handshake with %s: %w", cs.cfg.ServerAddress, err))
+		return fail(fmt.Errorf("handshake with %s: %w", addr, err))
 	}
-	return newClient(cs, id, count, cc, stream, cancel), nil
+	c := newClient(cs, id, count, cc, stream, cancel)
+	c.addr = addr
+	return c, nil
 }
 
 // parseHandshake reads serverID and serverCount from a server's response
@@ -373,7 +401,6 @@ func (cs *ClientSet) add(ctx context.Context, c *client) dialResult {
 		return dialError
 	}
 	cs.clients[c.serverID] = c
-	cs.received = c.serverCount
 	drain := cs.draining
 	cs.metrics.setOpenServerConnections(len(cs.clients))
 	cs.clientsWG.Add(1)
@@ -383,7 +410,8 @@ func (cs *ClientSet) add(ctx context.Context, c *client) dialResult {
 		defer cs.clientsWG.Done()
 		c.run(ctx, drain)
 	}()
-	cs.Target() // export a target changed by the received count
+	cs.policy.observeReceived(c.serverCount)
+	cs.target(ctx) // export a target changed by the received count
 	return dialOK
 }
 

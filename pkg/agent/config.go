@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -28,6 +29,12 @@ const (
 	// DefaultHandshakeTimeout bounds one server dial, from opening the
 	// stream to reading the server's response headers.
 	DefaultHandshakeTimeout = 30 * time.Second
+	// DefaultHoldDown is how long a lower server count must persist before
+	// the agent aims for it.
+	DefaultHoldDown = 30 * time.Second
+	// DefaultReceivedWindow is how many received serverCount headers the
+	// agent remembers; it aims for the largest.
+	DefaultReceivedWindow = 5
 )
 
 // syncBackoffMultiplier is how much the wait grows after each failed or
@@ -88,6 +95,25 @@ type Config struct {
 	// Registerer receives the agent's metrics. Nil means they are not
 	// registered.
 	Registerer prometheus.Registerer
+
+	// CountSource says how Counter's count and received counts combine;
+	// default CountSourceDefault.
+	CountSource CountSource
+	// ReceivedWindow is how many received counts are remembered; the
+	// largest is used, since during a rollout old and new servers report
+	// different counts. Default DefaultReceivedWindow.
+	ReceivedWindow int
+	// HoldDown is how long a lower count must persist before the target
+	// drops to it; default DefaultHoldDown. Increases apply at once.
+	HoldDown time.Duration
+	// DialMode says where to dial servers; default DialLoadBalancer.
+	DialMode DialMode
+	// Endpoints returns the host:port of each server, for DialResolved.
+	// When it fails or returns none, the agent dials ServerAddress.
+	Endpoints func(ctx context.Context) ([]string, error)
+	// Now returns the current time, for the hold-down; nil means
+	// time.Now. Tests set it to step time.
+	Now func() time.Time
 }
 
 // DefaultConfig returns a Config with every default set and
@@ -115,6 +141,19 @@ func (cfg Config) withDefaults() Config {
 	setDefault(&cfg.ProbeInterval, DefaultProbeInterval)
 	setDefault(&cfg.DialTimeout, DefaultDialTimeout)
 	setDefault(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDefault(&cfg.HoldDown, DefaultHoldDown)
+	if cfg.CountSource == "" {
+		cfg.CountSource = CountSourceDefault
+	}
+	if cfg.ReceivedWindow == 0 {
+		cfg.ReceivedWindow = DefaultReceivedWindow
+	}
+	if cfg.DialMode == "" {
+		cfg.DialMode = DialLoadBalancer
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	return cfg
 }
 
@@ -147,6 +186,7 @@ func (cfg Config) validate() error {
 		{"ProbeInterval", cfg.ProbeInterval},
 		{"DialTimeout", cfg.DialTimeout},
 		{"HandshakeTimeout", cfg.HandshakeTimeout},
+		{"HoldDown", cfg.HoldDown},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s is %v: want a positive duration, or 0 for the default", d.name, d.v))
@@ -154,6 +194,18 @@ func (cfg Config) validate() error {
 	}
 	if cfg.SyncInterval > 0 && cfg.SyncIntervalCap > 0 && cfg.SyncIntervalCap < cfg.SyncInterval {
 		errs = append(errs, fmt.Errorf("SyncIntervalCap %v is less than SyncInterval %v: want a cap at least the interval", cfg.SyncIntervalCap, cfg.SyncInterval))
+	}
+	if _, err := ParseCountSource(string(cfg.CountSource)); err != nil {
+		errs = append(errs, fmt.Errorf("CountSource: %w", err))
+	}
+	if _, err := ParseDialMode(string(cfg.DialMode)); err != nil {
+		errs = append(errs, fmt.Errorf("DialMode: %w", err))
+	}
+	if cfg.DialMode == DialResolved && cfg.Endpoints == nil {
+		errs = append(errs, errors.New("DialMode is resolved but Endpoints is nil: give the function that lists the servers' addresses (--server-count-dns)"))
+	}
+	if cfg.ReceivedWindow < 0 {
+		errs = append(errs, fmt.Errorf("ReceivedWindow is %d: want a positive number, or 0 for the default", cfg.ReceivedWindow))
 	}
 	return errors.Join(errs...)
 }

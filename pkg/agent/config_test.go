@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,7 +84,7 @@ func TestMetricsExistFromStart(t *testing.T) {
 		{name: "konnectivity_network_proxy_agent_open_server_connections", want: 0},
 		{name: "konnectivity_network_proxy_agent_open_endpoint_connections", want: 0},
 		{name: "konnectivity_network_proxy_agent_known_server_count", want: 4},
-		{name: "servercount_agent_target_server_count", labels: []string{"source", "counter"}, want: 4},
+		{name: "servercount_agent_target_server_count", labels: []string{"source", "static"}, want: 4},
 		{name: "konnectivity_network_proxy_agent_endpoint_dial_failure_total", labels: []string{"reason", "timeout"}, want: 0},
 		{name: "servercount_agent_server_dials_total", labels: []string{"result", "duplicate"}, want: 0},
 	} {
@@ -98,29 +99,73 @@ func TestMetricsExistFromStart(t *testing.T) {
 	require.ErrorContains(t, err, "register agent metrics")
 }
 
+func newPolicy(counter servercounter.ServerCounter, respect bool, source CountSource, now func() time.Time) *targetPolicy {
+	return &targetPolicy{counter: counter, respectReceived: respect, source: source, window: 3, holdDown: 30 * time.Second, now: now}
+}
+
 func TestTargetPolicy(t *testing.T) {
 	tests := []struct {
 		name       string
 		counter    int
 		respect    bool
-		received   int
+		source     CountSource
+		received   []int
 		wantCount  int
-		wantSource countSource
+		wantSource string
 	}{
-		{name: "counter before any server", counter: 3, respect: true, received: -1, wantCount: 3, wantSource: sourceCounter},
-		{name: "received overwrites counter", counter: 3, respect: true, received: 5, wantCount: 5, wantSource: sourceReceived},
-		{name: "received ignored", counter: 3, respect: false, received: 5, wantCount: 3, wantSource: sourceCounter},
-		{name: "received zero is at least one", counter: 3, respect: true, received: 0, wantCount: 1, wantSource: sourceReceived},
-		{name: "counter zero is at least one", counter: 0, respect: false, received: -1, wantCount: 1, wantSource: sourceCounter},
+		{name: "counter before any server", counter: 3, respect: true, source: CountSourceDefault, wantCount: 3, wantSource: "static"},
+		{name: "received overwrites counter", counter: 3, respect: true, source: CountSourceDefault, received: []int{5}, wantCount: 5, wantSource: "received"},
+		{name: "largest received in the window", counter: 1, respect: true, source: CountSourceDefault, received: []int{3, 5, 3}, wantCount: 5, wantSource: "received"},
+		{name: "window forgets old counts", counter: 1, respect: true, source: CountSourceDefault, received: []int{9, 3, 3, 3}, wantCount: 3, wantSource: "received"},
+		{name: "received ignored", counter: 3, respect: false, source: CountSourceDefault, received: []int{5}, wantCount: 3, wantSource: "static"},
+		{name: "max takes received when larger", counter: 3, respect: false, source: CountSourceMax, received: []int{5}, wantCount: 5, wantSource: "received"},
+		{name: "max takes counter when larger", counter: 6, respect: true, source: CountSourceMax, received: []int{5}, wantCount: 6, wantSource: "static"},
+		{name: "received zero is at least one", counter: 3, respect: true, source: CountSourceDefault, received: []int{0}, wantCount: 1, wantSource: "received"},
+		{name: "counter zero is at least one", counter: 0, respect: false, source: CountSourceDefault, wantCount: 1, wantSource: "static"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := targetPolicy{counter: servercounter.StaticServerCounter(tc.counter), respectReceived: tc.respect}
-			n, src := p.target(tc.received)
+			p := newPolicy(servercounter.StaticServerCounter(tc.counter), tc.respect, tc.source, time.Now)
+			for _, n := range tc.received {
+				p.observeReceived(n)
+			}
+			n, src := p.target(t.Context())
 			assert.Equal(t, tc.wantCount, n)
 			assert.Equal(t, tc.wantSource, src)
 		})
 	}
+}
+
+// settableCounter is a ServerCounter a test changes.
+type settableCounter struct{ n atomic.Int64 }
+
+func (c *settableCounter) CountServers() int { return int(c.n.Load()) }
+
+func TestTargetPolicyHoldsDecreases(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var counter settableCounter
+	p := newPolicy(&counter, false, CountSourceDefault, func() time.Time { return now })
+	step := func(d time.Duration, count, want int) {
+		t.Helper()
+		now = now.Add(d)
+		counter.n.Store(int64(count))
+		got, _ := p.target(t.Context())
+		assert.Equal(t, want, got, "at +%v with count %d", d, count)
+	}
+	step(0, 6, 6)
+	step(time.Second, 9, 9)    // increases apply at once
+	step(time.Second, 0, 9)    // a single empty answer changes nothing
+	step(10*time.Second, 2, 9) // still within the hold-down
+	step(10*time.Second, 4, 9) // the largest lower count is remembered
+	step(10*time.Second, 3, 4) // held 30s: drop to the largest seen
+	step(time.Second, 4, 4)    // back at the target
+	step(time.Second, 2, 4)    // a new hold starts
+	step(10*time.Second, 5, 5) // an increase ends it
+	step(40*time.Second, 5, 5) // steady
+	step(time.Second, 0, 5)    // NXDOMAIN during a rollout...
+	step(time.Second, 5, 5)    // ...for a moment: never reached 0
+	step(31*time.Second, 0, 5) // a new hold starts
+	step(31*time.Second, 0, 1) // held: the target floors at 1
 }
 
 // The metrics are registered on the Registerer and nowhere else.

@@ -18,7 +18,7 @@ import (
 //	| konnectivity_network_proxy_agent_endpoint_dial_failure_total      | counter | reason=timeout|unknown          | failed endpoint dials                                    |
 //	| konnectivity_network_proxy_agent_open_endpoint_connections        | gauge   | -                               | open endpoint (tunnel) connections                       |
 //	| servercount_agent_server_dials_total                              | counter | result=ok|duplicate|error       | server dials by outcome                                  |
-//	| servercount_agent_target_server_count                             | gauge   | source=counter|received         | the target, labelled by the source that decided it; one series at a time |
+//	| servercount_agent_target_server_count                             | gauge   | source=static|dns|fallback|override|received | the target, labelled by the source that decided it; one series at a time |
 //	| servercount_agent_sync_rounds_total                               | counter | -                               | rounds of the sync loop, dialing or not                  |
 const (
 	upstreamNamespace = "konnectivity_network_proxy"
@@ -48,22 +48,9 @@ const (
 	dialDuplicate dialResult = "duplicate"
 	// dialError: no stream, or a handshake that broke the protocol.
 	dialError dialResult = "error"
+	// dialNone: no dial was made, as every resolved endpoint is connected.
+	dialNone dialResult = "none"
 )
-
-// countSource says where the target server count came from; it labels
-// target_server_count.
-type countSource string
-
-// Sources of the target.
-const (
-	// sourceCounter: Config.Counter.
-	sourceCounter countSource = "counter"
-	// sourceReceived: the serverCount header of a server.
-	sourceReceived countSource = "received"
-)
-
-// String returns the label value.
-func (s countSource) String() string { return string(s) }
 
 // metrics holds the agent's collectors. It is safe for concurrent use.
 type metrics struct {
@@ -108,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		targetCount: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ourNamespace, Subsystem: ourSubsystem,
 			Name: "target_server_count",
-			Help: "Server count the agent aims for, labelled by the source that decided it (counter, received).",
+			Help: "Server count the agent aims for, labelled by the source that decided it (static, dns, fallback, override, received).",
 		}, []string{"source"}),
 		syncRounds: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ourNamespace, Subsystem: ourSubsystem,
@@ -149,15 +136,13 @@ func (m *metrics) collectors() []prometheus.Collector {
 func (m *metrics) setOpenServerConnections(n int) { m.openServerConns.Set(float64(n)) }
 
 // setTarget records the target and where it came from, keeping one series
-// of target_server_count.
-func (m *metrics) setTarget(n int, src countSource) {
+// of target_server_count: the previous source's is deleted.
+func (m *metrics) setTarget(n int, src, oldSrc string) {
 	m.knownServerCount.Set(float64(n))
-	other := sourceCounter
-	if src == sourceCounter {
-		other = sourceReceived
+	if oldSrc != src {
+		m.targetCount.DeleteLabelValues(oldSrc)
 	}
-	m.targetCount.DeleteLabelValues(string(other))
-	m.targetCount.WithLabelValues(string(src)).Set(float64(n))
+	m.targetCount.WithLabelValues(src).Set(float64(n))
 }
 
 // endpointDialFailed counts a failed endpoint dial.
