@@ -33,9 +33,18 @@ func Run(ctx context.Context, o *options.Options) error {
 	if err != nil {
 		return err
 	}
+	var counter servercounter.ServerCounter = servercounter.StaticServerCounter(o.ServerCount)
+	if o.DNS.Enabled() {
+		cache, err := o.DNS.Build(reg, "server", o.ServerCount)
+		if err != nil {
+			return err
+		}
+		defer cache.Close()
+		counter = cache
+	}
 	cfg := server.Config{
 		ServerID:           o.ServerID,
-		Counter:            servercounter.StaticServerCounter(o.ServerCount),
+		Counter:            counter,
 		Strategies:         strategies,
 		BackendDialTimeout: o.BackendDialTimeout,
 		Registerer:         reg,

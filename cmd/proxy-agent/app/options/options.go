@@ -13,6 +13,8 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -38,6 +40,14 @@ type Options struct {
 	SyncForever             bool
 	ServerCountSource       string
 
+	// DNS counts servers through their headless Service (--server-count-dns).
+	DNS *dnscount.Options
+	// ServerCountHoldDown is how long a lower count must persist before
+	// the agent aims for it.
+	ServerCountHoldDown time.Duration
+	// ServerDialMode is lb or resolved.
+	ServerDialMode string
+
 	HealthServerHost         string
 	HealthServerPort         int
 	AdminBindAddress         string
@@ -61,21 +71,24 @@ type Options struct {
 // NewOptions returns upstream's defaults.
 func NewOptions() *Options {
 	return &Options{
-		AgentID:            randomID(),
-		ProxyServerHost:    "127.0.0.1",
-		ProxyServerPort:    8091,
-		KeepaliveTime:      time.Hour,
-		SyncInterval:       time.Second,
-		SyncIntervalCap:    10 * time.Second,
-		ProbeInterval:      time.Second,
-		ServerCountSource:  "default",
-		HealthServerPort:   8093,
-		AdminBindAddress:   "127.0.0.1",
-		AdminServerPort:    8094,
-		KubeAPIContentType: "application/vnd.kubernetes.protobuf",
-		LeaseLabelSelector: "k8s-app=konnectivity-server",
-		LeaseNamespace:     "kube-system",
-		XfrChannelSize:     150,
+		AgentID:             randomID(),
+		ProxyServerHost:     "127.0.0.1",
+		ProxyServerPort:     8091,
+		KeepaliveTime:       time.Hour,
+		SyncInterval:        time.Second,
+		SyncIntervalCap:     10 * time.Second,
+		ProbeInterval:       time.Second,
+		ServerCountSource:   "default",
+		HealthServerPort:    8093,
+		AdminBindAddress:    "127.0.0.1",
+		AdminServerPort:     8094,
+		KubeAPIContentType:  "application/vnd.kubernetes.protobuf",
+		LeaseLabelSelector:  "k8s-app=konnectivity-server",
+		LeaseNamespace:      "kube-system",
+		XfrChannelSize:      150,
+		DNS:                 dnscount.NewOptions(),
+		ServerCountHoldDown: agent.DefaultHoldDown,
+		ServerDialMode:      string(agent.DialLoadBalancer),
 	}
 }
 
@@ -97,7 +110,10 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.SyncIntervalCap, "sync-interval-cap", o.SyncIntervalCap, "longest time between attempts after failures")
 	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "time between health checks of server connections")
 	fs.BoolVar(&o.SyncForever, "sync-forever", o.SyncForever, "keep opening connections even when connected to every server")
-	fs.StringVar(&o.ServerCountSource, "server-count-source", o.ServerCountSource, "how to combine server counts: default or max")
+	fs.StringVar(&o.ServerCountSource, "server-count-source", o.ServerCountSource, "how to combine server counts: default (DNS when --server-count-dns is set, else what servers report) or max (the larger of the two)")
+	o.DNS.AddFlags(fs, true)
+	fs.DurationVar(&o.ServerCountHoldDown, "server-count-hold-down", o.ServerCountHoldDown, "how long a lower server count must persist before the agent aims for it (increases apply at once)")
+	fs.StringVar(&o.ServerDialMode, "server-dial-mode", o.ServerDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
 	fs.StringVar(&o.HealthServerHost, "health-server-host", o.HealthServerHost, "address for the health port (empty: all)")
 	fs.IntVar(&o.HealthServerPort, "health-server-port", o.HealthServerPort, "port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.AdminBindAddress, "admin-bind-address", o.AdminBindAddress, "address for the admin port")
@@ -153,6 +169,15 @@ func (o *Options) Validate() []error {
 	}
 	if o.ServerCountSource != "default" && o.ServerCountSource != "max" {
 		errs = append(errs, fmt.Errorf("invalid --server-count-source %q: use default or max", o.ServerCountSource))
+	}
+	errs = append(errs, o.DNS.Validate()...)
+	if o.ServerCountHoldDown < 0 {
+		errs = append(errs, fmt.Errorf("invalid --server-count-hold-down %v: must not be negative", o.ServerCountHoldDown))
+	}
+	if mode, err := agent.ParseDialMode(o.ServerDialMode); err != nil {
+		errs = append(errs, fmt.Errorf("invalid --server-dial-mode: %w", err))
+	} else if mode == agent.DialResolved && !o.DNS.Enabled() {
+		errs = append(errs, errors.New("--server-dial-mode=resolved needs --server-count-dns: the addresses to dial come from it"))
 	}
 	if o.CountServerLeases {
 		errs = append(errs, errors.New("--count-server-leases is not supported: this agent does not read the Kubernetes API; count servers from the proxy-servers' headers (the default) instead"))

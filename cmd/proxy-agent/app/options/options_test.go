@@ -57,6 +57,11 @@ func TestValidate(t *testing.T) {
 		{name: "bad source", args: []string{"--server-count-source=leases"}, wantErr: []string{`invalid --server-count-source "leases": use default or max`}},
 		{name: "bad identifiers", args: []string{"--agent-identifiers=default-route=maybe"}, wantErr: []string{"invalid --agent-identifiers"}},
 		{name: "bad port", args: []string{"--health-server-port=70000"}, wantErr: []string{"invalid --health-server-port 70000"}},
+		{name: "dns counting", args: []string{"--server-count-dns=proxy.kube-system.svc.cluster.local", "--server-dial-mode=resolved", "--server-count-source=max"}},
+		{name: "resolved needs dns", args: []string{"--server-dial-mode=resolved"}, wantErr: []string{"--server-dial-mode=resolved needs --server-count-dns"}},
+		{name: "bad dial mode", args: []string{"--server-dial-mode=nearest"}, wantErr: []string{"invalid --server-dial-mode"}},
+		{name: "bad dns type", args: []string{"--server-count-dns=x.example", "--server-count-dns-type=mx"}, wantErr: []string{"invalid --server-count-dns-type"}},
+		{name: "negative hold-down", args: []string{"--server-count-hold-down=-1s"}, wantErr: []string{"invalid --server-count-hold-down"}},
 		{name: "every problem at once", args: []string{"--agent-id=", "--proxy-server-host=", "--probe-interval=0s"},
 			wantErr: []string{"--agent-id must not be empty", "--proxy-server-host must not be empty", "must be positive"}},
 	}

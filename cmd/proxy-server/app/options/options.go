@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/pkg/server"
 )
 
@@ -59,6 +60,10 @@ type Options struct {
 	GracefulShutdownTimeout  time.Duration
 	DeleteExistingUDSFile    bool
 	EnableContentionProfiler bool
+
+	// DNS counts servers through their headless Service
+	// (--server-count-dns); --server-count is then the fallback.
+	DNS *dnscount.Options
 }
 
 // NewOptions returns the defaults: upstream's, so that an existing manifest
@@ -77,6 +82,7 @@ func NewOptions() *Options {
 		KeepaliveTime:           time.Hour,
 		FrontendKeepaliveTime:   time.Hour,
 		GracefulShutdownTimeout: 15 * time.Second,
+		DNS:                     dnscount.NewOptions(),
 	}
 }
 
@@ -84,7 +90,7 @@ func NewOptions() *Options {
 func (o *Options) Flags() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("proxy-server", pflag.ContinueOnError)
 	fs.StringVar(&o.ServerID, "server-id", o.ServerID, "unique ID of this server, sent to agents (default: random)")
-	fs.IntVar(&o.ServerCount, "server-count", o.ServerCount, "number of proxy-server replicas, sent to agents so that they connect to each")
+	fs.IntVar(&o.ServerCount, "server-count", o.ServerCount, "number of proxy-server replicas, sent to agents so that they connect to each; with --server-count-dns, the count until DNS answers")
 	fs.StringVar(&o.Mode, "mode", o.Mode, "frontend protocol: grpc or http-connect")
 	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "serve the frontend on this Unix socket instead of --server-port")
 	fs.BoolVar(&o.DeleteExistingUDSFile, "delete-existing-uds-file", o.DeleteExistingUDSFile, "remove an existing file at --uds-name before listening")
@@ -111,6 +117,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.FrontendKeepaliveTime, "frontend-keepalive-time", o.FrontendKeepaliveTime, "time between keepalive pings to frontends")
 	fs.DurationVar(&o.BackendDialTimeout, "backend-dial-timeout", o.BackendDialTimeout, "give up on an agent's dial after this long (0: wait)")
 	fs.DurationVar(&o.GracefulShutdownTimeout, "graceful-shutdown-timeout", o.GracefulShutdownTimeout, "how long to wait for streams to end on SIGTERM")
+	o.DNS.AddFlags(fs, false)
 	return fs
 }
 
@@ -148,6 +155,7 @@ func (o *Options) Validate() []error {
 	if o.KeepaliveTime <= 0 || o.FrontendKeepaliveTime <= 0 {
 		errs = append(errs, errors.New("--keepalive-time and --frontend-keepalive-time must be positive"))
 	}
+	errs = append(errs, o.DNS.Validate()...)
 	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 {
 		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
 	}
