@@ -1,0 +1,224 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/servercount/servercount/internal/pki"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// TestBinariesTunnelARequest builds proxy-server and proxy-agent, runs them
+// as processes with TLS from files, as the README shows, and sends an HTTP
+// request through an HTTP CONNECT tunnel.
+func TestBinariesTunnelARequest(t *testing.T) {
+	dir := t.TempDir()
+	bin := func(name string) string {
+		out := filepath.Join(dir, name)
+		b, err := exec.CommandContext(t.Context(), "go", "build", "-o", out, "../"+name).CombinedOutput()
+		require.NoError(t, err, "go build %s: %s", name, b)
+		return out
+	}
+	serverBin, agentBin := bin("proxy-server"), bin("proxy-agent")
+
+	ca, err := pki.NewCA("test-ca")
+	require.NoError(t, err)
+	caFile, err := ca.WriteFile(dir, "ca")
+	require.NoError(t, err)
+	write := func(name string, issue func() (*pki.Pair, error)) (string, string) {
+		p, err := issue()
+		require.NoError(t, err)
+		c, k, err := p.WriteFiles(dir, name)
+		require.NoError(t, err)
+		return c, k
+	}
+	srvCert, srvKey := write("server", func() (*pki.Pair, error) { return ca.Server("proxy-server") })
+	agentCert, agentKey := write("agent", func() (*pki.Pair, error) { return ca.Client("proxy-agent") })
+	client, err := ca.Client("kube-apiserver")
+	require.NoError(t, err)
+
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "hello through the tunnel") }))
+	defer target.Close()
+
+	ports := freePorts(t, 7)
+	server := start(t, serverBin,
+		"--mode=http-connect", "--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
+		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]),
+		"--cluster-cert="+srvCert, "--cluster-key="+srvKey, "--cluster-ca-cert="+caFile,
+		"--server-cert="+srvCert, "--server-key="+srvKey, "--server-ca-cert="+caFile, "--server-count=1")
+	agent := start(t, agentBin,
+		"--proxy-server-host=localhost", port("proxy-server-port", ports[1]),
+		"--ca-cert="+caFile, "--agent-cert="+agentCert, "--agent-key="+agentKey,
+		"--health-server-host=127.0.0.1", port("health-server-port", ports[4]), port("admin-server-port", ports[5]),
+		"--sync-interval=50ms")
+
+	readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2])
+	require.Eventually(t, func() bool { return status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "server ready")
+	require.Eventually(t, func() bool { return status(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[4])) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent ready")
+
+	// The request, through CONNECT over mTLS, as kube-apiserver would.
+	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]), &tls.Config{
+		RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost",
+	})
+	require.NoError(t, err)
+	defer conn.Close()
+	host := strings.TrimPrefix(target.URL, "http://")
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", host, host)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+	resp, err = http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, "hello through the tunnel", string(body))
+
+	metrics := get(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[4]))
+	assert.Contains(t, metrics, "konnectivity_network_proxy_agent_open_server_connections 1")
+
+	// First SIGTERM drains and keeps serving; the second stops, cleanly.
+	require.NoError(t, agent.Process.Signal(syscall.SIGTERM))
+	require.Eventually(t, func() bool { return strings.Contains(agent.stderr.String(), "Draining") }, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, http.StatusOK, status(fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[4])), "a draining agent is alive")
+	require.NoError(t, agent.Process.Signal(syscall.SIGTERM))
+	assert.NoError(t, agent.wait(t), agent.stderr.String())
+	require.NoError(t, server.Process.Signal(syscall.SIGTERM))
+	assert.NoError(t, server.wait(t), server.stderr.String())
+}
+
+func TestBinariesRejectBadFlagsWithOneLine(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"proxy-agent", []string{"--server-dial-mode=resolved"}, "proxy-agent: --server-dial-mode=resolved needs --server-count-dns: the addresses to dial come from it"},
+		{"proxy-agent", []string{"--no-such-flag"}, "proxy-agent: unknown flag: --no-such-flag"},
+		{"proxy-server", []string{"--mode=socks", "--insecure-plaintext"}, `proxy-server: invalid --mode "socks": use grpc or http-connect`},
+	} {
+		out := filepath.Join(dir, tc.name)
+		if _, err := os.Stat(out); err != nil {
+			b, err := exec.CommandContext(t.Context(), "go", "build", "-o", out, "../"+tc.name).CombinedOutput()
+			require.NoError(t, err, "%s", b)
+		}
+		cmd := exec.CommandContext(t.Context(), out, tc.args...)
+		b, err := cmd.CombinedOutput()
+		require.Error(t, err)
+		assert.Equal(t, 2, cmd.ProcessState.ExitCode())
+		assert.Equal(t, tc.want, strings.TrimSpace(string(b)))
+	}
+}
+
+type process struct {
+	*exec.Cmd
+	stderr *syncBuilder
+	done   chan error
+}
+
+func (p *process) wait(t *testing.T) error {
+	select {
+	case err := <-p.done:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Errorf("%s did not exit within 20s", p.Path)
+		_ = p.Process.Kill()
+		return <-p.done
+	}
+}
+
+func start(t *testing.T, bin string, args ...string) *process {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	p := &process{Cmd: cmd, stderr: &syncBuilder{mu: make(chan struct{}, 1)}, done: make(chan error, 1)}
+	cmd.Stdout, cmd.Stderr = p.stderr, p.stderr
+	require.NoError(t, cmd.Start())
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", filepath.Base(bin), p.stderr.String())
+		}
+	})
+	return p
+}
+
+func port(flag string, p int) string { return fmt.Sprintf("--%s=%d", flag, p) }
+
+// freePorts returns n loopback ports that were free a moment ago.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ports []int
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+func status(url string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+// syncBuilder is a strings.Builder safe for a process's concurrent writes.
+type syncBuilder struct {
+	mu chan struct{}
+	b  strings.Builder
+}
+
+func (s *syncBuilder) lock() func() {
+	s.mu <- struct{}{}
+	return func() { <-s.mu }
+}
+
+func (s *syncBuilder) Write(p []byte) (int, error) { defer s.lock()(); return s.b.Write(p) }
+func (s *syncBuilder) String() string              { defer s.lock()(); return s.b.String() }
