@@ -5,7 +5,7 @@ BIN         := $(CURDIR)/bin
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test lint bench demo clean certs
+.PHONY: all build test lint bench demo demo-probe clean certs
 
 all: lint test build
 
@@ -31,9 +31,13 @@ $(STATICCHECK):
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./pkg/...
 
-## demo: the probe against an embedded DNS server while a Service scales
+## demo: an agent following proxy-servers as they scale 3 -> 5 -> 2, through DNS
 demo:
 	$(GO) run ./examples/demo
+
+## demo-probe: the servercount probe against an embedded DNS server while a Service scales
+demo-probe:
+	$(GO) run ./examples/probe
 
 clean:
 	rm -rf $(BIN)

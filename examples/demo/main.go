@@ -1,90 +1,42 @@
-// Command demo shows servercount on one machine with no set-up: it starts
-// an embedded DNS server serving a headless Service, then runs the
-// servercount probe against it while the Service scales and its DNS fails.
+// Command demo shows servercount's reason to be, on one machine with no
+// set-up: a proxy-agent that counts proxy-servers through DNS follows them
+// as they scale from 3 to 5 and down to 2.
+//
+// It starts an embedded DNS server serving a headless-style name, an HTTP
+// target, proxy-servers on loopback addresses 127.0.0.2 and up (each the
+// proxy-server command's own code, run in this process with its flags),
+// and one proxy-agent with --server-count-dns and
+// --server-dial-mode=resolved. At each step it prints what the agent
+// counts, how many servers it holds, how many dials it spent, and a
+// request proxied through each server. It ends by itself and stops
+// everything it started.
 //
 //	make demo   (or: go run ./examples/demo)
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"strings"
 	"time"
 
-	"github.com/servercount/servercount/cmd/servercount/app"
-	"github.com/servercount/servercount/internal/dnstest"
-	"github.com/servercount/servercount/pkg/servercounter"
+	"k8s.io/klog/v2"
 )
 
-const svc = "proxy-server.kube-system.svc.cluster.local."
-
 func main() {
-	if err := run(context.Background(), os.Stdout); err != nil {
+	// The servers and the agent log as the binaries do; the demo's own
+	// lines tell the story.
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("logtostderr", "false")
+	klog.SetOutput(io.Discard)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := run(ctx, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
-}
-
-func run(ctx context.Context, out io.Writer) error {
-	srv, err := dnstest.Start()
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
-	scale := func(n int) {
-		ips := make([]string, n)
-		for i := range ips {
-			ips[i] = net.IPv4(10, 0, 0, byte(i+1)).String()
-		}
-		srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, ips...)...)
-	}
-	probe := func(args ...string) {
-		args = append([]string{"@" + srv.Addr()}, args...)
-		fmt.Fprintf(out, "$ servercount %s\n", strings.Join(args, " "))
-		code := app.Run(ctx, args, out, out)
-		fmt.Fprintf(out, "(exit status %d)\n\n", code)
-	}
-	step := func(s string) { fmt.Fprintf(out, "=== %s\n\n", s) }
-
-	step("A headless Service with 3 ready proxy-servers, counted by SRV target")
-	scale(3)
-	probe("_agent._tcp." + svc)
-
-	step("Scaled to 5: the count follows DNS")
-	scale(5)
-	probe("--short", "_agent._tcp."+svc)
-
-	step("Scaled to 0: Kubernetes answers NXDOMAIN, a valid zero (exit 1)")
-	scale(0)
-	probe(svc)
-
-	step("DNS fails: the probe says the count is unknown (exit 2)")
-	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
-	probe("--timeout", "1s", svc)
-
-	step("A cached counter keeps its last good count through the outage")
-	srv.ClearFault()
-	scale(3)
-	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: svc, Servers: []string{srv.Addr()}, Attempts: 1})
-	if err != nil {
-		return err
-	}
-	cache, err := servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{Expiry: 50 * time.Millisecond, MinExpiry: 10 * time.Millisecond})
-	if err != nil {
-		return err
-	}
-	defer cache.Close()
-	fmt.Fprintf(out, "cached count: %d\n", cache.CountServers())
-	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
-	failed := srv.Queries("")
-	deadline := time.Now().Add(5 * time.Second)
-	for srv.Queries("") < failed+3 && time.Now().Before(deadline) {
-		cache.CountServers()
-		time.Sleep(10 * time.Millisecond) // a reader's pace, not synchronisation
-	}
-	fmt.Fprintf(out, "after %d failed refreshes: %d\n", srv.Queries("")-failed, cache.CountServers())
-	return nil
 }

@@ -13,20 +13,21 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func TestDemoRuns(t *testing.T) {
+// TestDemoFollowsScaling runs the whole demo: the agent must follow
+// 3 -> 5 -> 2 servers, spending one dial per server, and a request must
+// pass through every server at each step.
+func TestDemoFollowsScaling(t *testing.T) {
 	var out strings.Builder
 	require.NoError(t, run(t.Context(), &out))
 	got := out.String()
 	for _, want := range []string{
-		";; COUNT: 3, outcome: records",
-		"--short _agent._tcp." + svc + "\n5\n(exit status 0)",
-		"outcome: nxdomain, rcode: NXDOMAIN",
-		"(exit status 1)",
-		"server answered SERVFAIL",
-		"(exit status 2)",
-		"cached count: 3\n",
+		"agent: counts 3 servers (source dns), holds 3 connections, 3 dials so far (0 duplicates, 0 failed)",
+		"agent: counts 5 servers (source dns), holds 5 connections, 5 dials so far (0 duplicates, 0 failed)",
+		"agent: counts 2 servers (source dns), holds 2 connections, 5 dials so far (0 duplicates, 0 failed)",
+		"via proxy-server 127.0.0.6 -> \"hello from the cluster\"",
+		"done: every server, the agent and the DNS server are stopped",
 	} {
 		assert.Contains(t, got, want)
 	}
-	assert.Regexp(t, `after \d+ failed refreshes: 3\n`, got)
+	assert.Equal(t, 3+5+2, strings.Count(got, `-> "hello from the cluster"`), got)
 }
