@@ -157,18 +157,19 @@ func StartServer(tb testing.TB, env *Env, opts ServerOptions) *Server {
 	s := &Server{tb: tb, id: opts.ID, core: core, reg: opts.Registry, frontendTLS: env.ClientTLS(tb, "kube-apiserver")}
 
 	serverTLS := env.ServerTLS(tb, host)
-	listen := func(addr string) net.Listener {
+	var ls []net.Listener
+	for _, addr := range []string{opts.Addr, net.JoinHostPort(host, "0"), net.JoinHostPort(host, "0"), net.JoinHostPort(host, "0")} {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
+			for _, l := range ls {
+				l.Close()
+			}
 			core.Close()
 		}
 		require.NoError(tb, err, "listen on %s", addr)
-		return l
+		ls = append(ls, l)
 	}
-	al := listen(opts.Addr)
-	gl := listen(net.JoinHostPort(host, "0"))
-	cl := listen(net.JoinHostPort(host, "0"))
-	hl := listen(net.JoinHostPort(host, "0"))
+	al, gl, cl, hl := ls[0], ls[1], ls[2], ls[3]
 	s.agentAddr, s.grpcAddr, s.connectAddr, s.healthAddr = al.Addr().String(), gl.Addr().String(), cl.Addr().String(), hl.Addr().String()
 
 	s.agentGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(serverTLS)))...)
