@@ -51,6 +51,9 @@ type ClientSet struct {
 	// list, so that an unreachable server does not starve the others.
 	// Used only by the sync loop.
 	nextEndpoint int
+	// duplicates counts duplicate dials in a row. Used only by the sync
+	// loop.
+	duplicates int
 
 	// clientsWG counts the clients' goroutines. Add is called only by the
 	// sync loop, which has exited before Run waits.
@@ -216,7 +219,11 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 		bo.Reset()
 		return cs.cfg.SyncInterval
 	}
-	switch cs.dialServer(ctx) {
+	res := cs.dialServer(ctx)
+	if res != dialDuplicate {
+		cs.duplicates = 0
+	}
+	switch res {
 	case dialOK:
 		bo.Reset()
 		if cs.Connected() < cs.target(ctx) {
@@ -225,10 +232,24 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 		return cs.cfg.SyncInterval
 	case dialNone:
 		return cs.cfg.SyncInterval
-	default:
-		return min(bo.NextBackOff(), cs.cfg.SyncIntervalCap)
+	case dialDuplicate:
+		// A load balancer picked a server we have: it is up, so try again
+		// at once rather than waiting a sync interval per duplicate, as
+		// upstream does. Collecting N servers at random takes about
+		// N x H(N) dials; past a few times the target in a row, the count
+		// is likely higher than the servers behind the balancer, and the
+		// back-off applies.
+		cs.duplicates++
+		if cs.duplicates <= duplicateBudget*target && cs.Connected() < target {
+			return 0
+		}
 	}
+	return min(bo.NextBackOff(), cs.cfg.SyncIntervalCap)
 }
+
+// duplicateBudget times the target is how many duplicate dials in a row
+// the sync loop retries at once. N x H(N) stays below 4N up to N = 30.
+const duplicateBudget = 4
 
 // dialServer opens one gRPC connection and one Connect stream to
 // ServerAddress, reads the handshake and adds the server, unless it is
