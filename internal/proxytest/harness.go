@@ -172,9 +172,9 @@ func StartServer(tb testing.TB, env *Env, opts ServerOptions) *Server {
 	al, gl, cl, hl := ls[0], ls[1], ls[2], ls[3]
 	s.agentAddr, s.grpcAddr, s.connectAddr, s.healthAddr = al.Addr().String(), gl.Addr().String(), cl.Addr().String(), hl.Addr().String()
 
-	s.agentGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(serverTLS)))...)
+	s.agentGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent")))...)
 	wire.RegisterAgentServiceServer(s.agentGRPC, core)
-	s.frontendGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(serverTLS)))...)
+	s.frontendGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "frontend")))...)
 	client.RegisterProxyServiceServer(s.frontendGRPC, core)
 	s.connectHTTP = &http.Server{Handler: core.HTTPConnect(), ReadHeaderTimeout: StopTimeout}
 	health := http.NewServeMux()

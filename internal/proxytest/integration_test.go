@@ -579,8 +579,12 @@ func TestAgentAuth(t *testing.T) {
 			bad.Stop()
 			rejected := metric(t, srv.Registry(), metricRejections, "reason", server.RejectUnauthenticated.String())
 			if tt.token == "" {
-				// TLS refuses the agent before the server sees a stream.
+				// TLS refuses the agent before the server sees a stream;
+				// the agent port's credentials log it, one line a try.
 				assert.Equal(t, 0.0, rejected)
+				require.Eventually(t, func() bool {
+					return strings.Contains(logs.String(), `"Refused TLS connection"`) && strings.Contains(logs.String(), `port="agent"`)
+				}, waitFor, tick, "a log line for the refused TLS connection")
 				return
 			}
 			// One clear line per rejection, naming the agent and the reason.

@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
@@ -73,7 +72,7 @@ func Run(ctx context.Context, o *options.Options) error {
 		if err != nil {
 			return fmt.Errorf("agent port: %w", err)
 		}
-		agentOpts = append(agentOpts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(tlsCfg, "agent")))
 	}
 	agentGRPC := grpc.NewServer(agentOpts...)
 	wire.RegisterAgentServiceServer(agentGRPC, srv)
@@ -92,7 +91,7 @@ func Run(ctx context.Context, o *options.Options) error {
 	case options.ModeGRPC:
 		fopts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.FrontendKeepaliveTime}))
 		if frontendTLS != nil {
-			fopts = append(fopts, grpc.Creds(credentials.NewTLS(frontendTLS)))
+			fopts = append(fopts, grpc.Creds(server.TLSCredentials(frontendTLS, "frontend")))
 		}
 		fg := grpc.NewServer(fopts...)
 		client.RegisterProxyServiceServer(fg, srv)

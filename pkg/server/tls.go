@@ -1,0 +1,42 @@
+package server
+
+import (
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+
+	"google.golang.org/grpc/credentials"
+	"k8s.io/klog/v2"
+)
+
+// TLSCredentials returns gRPC transport credentials for cfg that log each
+// refused TLS handshake (a certificate from another CA, a missing client
+// certificate) in one line naming the port and the peer: gRPC itself
+// reports them only at its own info level, so an operator would see
+// nothing. A peer that closes before a handshake, as a TCP health check
+// does, is logged only at -v=2.
+func TLSCredentials(cfg *tls.Config, port string) credentials.TransportCredentials {
+	return loggedCredentials{TransportCredentials: credentials.NewTLS(cfg), port: port}
+}
+
+type loggedCredentials struct {
+	credentials.TransportCredentials
+	port string
+}
+
+func (c loggedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	nc, info, err := c.TransportCredentials.ServerHandshake(conn)
+	switch {
+	case err == nil:
+	case errors.Is(err, io.EOF):
+		klog.V(2).InfoS("Peer closed before the TLS handshake", "port", c.port, "remote", conn.RemoteAddr().String())
+	default:
+		klog.ErrorS(err, "Refused TLS connection", "port", c.port, "remote", conn.RemoteAddr().String())
+	}
+	return nc, info, err
+}
+
+func (c loggedCredentials) Clone() credentials.TransportCredentials {
+	return loggedCredentials{TransportCredentials: c.TransportCredentials.Clone(), port: c.port}
+}
