@@ -8,39 +8,21 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/cmd/proxy-agent/app"
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
+	"github.com/servercount/servercount/internal/serve"
 )
 
 func main() {
 	o := options.NewOptions()
 	fs := o.Flags()
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintf(os.Stderr, "proxy-agent: %v\n", err)
-		os.Exit(2)
-	}
-	if errs := o.Validate(); len(errs) > 0 {
-		for _, err := range errs {
-			fmt.Fprintf(os.Stderr, "proxy-agent: %v\n", err)
-		}
-		os.Exit(2)
-	}
+	serve.ParseFlags("proxy-agent", fs, os.Args[1:], o.Validate)
 	if ignored := o.Ignored(fs); len(ignored) > 0 {
 		klog.InfoS("Ignored flags that have no effect in this agent", "flags", ignored)
 	}
