@@ -235,21 +235,24 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	case dialDuplicate:
 		// A load balancer picked a server we have: it is up, so try again
 		// at once rather than waiting a sync interval per duplicate, as
-		// upstream does. Collecting N servers at random takes about
-		// N x H(N) dials; past a few times the target in a row, the count
-		// is likely higher than the servers behind the balancer, and the
-		// back-off applies.
+		// upstream does. With m of T servers missing, a random pick finds
+		// one with chance m/T, so duplicateBudget x T/m duplicates in a
+		// row happen by chance about once in e^10 (2 in 100000); more
+		// likely the count is higher than the servers behind the balancer,
+		// and the agent waits a sync interval between dials, as upstream,
+		// without growing it: the balancer answers, the servers are up.
 		cs.duplicates++
-		if cs.duplicates <= duplicateBudget*target && cs.Connected() < target {
+		if missing := target - cs.Connected(); missing > 0 && cs.duplicates <= duplicateBudget*target/missing+1 {
 			return 0
 		}
+		return cs.cfg.SyncInterval
 	}
 	return min(bo.NextBackOff(), cs.cfg.SyncIntervalCap)
 }
 
-// duplicateBudget times the target is how many duplicate dials in a row
-// the sync loop retries at once. N x H(N) stays below 4N up to N = 30.
-const duplicateBudget = 4
+// duplicateBudget sets how many duplicate dials in a row the sync loop
+// retries at once: duplicateBudget x target / missing servers.
+const duplicateBudget = 10
 
 // dialServer opens one gRPC connection and one Connect stream to
 // ServerAddress, reads the handshake and adds the server, unless it is
@@ -417,6 +420,9 @@ func (cs *ClientSet) add(ctx context.Context, c *client) dialResult {
 		cs.mu.Unlock()
 		c.closeUnstarted()
 		if dup {
+			// The stream is closed, but its count is news: with
+			// SyncForever that is how counts are learnt, as upstream does.
+			cs.policy.observeReceived(c.serverCount)
 			return dialDuplicate
 		}
 		return dialError

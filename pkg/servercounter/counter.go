@@ -179,11 +179,13 @@ func (n StaticServerCounter) Count(context.Context) (Result, error) {
 	return Result{Count: int(n), Found: int(n), Source: SourceStatic}, nil
 }
 
-// Endpoints returns where each counted server listens, as host:port,
-// sorted and without duplicates: for SRV records the target's address when
-// the answer carried it as glue (else the target name) and the record's
-// port; for A and AAAA records the address and defaultPort. A client can
-// dial them directly instead of going through a load balancer.
+// Endpoints returns where each counted server listens, as ip:port, sorted
+// and without duplicates: for SRV records the target's address, carried
+// in the answer as glue, and the record's port; for A and AAAA records the
+// address and defaultPort. A client can dial them directly instead of
+// going through a load balancer. SRV targets whose address the answer did
+// not carry (a truncated answer drops glue first) are left out rather than
+// returned as names, which the client would resolve elsewhere.
 func (r Result) Endpoints(defaultPort int) []string {
 	glue := map[string][]string{}
 	for _, rr := range r.Extra {
@@ -212,8 +214,6 @@ func (r Result) Endpoints(defaultPort int) []string {
 			// One endpoint per server: an SRV target's first glue address.
 			if addrs := glue[strings.ToLower(rr.Target)]; len(addrs) > 0 {
 				add(addrs[0], int(rr.Port))
-			} else {
-				add(strings.TrimSuffix(rr.Target, "."), int(rr.Port))
 			}
 		case *dns.A:
 			add(rr.A.String(), defaultPort)
