@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds (once) and caches the real programs the e2e suite runs:
+# kube-apiserver and CoreDNS, from the Go module proxy; etcd comes from
+# Debian (etcd-server). Prints the cache directory.
+#
+# kube-apiserver cannot be `go install`ed (k8s.io/kubernetes replaces its
+# staging modules), so it is built from a small wrapper module that
+# requires k8s.io/kubernetes and replaces each staging module with the
+# published one of the same release.
+set -euo pipefail
+
+KUBE_VERSION=${KUBE_VERSION:-v1.37.2}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+CACHE=${SERVERCOUNT_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/servercount-e2e}
+bin=$CACHE/bin
+mkdir -p "$bin"
+
+log() { echo "e2e binaries: $*" >&2; }
+
+if ! command -v etcd >/dev/null 2>&1; then
+  log "installing etcd-server from Debian"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+fi
+
+apiserver=$bin/kube-apiserver-$KUBE_VERSION
+if [ ! -x "$apiserver" ]; then
+  log "building kube-apiserver $KUBE_VERSION (about 9 minutes on 2 cores, once)"
+  work=$CACHE/build/kube-apiserver-$KUBE_VERSION
+  mkdir -p "$work"
+  staging_version=v0${KUBE_VERSION#v1}
+  {
+    echo "module servercount.local/kube-apiserver-build"
+    echo
+    echo "go 1.26"
+    echo
+    echo "require k8s.io/kubernetes $KUBE_VERSION"
+    echo
+    echo "replace ("
+    for m in api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider \
+      cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api \
+      cri-client csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms \
+      kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet \
+      metrics mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller \
+      streaming; do
+      echo "	k8s.io/$m => k8s.io/$m $staging_version"
+    done
+    echo ")"
+  } > "$work/go.mod"
+  cat > "$work/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+GO
+  (cd "$work" && GOFLAGS=-mod=mod go mod tidy >&2 && go build -o "$apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver >&2)
+  mv "$apiserver.tmp" "$apiserver"
+fi
+
+coredns=$bin/coredns-$COREDNS_VERSION
+if [ ! -x "$coredns" ]; then
+  log "building CoreDNS $COREDNS_VERSION (about 5 minutes on 2 cores, once)"
+  tmp=$CACHE/build/coredns-$COREDNS_VERSION
+  mkdir -p "$tmp"
+  GOBIN=$tmp go install "github.com/coredns/coredns@$COREDNS_VERSION" >&2
+  mv "$tmp/coredns" "$coredns"
+fi
+
+echo "$CACHE"
