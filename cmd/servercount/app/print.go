@@ -61,6 +61,31 @@ func (p *printer) printDig(res servercounter.Result, err error) {
 	fmt.Fprintf(p.w, ";; COUNT: %d%s, outcome: %s, rcode: %s, transport: %s, truncated: %s, min TTL: %s, query time: %s, server: %s\n",
 		res.Count, clamped(res), res.Outcome, dns.RcodeToString[res.Rcode], res.Transport, lowerBound(res),
 		res.TTL, res.Duration.Round(10*time.Microsecond), res.Server)
+	if h := hint(res, p.types); h != "" {
+		fmt.Fprintf(p.w, ";; HINT: %s\n", h)
+	}
+}
+
+// hint explains a zero count in Kubernetes terms, where a zero is most
+// often a name that does not match the Service rather than no servers.
+func hint(res servercounter.Result, typ servercounter.RecordType) string {
+	if res.Count > 0 {
+		return ""
+	}
+	switch {
+	case res.Outcome == servercounter.OutcomeNXDomain && typ == servercounter.TypeSRV:
+		return "Kubernetes answers NXDOMAIN for an SRV name when the Service has no port of that name " +
+			"(_<port name>._<protocol>.<service>.<namespace>.svc.<zone>: the port's name, not its number) " +
+			"or no ready endpoint; check the Service's port names and `kubectl get endpointslices`"
+	case res.Outcome == servercounter.OutcomeNXDomain:
+		return "Kubernetes answers NXDOMAIN for a headless Service with no ready endpoint, and for a Service or " +
+			"namespace that does not exist; check `kubectl get endpointslices -l kubernetes.io/service-name=<service>`"
+	case res.Outcome == servercounter.OutcomeNoData && typ == servercounter.TypeSRV:
+		return "the name exists but has no SRV records: SRV names look like _<port name>._<protocol>.<service>.<namespace>.svc.<zone>"
+	case res.Outcome == servercounter.OutcomeNoData:
+		return "the name exists but has no addresses of the types asked for; try --type srv or --type ip"
+	}
+	return ""
 }
 
 // printWatch prints one line for a change seen by --watch.
@@ -96,6 +121,7 @@ type jsonResult struct {
 	Server     string   `json:"server,omitempty"`
 	Answer     []string `json:"answer"`
 	Extra      []string `json:"extra,omitempty"`
+	Hint       string   `json:"hint,omitempty"`
 	Error      string   `json:"error,omitempty"`
 	ErrorKind  string   `json:"errorKind,omitempty"`
 }
@@ -121,6 +147,7 @@ func (p *printer) printJSON(res servercounter.Result, err error) {
 	} else {
 		j.Count = &res.Count
 		j.Outcome, j.Rcode, j.Transport = res.Outcome.String(), dns.RcodeToString[res.Rcode], res.Transport.String()
+		j.Hint = hint(res, p.types)
 	}
 	for _, rr := range res.Answer {
 		j.Answer = append(j.Answer, rr.String())

@@ -80,6 +80,8 @@ func TestRunExitCodes(t *testing.T) {
 		{name: "tcp", args: []string{"@" + srv.Addr(), "--tcp", svc}, wantCode: app.ExitOK, wantStdout: "transport: tcp,"},
 		{name: "nxdomain", args: []string{"@" + srv.Addr(), "gone." + svc}, wantCode: app.ExitZero, wantStdout: "outcome: nxdomain, rcode: NXDOMAIN"},
 		{name: "nodata", args: []string{"@" + srv.Addr(), "--type", "srv", svc}, wantCode: app.ExitZero, wantStdout: "outcome: nodata, rcode: NOERROR"},
+		{name: "wrong port name explained", args: []string{"@" + srv.Addr(), "_nope._tcp." + svc}, wantCode: app.ExitZero,
+			wantStdout: ";; HINT: Kubernetes answers NXDOMAIN for an SRV name when the Service has no port of that name"},
 		{name: "servfail", args: []string{"@" + failing.Addr(), "--timeout", "1s", svc}, wantCode: app.ExitError,
 			wantStderr: "servercount: count servers at " + svc + ": server answered SERVFAIL from " + failing.Addr() + " after 3 attempts (the nameserver could not resolve the name; check its logs and upstreams)\n"},
 		{name: "server down", args: []string{"@" + down, "--timeout", "1s", svc}, wantCode: app.ExitError, wantStderr: "servercount: count servers at " + svc + ": "},
