@@ -19,6 +19,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/internal/tokenreview"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
@@ -48,8 +49,16 @@ func Run(ctx context.Context, o *options.Options) error {
 		BackendDialTimeout: o.BackendDialTimeout,
 		Registerer:         reg,
 	}
-	if o.AgentTokenFile != "" {
+	switch {
+	case o.AgentTokenFile != "":
 		if cfg.Authenticator, err = server.NewTokenFileAuthenticator(o.AgentTokenFile); err != nil {
+			return err
+		}
+	case o.AgentNamespace != "":
+		if cfg.Authenticator, err = tokenreview.New(tokenreview.Config{
+			Kubeconfig: o.Kubeconfig, Audience: o.AuthenticationAudience,
+			Namespace: o.AgentNamespace, ServiceAccount: o.AgentServiceAccount,
+		}); err != nil {
 			return err
 		}
 	}

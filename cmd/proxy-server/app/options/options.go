@@ -64,6 +64,12 @@ type Options struct {
 	// DNS counts servers through their headless Service
 	// (--server-count-dns); --server-count is then the fallback.
 	DNS *dnscount.Options
+
+	// Token authentication of agents through TokenReviews, as upstream.
+	AgentNamespace         string
+	AgentServiceAccount    string
+	AuthenticationAudience string
+	Kubeconfig             string
 }
 
 // NewOptions returns the defaults: upstream's, so that an existing manifest
@@ -118,6 +124,10 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.BackendDialTimeout, "backend-dial-timeout", o.BackendDialTimeout, "give up on an agent's dial after this long (0: wait)")
 	fs.DurationVar(&o.GracefulShutdownTimeout, "graceful-shutdown-timeout", o.GracefulShutdownTimeout, "how long to wait for streams to end on SIGTERM")
 	o.DNS.AddFlags(fs, false)
+	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "namespace of the agents' service account; with --agent-service-account, agents must present its token, checked with a TokenReview")
+	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", o.AgentServiceAccount, "the agents' service account")
+	fs.StringVar(&o.AuthenticationAudience, "authentication-audience", o.AuthenticationAudience, "audience agents' tokens must have (empty: the API server's default)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig to reach the API server for TokenReviews (empty: in-cluster)")
 	return fs
 }
 
@@ -156,6 +166,15 @@ func (o *Options) Validate() []error {
 		errs = append(errs, errors.New("--keepalive-time and --frontend-keepalive-time must be positive"))
 	}
 	errs = append(errs, o.DNS.Validate()...)
+	if (o.AgentNamespace == "") != (o.AgentServiceAccount == "") {
+		errs = append(errs, errors.New("--agent-namespace and --agent-service-account go together: set both to check agents' service-account tokens, or neither"))
+	}
+	if o.AgentNamespace != "" && o.AgentTokenFile != "" {
+		errs = append(errs, errors.New("--agent-token-file and --agent-service-account exclude each other: pick one way to check agents' tokens"))
+	}
+	if o.AgentNamespace == "" && (o.AuthenticationAudience != "" || o.Kubeconfig != "") {
+		errs = append(errs, errors.New("--authentication-audience and --kubeconfig need --agent-namespace and --agent-service-account"))
+	}
 	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 {
 		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
 	}

@@ -35,6 +35,10 @@ func TestValidate(t *testing.T) {
 		{name: "bad mode", args: append([]string{"--mode=socks"}, tlsFlags...), wantErr: []string{`invalid --mode "socks": use grpc or http-connect`}},
 		{name: "zero servers", args: append([]string{"--server-count=0"}, tlsFlags...), wantErr: []string{"invalid --server-count 0: must be at least 1"}},
 		{name: "bad strategy", args: append([]string{"--proxy-strategies=destHost,nearest"}, tlsFlags...), wantErr: []string{"invalid --proxy-strategies"}},
+		{name: "token review", args: append([]string{"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=system:konnectivity-server"}, tlsFlags...)},
+		{name: "service account alone", args: append([]string{"--agent-service-account=konnectivity-agent"}, tlsFlags...), wantErr: []string{"--agent-namespace and --agent-service-account go together"}},
+		{name: "two token checks", args: append([]string{"--agent-namespace=a", "--agent-service-account=b", "--agent-token-file=/t"}, tlsFlags...), wantErr: []string{"--agent-token-file and --agent-service-account exclude each other"}},
+		{name: "audience without service account", args: append([]string{"--authentication-audience=x"}, tlsFlags...), wantErr: []string{"--authentication-audience and --kubeconfig need --agent-namespace"}},
 		{name: "bad port", args: append([]string{"--agent-port=99999"}, tlsFlags...), wantErr: []string{"invalid --agent-port 99999"}},
 	}
 	for _, tc := range tests {
