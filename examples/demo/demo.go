@@ -39,8 +39,10 @@ type demo struct {
 	target  string // the HTTP target's host:port
 	ports   ports
 	servers map[string]*runningServer // by IP
-	client  tls.Certificate
-	ca      *pki.CA
+	// agentHealth is the agent's health URL, once it runs.
+	agentHealth string
+	client      tls.Certificate
+	ca          *pki.CA
 }
 
 // ports are shared by every server, each on its own loopback IP, as pods
@@ -85,6 +87,7 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		return err
 	}
 	defer stopAgent()
+	d.agentHealth = agentHealth
 	if err := d.step(ctx, "3 proxy-servers, one agent", agentHealth, 3); err != nil {
 		return err
 	}
@@ -122,6 +125,16 @@ func (d *demo) scale(ctx context.Context, n int) error {
 		}
 	}
 	d.dns.SetRecords(dnstest.Headless(svc, "agent", "tcp", uint16(d.ports.agent), ips...)...)
+	// A server leaves DNS before it stops, as a terminating pod leaves its
+	// Service's endpoints first: wait until the agent's DNS count shows it.
+	if d.agentHealth != "" && len(d.servers) > n {
+		err := waitUntil(ctx, func() bool {
+			return scrape(d.agentHealth+"/metrics").dnsCount == n
+		}, fmt.Sprintf("the agent's DNS count to show %d servers", n))
+		if err != nil {
+			return err
+		}
+	}
 	for addr, s := range d.servers {
 		if !contains(ips, addr) {
 			s.stop()
@@ -284,14 +297,15 @@ func (d *demo) writeCerts() error {
 
 // agentMetrics are the agent's metrics the demo prints.
 type agentMetrics struct {
-	target, connections         int
-	source                      string
-	dialsOK, dialsDup, dialsErr int
+	target, connections, dnsCount int
+	source                        string
+	dialsOK, dialsDup, dialsErr   int
 }
 
 var (
 	reTarget = regexp.MustCompile(`(?m)^servercount_agent_target_server_count\{source="([a-z]+)"\} (\d+)`)
 	reConns  = regexp.MustCompile(`(?m)^konnectivity_network_proxy_agent_open_server_connections (\d+)`)
+	reDNS    = regexp.MustCompile(`(?m)^servercount_agent_dns_server_count (\d+)`)
 	reDials  = regexp.MustCompile(`(?m)^servercount_agent_server_dials_total\{result="([a-z]+)"\} (\d+)`)
 )
 
@@ -309,6 +323,9 @@ func scrape(url string) agentMetrics {
 	}
 	if g := reConns.FindSubmatch(b); g != nil {
 		m.connections, _ = strconv.Atoi(string(g[1]))
+	}
+	if g := reDNS.FindSubmatch(b); g != nil {
+		m.dnsCount, _ = strconv.Atoi(string(g[1]))
 	}
 	for _, g := range reDials.FindAllSubmatch(b, -1) {
 		n, _ := strconv.Atoi(string(g[2]))
