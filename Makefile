@@ -5,7 +5,7 @@ BIN         := $(CURDIR)/bin
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test lint bench demo demo-probe clean certs
+.PHONY: all build test lint bench demo demo-probe clean certs e2e
 
 all: lint test build
 
@@ -23,6 +23,7 @@ lint: $(STATICCHECK)
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
+	cd e2e && $(GO) vet ./...
 
 $(STATICCHECK):
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
@@ -45,3 +46,10 @@ clean:
 ## certs: a local CA and certificates for a server, an agent and a client, in ./certs
 certs:
 	$(GO) run ./examples/certs certs
+
+## e2e: end-to-end scenarios against real etcd, kube-apiserver and CoreDNS
+## (builds and caches kube-apiserver and CoreDNS under ~/.cache the first
+## time: about 15 minutes on 2 cores; then about 2 minutes). Needs root for
+## its network namespace.
+e2e:
+	cd e2e && $(GO) test -count=1 -timeout 45m ./...

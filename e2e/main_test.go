@@ -1,0 +1,256 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/e2e/harness"
+	"github.com/servercount/servercount/internal/proxytest"
+)
+
+// suite is what TestMain sets up once for every test: one control plane
+// and our binaries. It is written before m.Run and only read after.
+type suite struct {
+	cluster *harness.Cluster
+	bin     harness.OurBinaries
+	// nextNet hands each test its own 127.0.<n>.0/24 for servers.
+	nextNet atomic.Int32
+}
+
+// the is the shared suite; TestMain sets it before any test runs.
+var the *suite
+
+// dnsTTL is the TTL CoreDNS gives its answers; short keeps tests quick.
+const dnsTTL = 1
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	start := time.Now()
+	if !harness.InNetNS() {
+		// Build everything with the host's network (the module proxy),
+		// then run the suite in a network namespace of its own.
+		bins, err := harness.FindBinaries("hack/binaries.sh")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			return 1
+		}
+		// Everything the suite writes goes under root, which this process
+		// removes whatever happens to the child (a panic or -timeout in the
+		// child skips its own clean-up; its processes die with it through
+		// their parent-death signal).
+		root, err := os.MkdirTemp("", "servercount-e2e-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			return 1
+		}
+		defer os.RemoveAll(root)
+		binDir, tmpDir, clusterDir := filepath.Join(root, "bin"), filepath.Join(root, "tmp"), filepath.Join(root, "cluster")
+		for _, d := range []string{binDir, tmpDir, clusterDir} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				fmt.Fprintln(os.Stderr, "e2e:", err)
+				return 1
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		ours, err := harness.BuildOurBinaries(ctx, binDir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "e2e: binaries ready in %s\n", time.Since(start).Round(time.Millisecond))
+		code, err := harness.RunInNetNS("TMPDIR="+tmpDir, "E2E_CLUSTER_DIR="+clusterDir,
+			"E2E_ETCD="+bins.Etcd, "E2E_KUBE_APISERVER="+bins.KubeAPIServer, "E2E_COREDNS="+bins.CoreDNS,
+			"E2E_PROXY_SERVER="+ours.Server, "E2E_PROXY_AGENT="+ours.Agent, "E2E_PROBE="+ours.Probe)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+		}
+		return code
+	}
+	if err := harness.SetUpLoopback(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	bins := harness.Binaries{Etcd: os.Getenv("E2E_ETCD"), KubeAPIServer: os.Getenv("E2E_KUBE_APISERVER"), CoreDNS: os.Getenv("E2E_COREDNS")}
+	ours := harness.OurBinaries{Server: os.Getenv("E2E_PROXY_SERVER"), Agent: os.Getenv("E2E_PROXY_AGENT"), Probe: os.Getenv("E2E_PROBE")}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cluster, err := harness.StartCluster(ctx, harness.Config{Binaries: bins, DNSTTL: dnsTTL, Dir: os.Getenv("E2E_CLUSTER_DIR")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: start the control plane:", err)
+		return 1
+	}
+	defer cluster.Close()
+	fmt.Fprintf(os.Stderr, "e2e: control plane (etcd, kube-apiserver %s, CoreDNS %s) ready in %s, in a network namespace with %s on lo\n",
+		cluster.APIServerURL, cluster.DNS.Addr, time.Since(start).Round(time.Millisecond), harness.PodCIDR)
+	the = &suite{cluster: cluster, bin: ours}
+	code := m.Run()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "e2e: control plane logs:\n%s\n", cluster.Logs(3000))
+	}
+	return code
+}
+
+// env is one test's namespace, Service, fleet and HTTP target.
+type env struct {
+	t       *testing.T
+	ns      string
+	svc     *harness.Service
+	fleet   *harness.Fleet
+	target  *httptest.Server
+	subnet  int
+	servers map[string]*harness.Server // by IP
+}
+
+// newEnv creates a namespace named after the test, a headless Service
+// "proxy-server" in it with ports agent and frontend, and a fleet.
+func newEnv(t *testing.T, publishNotReady bool) *env {
+	t.Helper()
+	ctx := t.Context()
+	ns := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(ns) > 50 {
+		ns = ns[:50]
+	}
+	ns = strings.Trim(ns, "-")
+	require.NoError(t, harness.CreateNamespace(ctx, the.cluster.Client, ns))
+	fleet, err := harness.NewFleet(the.bin, t.TempDir())
+	require.NoError(t, err)
+	svc, err := harness.CreateHeadlessService(ctx, the.cluster.Client, harness.ServiceConfig{
+		Namespace: ns, Name: "proxy-server",
+		Ports:                    map[string]int32{"agent": int32(fleet.AgentPort), "frontend": int32(fleet.FrontendPort)},
+		PublishNotReadyAddresses: publishNotReady,
+	})
+	require.NoError(t, err)
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "hello from the target")
+	}))
+	t.Cleanup(target.Close)
+	return &env{
+		t: t, ns: ns, svc: svc, fleet: fleet, target: target,
+		subnet: int(the.nextNet.Add(1)), servers: map[string]*harness.Server{},
+	}
+}
+
+// ip is the address of server i of this test: 10.244.<subnet>.<10+i>,
+// on the loopback interface of the suite's network namespace.
+func (e *env) ip(i int) string { return fmt.Sprintf("10.244.%d.%d", e.subnet, 10+i) }
+
+// startServers starts servers for indexes from..to-1 and returns their IPs.
+func (e *env) startServers(from, to int) []string {
+	e.t.Helper()
+	var ips []string
+	for i := from; i < to; i++ {
+		ip := e.ip(i)
+		e.servers[ip] = e.fleet.StartServer(e.t, ip)
+		ips = append(ips, ip)
+	}
+	return ips
+}
+
+// stopServer stops the server on ip.
+func (e *env) stopServer(ip string) {
+	e.servers[ip].Stop()
+	delete(e.servers, ip)
+}
+
+// setReady writes the EndpointSlice with ips, all ready.
+func (e *env) setReady(ips ...string) {
+	e.t.Helper()
+	require.NoError(e.t, e.svc.SetEndpoints(e.t.Context(), harness.Ready(ips...)...))
+}
+
+// startAgents starts n agents counting the Service's agent SRV name, in
+// mode (lb goes through lb, which must be non-nil).
+func (e *env) startAgents(n int, mode string, lb *proxytest.LoadBalancer) []*harness.Agent {
+	e.t.Helper()
+	var agents []*harness.Agent
+	for i := range n {
+		cfg := harness.AgentConfig{
+			Name:    fmt.Sprintf("agent-%s-%s-%d", e.ns, mode, i),
+			DNSName: e.svc.SRVName("agent"), DNSServer: the.cluster.DNS.Addr, DialMode: mode,
+		}
+		if mode == "lb" {
+			cfg.ServerAddr = lb.Addr()
+		}
+		agents = append(agents, e.fleet.StartAgent(e.t, cfg))
+	}
+	return agents
+}
+
+// agentAddrs are the fleet's agent addresses of ips, for a load balancer.
+func (e *env) agentAddrs(ips ...string) []string {
+	var out []string
+	for _, ip := range ips {
+		out = append(out, ip+":"+strconv.Itoa(e.fleet.AgentPort))
+	}
+	return out
+}
+
+// probe runs the probe against CoreDNS and returns the result.
+func (e *env) probe(args ...string) harness.ProbeResult {
+	e.t.Helper()
+	r, err := e.fleet.Probe(the.cluster.DNS.Addr, args...)
+	require.NoError(e.t, err)
+	return r
+}
+
+// probeCount runs `servercount --short name` and returns the printed count
+// and exit status.
+func (e *env) probeCount(name string) (string, int) {
+	r := e.probe("--short", name)
+	return strings.TrimSpace(r.Output), r.Exit
+}
+
+// waitCount waits until the probe prints want for name (the answer may lag
+// the EndpointSlice by CoreDNS's watch).
+func (e *env) waitCount(name string, want int) {
+	e.t.Helper()
+	var out string
+	var exit int
+	require.Eventually(e.t, func() bool {
+		out, exit = e.probeCount(name)
+		return out == strconv.Itoa(want)
+	}, 20*time.Second, 100*time.Millisecond, "probe count of %s: want %d, last output %q exit %d", name, want, out, exit)
+}
+
+// waitConnections waits until every agent holds want connections and
+// targets want from DNS.
+func waitConnections(t *testing.T, agents []*harness.Agent, want int, within time.Duration) {
+	t.Helper()
+	for _, a := range agents {
+		var conns, target int
+		require.Eventually(t, func() bool {
+			conns, target = a.Connections(), a.Target("dns")
+			return conns == want && target == want
+		}, within, 50*time.Millisecond, "%s: want %d connections and DNS target %d; has %d connections, target %d", a.Name, want, want, conns, target)
+	}
+}
+
+// requestThroughEach sends a request through each server's frontend to the
+// target, which the agents must tunnel.
+func (e *env) requestThroughEach(ips ...string) {
+	e.t.Helper()
+	for _, ip := range ips {
+		var body string
+		var err error
+		require.Eventually(e.t, func() bool {
+			body, err = e.servers[ip].Get(e.target.URL + "/")
+			return err == nil
+		}, 10*time.Second, 100*time.Millisecond, "request through %s: %v", ip, err)
+		require.Equal(e.t, "hello from the target", body, "through %s", ip)
+	}
+}
