@@ -5,8 +5,6 @@
 package options
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -14,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -71,7 +70,7 @@ type Options struct {
 // NewOptions returns upstream's defaults.
 func NewOptions() *Options {
 	return &Options{
-		AgentID:             randomID(),
+		AgentID:             serve.RandomID(),
 		ProxyServerHost:     "127.0.0.1",
 		ProxyServerPort:     8091,
 		KeepaliveTime:       time.Hour,
@@ -144,14 +143,7 @@ func (o *Options) Validate() []error {
 	if o.ProxyServerHost == "" {
 		errs = append(errs, errors.New("--proxy-server-host must not be empty"))
 	}
-	for _, p := range []struct {
-		flag string
-		port int
-	}{{"--proxy-server-port", o.ProxyServerPort}, {"--health-server-port", o.HealthServerPort}, {"--admin-server-port", o.AdminServerPort}} {
-		if p.port < 0 || p.port > 65535 {
-			errs = append(errs, fmt.Errorf("invalid %s %d: want 0 to 65535", p.flag, p.port))
-		}
-	}
+	errs = append(errs, serve.CheckPorts(map[string]int{"--proxy-server-port": o.ProxyServerPort, "--health-server-port": o.HealthServerPort, "--admin-server-port": o.AdminServerPort})...)
 	if o.ProxyServerPort == 0 {
 		errs = append(errs, errors.New("--proxy-server-port must be set"))
 	}
@@ -208,10 +200,4 @@ func (o *Options) Ignored(fs *pflag.FlagSet) []string {
 		}
 	}
 	return names
-}
-
-func randomID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

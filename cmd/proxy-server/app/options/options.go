@@ -4,8 +4,6 @@
 package options
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -13,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/server"
 )
 
@@ -76,7 +75,7 @@ type Options struct {
 // keeps its meaning after a binary swap.
 func NewOptions() *Options {
 	return &Options{
-		ServerID:                randomID(),
+		ServerID:                serve.RandomID(),
 		ServerCount:             1,
 		Mode:                    ModeGRPC,
 		ServerPort:              8090,
@@ -146,14 +145,7 @@ func (o *Options) Validate() []error {
 	if _, err := server.ParseStrategies(o.ProxyStrategies); err != nil {
 		errs = append(errs, fmt.Errorf("invalid --proxy-strategies: %w", err))
 	}
-	for _, p := range []struct {
-		flag string
-		port int
-	}{{"--server-port", o.ServerPort}, {"--agent-port", o.AgentPort}, {"--health-port", o.HealthPort}, {"--admin-port", o.AdminPort}} {
-		if p.port < 0 || p.port > 65535 {
-			errs = append(errs, fmt.Errorf("invalid %s %d: want 0 to 65535", p.flag, p.port))
-		}
-	}
+	errs = append(errs, serve.CheckPorts(map[string]int{"--server-port": o.ServerPort, "--agent-port": o.AgentPort, "--health-port": o.HealthPort, "--admin-port": o.AdminPort})...)
 	if !o.InsecurePlaintext {
 		if o.ClusterCert == "" || o.ClusterKey == "" {
 			errs = append(errs, errors.New("agents need TLS: set --cluster-cert and --cluster-key (or --insecure-plaintext for local use)"))
@@ -179,12 +171,4 @@ func (o *Options) Validate() []error {
 		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
 	}
 	return errs
-}
-
-// randomID returns a random 128-bit ID in hex, as upstream's default
-// server ID is a random UUID.
-func randomID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
