@@ -70,6 +70,14 @@ func (f *grpcFrontend) serve() {
 // agent, or answers it with an error.
 func (f *grpcFrontend) dial(pkt *client.Packet) {
 	req := pkt.GetDialRequest()
+	// The frontend's random is how it matches our answer: without one
+	// (0, or no dial request in the packet) no answer could reach it,
+	// and a forwarded dial would hang. Refuse it at once.
+	if req.GetRandom() == 0 || req.GetAddress() == "" {
+		f.s.log.V(2).Info("Refused malformed dial request", "address", req.GetAddress(), "dialID", req.GetRandom())
+		f.peer.send(dialRspPacket(req.GetRandom(), 0, "invalid dial request: it needs an address and a non-zero random"), f.s.quit)
+		return
+	}
 	t, err := f.s.startDial(f, req.GetAddress(), req.GetRandom())
 	if err != nil {
 		f.s.log.V(2).Info("Dial refused", "address", req.GetAddress(), "dialID", req.GetRandom(), "err", err)
@@ -91,7 +99,11 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 	f.s.mu.Unlock()
 	if t == nil {
 		f.s.log.V(4).Info("Frontend packet matched no connection", "type", pkt.GetType(), "connectionID", connectID)
-		f.peer.send(closeRspPacket(connectID, errTextUnknownConnect), f.s.quit)
+		// A CLOSE_REQ can cross the agent's CLOSE_RSP for a connection
+		// the target closed: the frontend has its answer already.
+		if pkt.GetType() != client.PacketType_CLOSE_REQ {
+			f.peer.send(closeRspPacket(connectID, errTextUnknownConnect), f.s.quit)
+		}
 		return
 	}
 	// Wait for room in the agent's queue: back-pressure on this frontend.
