@@ -126,7 +126,16 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		ht.readLoop(t, brw.Reader)
 	}
 	// The client closed, the agent closed (writeLoop closed conn), or
-	// Close closed conn.
+	// Close closed conn. When the agent closed, the writer flushes what is
+	// queued and closes conn itself: closing it here first would cut off
+	// the target's last bytes. A client that stops reading is bounded by
+	// the write deadline.
+	select {
+	case <-ht.closed:
+		_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.FrontendWriteTimeout))
+		<-writerDone
+	default:
+	}
 	s.closeFromFrontend(t)
 	ht.shutdown()
 	conn.Close()
