@@ -180,8 +180,22 @@ func (t *tunnel) enqueue(ctx context.Context, b []byte) {
 	}
 	select {
 	case t.writeq <- b:
+		return
+	default:
+	}
+	// The queue is full: the endpoint reads slower than the server sends.
+	// Waiting holds up every tunnel on this stream, so the wait is bounded
+	// as a whole, not per write: an endpoint that cannot take one more
+	// packet in tunnelWriteTimeout loses its tunnel, even if it trickles.
+	timer := time.NewTimer(tunnelWriteTimeout)
+	defer timer.Stop()
+	select {
+	case t.writeq <- b:
 	case <-t.closed:
 	case <-ctx.Done():
+	case <-timer.C:
+		klog.FromContext(ctx).V(2).Info("Closed a tunnel whose endpoint fell behind", "connectionID", t.connectID, "waited", tunnelWriteTimeout)
+		t.finish(true)
 	}
 }
 
