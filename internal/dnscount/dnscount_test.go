@@ -13,6 +13,7 @@ import (
 
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/internal/metricstest"
 )
 
 func TestMain(m *testing.M) {
@@ -68,31 +69,18 @@ func TestBuildRejectsBadName(t *testing.T) {
 
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
+	v, ok := metricstest.Value(reg, name)
+	if !ok {
+		return -1
 	}
-	return -1
+	return v
 }
 
 func counter(t *testing.T, reg *prometheus.Registry, name, outcome string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == outcome {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
+	v, ok := metricstest.Value(reg, name, "outcome", outcome)
+	if !ok {
+		return -1
 	}
-	return -1
+	return v
 }

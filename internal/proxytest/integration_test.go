@@ -18,12 +18,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -82,37 +82,11 @@ func startFixture(t *testing.T, opts ServerOptions, edit func(*agent.Config)) fi
 // labels include labels, or -1 if there is none.
 func metric(t testing.TB, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				if !hasLabel(m, labels[i], labels[i+1]) {
-					continue next
-				}
-			}
-			switch {
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			}
-		}
+	v, ok := metricstest.Value(reg, name, labels...)
+	if !ok {
+		return -1
 	}
-	return -1
-}
-
-func hasLabel(m *dto.Metric, name, value string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name && l.GetValue() == value {
-			return true
-		}
-	}
-	return false
+	return v
 }
 
 // within runs f and fails the test if it does not return within d. f keeps

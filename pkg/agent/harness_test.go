@@ -14,13 +14,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -445,40 +445,7 @@ func newAgent(t testing.TB, cfg Config) *testAgent {
 // exists.
 func (a *testAgent) metric(t testing.TB, name string, labels ...string) (float64, bool) {
 	t.Helper()
-	mfs, err := a.reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if !hasLabels(m, labels) {
-				continue
-			}
-			switch {
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue(), true
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue(), true
-			}
-		}
-	}
-	return 0, false
-}
-
-func hasLabels(m *dto.Metric, kv []string) bool {
-	for i := 0; i+1 < len(kv); i += 2 {
-		found := false
-		for _, l := range m.GetLabel() {
-			if l.GetName() == kv[i] && l.GetValue() == kv[i+1] {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return metricstest.Value(a.reg, name, labels...)
 }
 
 // syncRounds returns the number of sync rounds so far.

@@ -26,6 +26,7 @@ import (
 	kclient "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -138,27 +139,15 @@ func TestHandshakeHeadersFollowCounter(t *testing.T) {
 // whose labels include labels.
 func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
-					continue series
-				}
-			}
-			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
+	var kv []string
+	for k, v := range labels {
+		kv = append(kv, k, v)
 	}
-	t.Fatalf("metric %s%v not found", name, labels)
-	return 0
+	v, ok := metricstest.Value(reg, name, kv...)
+	if !ok {
+		t.Fatalf("metric %s%v not found", name, labels)
+	}
+	return v
 }
 
 func TestHandshakeRejections(t *testing.T) {
