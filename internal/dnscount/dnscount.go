@@ -4,7 +4,6 @@
 package dnscount
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -101,15 +100,10 @@ func (o *Options) Build(reg prometheus.Registerer, subsystem string, fallback in
 	if err != nil {
 		return nil, err
 	}
-	cache, err := servercounter.NewCachedServerCounter(m.instrument(dc), servercounter.CacheConfig{
+	return servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{
 		Expiry: o.CacheTTL, MinExpiry: o.CacheTTLMin, MaxExpiry: o.CacheTTLMax,
-		Fallback: fallback, Background: true,
+		Fallback: fallback, Background: true, Observe: m.observe,
 	})
-	if err != nil {
-		return nil, err
-	}
-	m.watch(cache)
-	return cache, nil
 }
 
 // metrics of a DNS count. Names:
@@ -121,11 +115,18 @@ type metrics struct {
 	lookups *prometheus.CounterVec
 	count   prometheus.Gauge
 	age     prometheus.GaugeFunc
-	cache   atomic.Pointer[servercounter.CachedServerCounter]
+	// learnt is when the last good answer was learnt, in Unix
+	// nanoseconds; 0 before the first.
+	learnt atomic.Int64
 }
 
-// outcomes are every value of the lookups' outcome label.
-var outcomes = []string{"records", "nxdomain", "nodata", "timeout", "servfail", "refused", "malformed", "network"}
+// outcomes are every value of the lookups' outcome label, as the library
+// names them.
+var outcomes = []fmt.Stringer{
+	servercounter.OutcomeRecords, servercounter.OutcomeNXDomain, servercounter.OutcomeNoData,
+	servercounter.ErrorTimeout, servercounter.ErrorServerFailure, servercounter.ErrorRefused,
+	servercounter.ErrorMalformed, servercounter.ErrorNetwork,
+}
 
 func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
 	m := &metrics{
@@ -143,7 +144,7 @@ func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
 		Help: "Age of the server count learnt from DNS; 0 before the first answer.",
 	}, m.ageSeconds)
 	for _, o := range outcomes {
-		m.lookups.WithLabelValues(o)
+		m.lookups.WithLabelValues(o.String())
 	}
 	if reg == nil {
 		return m, nil
@@ -156,36 +157,27 @@ func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) instrument(c servercounter.Counter) servercounter.Counter {
-	return servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
-		res, err := c.Count(ctx)
-		var de *servercounter.DNSError
-		switch {
-		case errors.As(err, &de):
-			m.lookups.WithLabelValues(de.Kind.String()).Inc()
-		case err != nil:
-			m.lookups.WithLabelValues("network").Inc()
-		default:
-			m.lookups.WithLabelValues(res.Outcome.String()).Inc()
-			m.count.Set(float64(res.Count))
-		}
-		return res, err
-	})
+// observe counts one refresh of the cache: its outcome, or the kind of
+// failure, and the count of a good answer.
+func (m *metrics) observe(res servercounter.Result, err error) {
+	var de *servercounter.DNSError
+	switch {
+	case errors.As(err, &de):
+		m.lookups.WithLabelValues(de.Kind.String()).Inc()
+	case err != nil:
+		// The refresh ended before any query was answered or failed.
+		m.lookups.WithLabelValues(servercounter.ErrorTimeout.String()).Inc()
+	default:
+		m.lookups.WithLabelValues(res.Outcome.String()).Inc()
+		m.count.Set(float64(res.Count))
+		m.learnt.Store(res.At.UnixNano())
+	}
 }
 
-func (m *metrics) watch(c *servercounter.CachedServerCounter) { m.cache.Store(c) }
-
 func (m *metrics) ageSeconds() float64 {
-	c := m.cache.Load()
-	if c == nil {
+	at := m.learnt.Load()
+	if at == 0 {
 		return 0
 	}
-	// A short deadline: a scrape must not wait for the first lookup.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-	defer cancel()
-	res, err := c.Count(ctx)
-	if err != nil || res.At.IsZero() {
-		return 0
-	}
-	return time.Since(res.At).Seconds()
+	return time.Since(time.Unix(0, at)).Seconds()
 }

@@ -46,6 +46,13 @@ type CacheConfig struct {
 	// after the source changes even when nobody reads. It costs one
 	// refresh per expiry while the cache is open.
 	Background bool
+	// Observe, when set, is called after each refresh with the source's
+	// result and error, in the refresh goroutine and before the result is
+	// published: metrics hook in here. It must return quickly.
+	Observe func(Result, error)
+	// Clock times expiry and the refresh timeout; nil means the real
+	// clock.
+	Clock Clock
 }
 
 // CachedServerCounter caches the count of another [Counter].
@@ -83,10 +90,8 @@ type CachedServerCounter struct {
 	mu sync.Mutex // serialises writers; guards the fields below
 	// good is the last good result; nil before the first.
 	good *Result
-	// override is the pinned count, or nil.
-	override *int
 	// expiry marks cur stale when it fires.
-	expiry *time.Timer
+	expiry Timer
 	closed bool
 	// changed is closed, and replaced, when the published count changes.
 	changed chan struct{}
@@ -123,6 +128,7 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 	if cfg.RefreshTimeout == 0 {
 		cfg.RefreshTimeout = DefaultRefreshTimeout
 	}
+	cfg.Clock = orReal(cfg.Clock)
 	var errs []error
 	if source == nil {
 		errs = append(errs, errors.New("servercounter: no source to cache: pass a Counter such as a *DNSServerCounter"))
@@ -176,7 +182,7 @@ func (c *CachedServerCounter) countStale() int {
 }
 
 // Count returns the cached count with where it came from: Source is that of
-// the last good result, SourceFallback before the first, or SourceOverride.
+// the last good result, or SourceFallback before the first.
 // It fails only when ctx ends before the first refresh does.
 func (c *CachedServerCounter) Count(ctx context.Context) (Result, error) {
 	e := c.cur.Load()
@@ -217,25 +223,6 @@ func (c *CachedServerCounter) isReady() bool {
 	}
 }
 
-// Override pins the count at n (at least 0) until ClearOverride, for an
-// operator who knows better than the source. Refreshes pause meanwhile.
-func (c *CachedServerCounter) Override(n int) {
-	n = max(n, 0)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.override = &n
-	c.publish(false)
-}
-
-// ClearOverride ends an override; the next read refreshes the count.
-func (c *CachedServerCounter) ClearOverride() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.override = nil
-	// The last good count may be old: the next read refreshes it.
-	c.publish(true)
-}
-
 // Close stops the refresh loop and waits for it to return. Later calls
 // answer the last count.
 func (c *CachedServerCounter) Close() error {
@@ -264,12 +251,10 @@ func (c *CachedServerCounter) run(ctx context.Context) {
 		case <-c.refresh:
 		}
 		// Reads during a refresh leave a request behind; the count it
-		// asked for may be fresh by now, or pinned by Override.
+		// asked for may be fresh by now.
 		if c.cur.Load().stale {
 			c.refreshOnce(ctx)
 		}
-		// Even a skipped refresh must release the first readers: an
-		// Override may have answered them.
 		if first {
 			close(c.ready)
 			first = false
@@ -278,9 +263,12 @@ func (c *CachedServerCounter) run(ctx context.Context) {
 }
 
 func (c *CachedServerCounter) refreshOnce(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(ctx, c.cfg.RefreshTimeout)
+	rctx, cancel := withTimeout(ctx, c.cfg.Clock, c.cfg.RefreshTimeout, errRefreshTimeout)
 	res, err := c.source.Count(rctx)
 	cancel()
+	if c.cfg.Observe != nil {
+		c.cfg.Observe(res, err)
+	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -297,27 +285,25 @@ func (c *CachedServerCounter) refreshOnce(ctx context.Context) {
 			fresh = min(max(res.TTL, c.cfg.MinExpiry), c.cfg.MaxExpiry)
 		}
 	}
-	e := c.publish(false)
+	e := c.publish(klog.FromContext(ctx))
 	if c.expiry != nil {
 		c.expiry.Stop()
 	}
-	if c.override == nil {
-		c.expiry = time.AfterFunc(fresh, func() { c.expire(e) })
-	}
+	c.expiry = c.cfg.Clock.AfterFunc(fresh, func() { c.expire(e) })
 }
 
-// publish makes the count readers see follow the override, the last good
-// result and the fallback, in that order. c.mu must be held.
-func (c *CachedServerCounter) publish(stale bool) *entry {
-	e := &entry{count: c.cfg.Fallback, result: c.fallback(), stale: stale && c.override == nil && !c.closed}
-	switch {
-	case c.override != nil:
-		e.count = *c.override
-		e.result = Result{Count: *c.override, Found: *c.override, Source: SourceOverride, At: time.Now()}
-	case c.good != nil:
+// errRefreshTimeout ends a refresh that took longer than RefreshTimeout.
+var errRefreshTimeout = errors.New("servercounter: refresh took longer than CacheConfig.RefreshTimeout")
+
+// publish makes readers see the last good result, or the fallback before
+// the first, and signals a change of count. c.mu must be held.
+func (c *CachedServerCounter) publish(logger klog.Logger) *entry {
+	e := &entry{count: c.cfg.Fallback, result: c.fallback()}
+	if c.good != nil {
 		e.count, e.result = c.good.Count, *c.good
 	}
-	if old := c.cur.Load(); old == nil || old.count != e.count {
+	if old := c.cur.Load(); old.count != e.count {
+		logger.V(2).Info("Server count changed", "oldCount", old.count, "newCount", e.count, "source", e.result.Source.String(), "name", e.result.Name)
 		close(c.changed)
 		c.changed = make(chan struct{})
 	}
@@ -339,7 +325,7 @@ func (c *CachedServerCounter) Changed() <-chan struct{} {
 func (c *CachedServerCounter) expire(e *entry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.override != nil || c.cur.Load() != e {
+	if c.closed || c.cur.Load() != e {
 		return
 	}
 	c.set(&entry{count: e.count, stale: true, result: e.result})
@@ -354,3 +340,5 @@ func (c *CachedServerCounter) expire(e *entry) {
 func (c *CachedServerCounter) fallback() Result {
 	return Result{Count: c.cfg.Fallback, Found: c.cfg.Fallback, Source: SourceFallback}
 }
+
+var _ Notifier = (*CachedServerCounter)(nil)

@@ -31,6 +31,11 @@ type answerOrErr struct {
 	err error
 }
 
+// counterFunc adapts a function to a Counter.
+type counterFunc func(ctx context.Context) (servercounter.Result, error)
+
+func (f counterFunc) Count(ctx context.Context) (servercounter.Result, error) { return f(ctx) }
+
 func newGatedSource() *gatedSource { return &gatedSource{answers: make(chan answerOrErr)} }
 
 func (s *gatedSource) Count(ctx context.Context) (servercounter.Result, error) {
@@ -151,7 +156,7 @@ func TestCachedSingleFlightUnderLoad(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
 	release := make(chan struct{})
-	src := servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
+	src := counterFunc(func(ctx context.Context) (servercounter.Result, error) {
 		calls.Add(1)
 		<-release
 		return servercounter.Result{Count: 7, Source: servercounter.SourceDNS}, nil
@@ -175,7 +180,7 @@ func TestCachedSingleFlightUnderLoad(t *testing.T) {
 func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
-	src := servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
+	src := counterFunc(func(ctx context.Context) (servercounter.Result, error) {
 		calls.Add(1)
 		return servercounter.Result{Count: 1, TTL: time.Hour, Source: servercounter.SourceDNS}, nil
 	})
@@ -185,7 +190,7 @@ func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
 
 	// An expiry of an hour: no second refresh.
 	var calls2 atomic.Int32
-	src2 := servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
+	src2 := counterFunc(func(ctx context.Context) (servercounter.Result, error) {
 		calls2.Add(1)
 		return servercounter.Result{Count: 1, TTL: time.Millisecond, Source: servercounter.SourceDNS}, nil
 	})
@@ -194,26 +199,6 @@ func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
 		c2.CountServers()
 	}
 	assert.Equal(t, int32(1), calls2.Load())
-}
-
-func TestCachedOverride(t *testing.T) {
-	t.Parallel()
-	src := newGatedSource()
-	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
-	go c.CountServers()
-	src.give(t, 3, nil)
-	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
-
-	c.Override(9)
-	assert.Equal(t, 9, c.CountServers())
-	res, err := c.Count(t.Context())
-	require.NoError(t, err)
-	assert.Equal(t, servercounter.SourceOverride, res.Source)
-
-	c.ClearOverride()
-	assert.Equal(t, 3, c.CountServers(), "the last good count until the refresh ends")
-	src.give(t, 4, nil)
-	eventually(t, func() bool { return c.CountServers() == 4 }, "a refresh after the override")
 }
 
 func TestCachedCountHonoursContext(t *testing.T) {
@@ -276,50 +261,6 @@ func TestStaticServerCounter(t *testing.T) {
 	res, err := servercounter.StaticServerCounter(3).Count(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, servercounter.Result{Count: 3, Found: 3, Source: servercounter.SourceStatic}, res)
-}
-
-func TestCachedOverrideBeforeFirstRefreshReleasesReaders(t *testing.T) {
-	t.Parallel()
-	for range 200 {
-		src := newGatedSource()
-		c, err := servercounter.NewCachedServerCounter(src, servercounter.CacheConfig{})
-		require.NoError(t, err)
-		done := make(chan int, 1)
-		go func() { done <- c.CountServers() }()
-		c.Override(5)
-		select {
-		case n := <-done:
-			// Either the override answered, or the first refresh did.
-			assert.Contains(t, []int{5, 9}, n)
-		case src.answers <- answerOrErr{res: servercounter.Result{Count: 9, Source: servercounter.SourceDNS}}:
-			assert.Contains(t, []int{5, 9}, <-done)
-		case <-time.After(waitFor):
-			t.Fatal("a reader stayed blocked after Override")
-		}
-		require.NoError(t, c.Close())
-	}
-}
-
-func TestCachedOverridePausesRefreshes(t *testing.T) {
-	t.Parallel()
-	var calls atomic.Int32
-	src := servercounter.CounterFunc(func(ctx context.Context) (servercounter.Result, error) {
-		calls.Add(1)
-		return servercounter.Result{Count: 3, Source: servercounter.SourceDNS}, nil
-	})
-	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Millisecond, MinExpiry: time.Millisecond})
-	assert.Equal(t, 3, c.CountServers())
-	c.Override(7)
-	before := calls.Load()
-	// Many reads across many expiry periods: none may refresh. A refresh
-	// in flight at Override may still land, hence the slack of one.
-	deadline := time.Now().Add(50 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		assert.Equal(t, 7, c.CountServers())
-	}
-	assert.LessOrEqual(t, calls.Load(), before+1)
-	c.ClearOverride()
-	eventually(t, func() bool { return c.CountServers() == 3 && calls.Load() > before+1 }, "a refresh after the override")
 }
 
 func TestCachedBackgroundRefreshSignalsChanges(t *testing.T) {

@@ -126,6 +126,9 @@ type Config struct {
 	// bounds later ones; defaults DefaultInitialBackoff and
 	// DefaultMaxBackoff. Each wait is randomised by ±50%.
 	InitialBackoff, MaxBackoff time.Duration
+	// Clock times the per-query timeout and the back-off; nil means the
+	// real clock. A deadline of the context given to Count is real time.
+	Clock Clock
 }
 
 // resolved is a Config with every default applied and resolv.conf read.
@@ -157,6 +160,7 @@ func (cfg Config) resolve() (*resolved, error) {
 	if r.MaxBackoff == 0 {
 		r.MaxBackoff = DefaultMaxBackoff
 	}
+	r.Clock = orReal(r.Clock)
 	if r.Type == TypeAuto {
 		r.Type = TypeIP
 		if strings.HasPrefix(r.Name, "_") {

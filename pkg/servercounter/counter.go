@@ -27,11 +27,16 @@ type Counter interface {
 	Count(ctx context.Context) (Result, error)
 }
 
-// CounterFunc adapts a function to a [Counter].
-type CounterFunc func(ctx context.Context) (Result, error)
-
-// Count calls f(ctx).
-func (f CounterFunc) Count(ctx context.Context) (Result, error) { return f(ctx) }
+// Notifier is implemented by counters that signal when their count
+// changes, such as a [CachedServerCounter] that refreshes in the
+// background, so that a client can act at once rather than on its next
+// poll.
+type Notifier interface {
+	// Changed returns a channel that is closed when the count changes.
+	// Call it again after each change for the next one; call it before
+	// reading the count so that no change is missed.
+	Changed() <-chan struct{}
+}
 
 // Result is one count and what is known of where it came from. Fields other
 // than Count and Source are set by counters that have them.
@@ -43,7 +48,8 @@ type Result struct {
 	Found int
 	// Source says where Count came from.
 	Source Source
-	// Outcome says whether a DNS answer had records or was a valid zero.
+	// Outcome says whether a DNS answer had records or was a valid zero;
+	// OutcomeNone for a count that no DNS answer gave.
 	Outcome Outcome
 	// Name is the fully qualified name whose answer was counted: the one
 	// asked for, or the one a search suffix made of it.
@@ -90,15 +96,12 @@ const (
 	// SourceFallback is the number a cache answers before it has learnt a
 	// count.
 	SourceFallback
-	// SourceOverride is a number pinned by [CachedServerCounter.Override].
-	SourceOverride
 )
 
 var sourceNames = map[Source]string{
 	SourceStatic:   "static",
 	SourceDNS:      "dns",
 	SourceFallback: "fallback",
-	SourceOverride: "override",
 }
 
 // String returns the lower-case name of s, as used in logs and metrics.
@@ -114,8 +117,11 @@ type Outcome int
 
 // Outcomes of a DNS count.
 const (
+	// OutcomeNone means no DNS answer gave the count: it is static, or a
+	// cache's fallback.
+	OutcomeNone Outcome = iota
 	// OutcomeRecords means the answer had records of the type asked for.
-	OutcomeRecords Outcome = iota
+	OutcomeRecords
 	// OutcomeNXDomain means the name does not exist. Kubernetes DNS answers
 	// NXDOMAIN for a headless Service with no ready endpoint, and for an SRV
 	// name with a port name the Service does not have.
@@ -125,9 +131,11 @@ const (
 	OutcomeNoData
 )
 
-// String returns "records", "nxdomain" or "nodata".
+// String returns "none", "records", "nxdomain" or "nodata".
 func (o Outcome) String() string {
 	switch o {
+	case OutcomeNone:
+		return "none"
 	case OutcomeRecords:
 		return "records"
 	case OutcomeNXDomain:

@@ -25,10 +25,9 @@ import (
 type DNSServerCounter struct {
 	cfg *resolved
 
-	mu sync.Mutex // guards the fields below, which only decide what to log
-	// lastCount is the last count learnt, -1 before the first.
-	lastCount int
-	// lastKind is the kind of the last failure, 0 after a success.
+	mu sync.Mutex // guards lastKind
+	// lastKind is the kind of the last failure, 0 after a success; it
+	// decides what to log.
 	lastKind ErrorKind
 }
 
@@ -39,34 +38,11 @@ func NewDNSServerCounter(cfg Config) (*DNSServerCounter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &DNSServerCounter{
-		cfg:       r,
-		lastCount: -1,
-	}, nil
+	return &DNSServerCounter{cfg: r}, nil
 }
-
-// Names returns the fully qualified names a count tries, in order: the
-// configured name with the search suffixes of resolv.conf.
-func (c *DNSServerCounter) Names() []string { return slices.Clone(c.cfg.names) }
-
-// Servers returns the nameservers a count asks, in order, as host:port.
-func (c *DNSServerCounter) Servers() []string { return slices.Clone(c.cfg.servers) }
 
 // Type returns the record type counted; never TypeAuto.
 func (c *DNSServerCounter) Type() RecordType { return c.cfg.Type }
-
-// CountServers counts, and on failure returns the last count learnt (0
-// before the first), so that a failing lookup never loses a good count. It
-// blocks for the lookup; a [CachedServerCounter] answers at once.
-func (c *DNSServerCounter) CountServers() int {
-	res, err := c.Count(context.Background())
-	if err != nil {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return max(c.lastCount, 0)
-	}
-	return res.Count
-}
 
 // Count resolves the name and counts distinct servers in the answer: SRV
 // targets, or addresses (for TypeIP, the larger of the IPv4 and IPv6
@@ -75,7 +51,7 @@ func (c *DNSServerCounter) CountServers() int {
 // nameserver after an exponential back-off, up to Config.Attempts tries or
 // until ctx is done; then Count returns a *DNSError.
 func (c *DNSServerCounter) Count(ctx context.Context) (Result, error) {
-	start := time.Now()
+	start := c.cfg.Clock.Now()
 	var (
 		res     Result
 		last    *DNSError
@@ -102,7 +78,7 @@ func (c *DNSServerCounter) Count(ctx context.Context) (Result, error) {
 		backoff.WithMaxInterval(c.cfg.MaxBackoff),
 		backoff.WithRandomizationFactor(0.5),
 		backoff.WithMaxElapsedTime(0))
-	err := backoff.Retry(try, backoff.WithContext(backoff.WithMaxRetries(b, uint64(c.cfg.Attempts-1)), ctx))
+	err := backoff.RetryNotifyWithTimer(try, backoff.WithContext(backoff.WithMaxRetries(b, uint64(c.cfg.Attempts-1)), ctx), nil, newBackoffTimer(c.cfg.Clock))
 	if err != nil {
 		if last == nil {
 			last = &DNSError{Name: c.cfg.names[0], Kind: ErrorTimeout, Rcode: -1}
@@ -121,7 +97,7 @@ func (c *DNSServerCounter) Count(ctx context.Context) (Result, error) {
 		res.Count = min(res.Count, c.cfg.Max)
 	}
 	res.Count = max(res.Count, c.cfg.Min)
-	res.At = time.Now()
+	res.At = c.cfg.Clock.Now()
 	res.Duration = res.At.Sub(start)
 	c.observe(ctx, res, nil)
 	return res, nil
@@ -262,8 +238,8 @@ func compareRR(a, b dns.RR) int {
 	return 0
 }
 
-// observe logs when the count changes or a kind of failure starts or ends,
-// never once per query.
+// observe logs when a kind of failure starts or ends, never once per
+// query. The cache in front logs changes of count.
 func (c *DNSServerCounter) observe(ctx context.Context, res Result, err *DNSError) {
 	logger := klog.FromContext(ctx)
 	c.mu.Lock()
@@ -281,10 +257,6 @@ func (c *DNSServerCounter) observe(ctx context.Context, res Result, err *DNSErro
 	if c.lastKind != 0 {
 		logger.V(2).Info("DNS server count recovered", "name", c.cfg.Name, "failure", c.lastKind.String())
 		c.lastKind = 0
-	}
-	if res.Count != c.lastCount {
-		logger.V(2).Info("Server count changed", "name", res.Name, "oldCount", c.lastCount, "newCount", res.Count, "source", res.Source.String(), "found", res.Found)
-		c.lastCount = res.Count
 	}
 	// Checked first: building the arguments costs allocations on every
 	// count, and this is the one line per query.

@@ -127,7 +127,7 @@ func (c *DNSServerCounter) exchangeUDP(ctx context.Context, server string, msgs 
 		return nil, exchangeFailure(err)
 	}
 	defer nc.Close()
-	stop := c.bound(ctx, nc)
+	ctx, stop := c.bound(ctx, nc)
 	defer stop()
 
 	co := &dns.Conn{Conn: nc, UDPSize: c.cfg.UDPSize}
@@ -183,16 +183,15 @@ func dialUDP(ctx context.Context, server string) (net.Conn, error) {
 
 // exchangeTCP sends msgs one after the other on one TCP connection.
 func (c *DNSServerCounter) exchangeTCP(ctx context.Context, server string, msgs []*dns.Msg) ([]*dns.Msg, error) {
+	ctx, stop := c.bound(ctx, nil)
+	defer stop()
 	var d net.Dialer
-	dctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	nc, err := d.DialContext(dctx, "tcp", server)
-	cancel()
+	nc, err := d.DialContext(ctx, "tcp", server)
 	if err != nil {
 		return nil, exchangeFailure(ctxErr(ctx, err))
 	}
 	defer nc.Close()
-	stop := c.bound(ctx, nc)
-	defer stop()
+	defer watch(ctx, nc)()
 
 	co := &dns.Conn{Conn: nc}
 	replies := make([]*dns.Msg, len(msgs))
@@ -212,23 +211,38 @@ func (c *DNSServerCounter) exchangeTCP(ctx context.Context, server string, msgs 
 	return replies, nil
 }
 
-// bound gives conn the per-query timeout, or ctx's deadline if sooner, and
-// makes cancelling ctx interrupt a blocked read. The returned func undoes
-// the latter.
-func (c *DNSServerCounter) bound(ctx context.Context, conn net.Conn) (stop func() bool) {
-	deadline := time.Now().Add(c.cfg.Timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+// bound returns a context for one exchange, which ends after the
+// per-query timeout on c's clock, and makes its end interrupt a blocked
+// read or write on conn, if conn is not nil. Call stop when the exchange
+// is over.
+func (c *DNSServerCounter) bound(ctx context.Context, conn net.Conn) (_ context.Context, stop func()) {
+	ctx, cancel := withTimeout(ctx, c.cfg.Clock, c.cfg.Timeout, errQueryTimeout)
+	if conn == nil {
+		return ctx, cancel
 	}
-	_ = conn.SetDeadline(deadline)
-	return context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	unwatch := watch(ctx, conn)
+	return ctx, func() { unwatch(); cancel() }
 }
 
-// ctxErr returns ctx's error when ctx ended, since it says better than the
-// I/O error why the exchange stopped.
+// watch makes the end of ctx interrupt a blocked read or write on conn,
+// and applies ctx's deadline to it, until unwatch is called.
+func watch(ctx context.Context, conn net.Conn) (unwatch func()) {
+	if d, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(d)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	return func() { stop() }
+}
+
+// errQueryTimeout ends an exchange that got no answer within
+// Config.Timeout.
+var errQueryTimeout = errors.New("no answer within the query timeout")
+
+// ctxErr returns why ctx ended, when it did, since that says better than
+// the I/O error why the exchange stopped.
 func ctxErr(ctx context.Context, err error) error {
-	if cerr := ctx.Err(); cerr != nil {
-		return errors.Join(cerr, err)
+	if cause := context.Cause(ctx); cause != nil {
+		return errors.Join(cause, err)
 	}
 	return err
 }
