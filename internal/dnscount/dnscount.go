@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
+	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -23,7 +24,7 @@ const DefaultMax = 100
 // Options are the --server-count-dns flags.
 type Options struct {
 	Name        string
-	Type        string
+	Type        servercounter.RecordType
 	Servers     []string
 	CacheTTL    time.Duration
 	CacheTTLMin time.Duration
@@ -35,7 +36,7 @@ type Options struct {
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	return &Options{
-		Type:        "auto",
+		Type:        servercounter.TypeAuto,
 		CacheTTLMin: servercounter.DefaultMinExpiry,
 		CacheTTLMax: servercounter.DefaultMaxExpiry,
 		Fallback:    servercounter.DefaultFallback,
@@ -47,7 +48,7 @@ func NewOptions() *Options {
 // the proxy-server uses its --server-count as the fallback instead.
 func (o *Options) AddFlags(fs *pflag.FlagSet, withFallback bool) {
 	fs.StringVar(&o.Name, "server-count-dns", o.Name, "count proxy-servers from this DNS name: their headless Service, e.g. proxy-server.kube-system.svc.cluster.local, or _agent._tcp.proxy-server.kube-system.svc.cluster.local for SRV")
-	fs.StringVar(&o.Type, "server-count-dns-type", o.Type, "records to count: auto (srv for names starting with _, else ip), srv, a, aaaa, ip (A and AAAA, the larger family)")
+	serve.ParsedVar(fs, &o.Type, "server-count-dns-type", o.Type.String(), parseRecordType, "records to count: auto (srv for names starting with _, else ip), srv, a, aaaa, ip (A and AAAA, the larger family)")
 	fs.StringSliceVar(&o.Servers, "server-count-dns-server", o.Servers, "nameservers as host:port (default: those of /etc/resolv.conf)")
 	fs.DurationVar(&o.CacheTTL, "server-count-cache-ttl", o.CacheTTL, "how long a DNS count stays fresh (0: the answer's TTL, bounded by --server-count-cache-ttl-min and -max)")
 	fs.DurationVar(&o.CacheTTLMin, "server-count-cache-ttl-min", o.CacheTTLMin, "shortest time a DNS count stays fresh, and the wait after a failed lookup")
@@ -58,6 +59,15 @@ func (o *Options) AddFlags(fs *pflag.FlagSet, withFallback bool) {
 	fs.IntVar(&o.Max, "server-count-max", o.Max, "never count more servers than this, whatever DNS says")
 }
 
+// parseRecordType parses --server-count-dns-type.
+func parseRecordType(s string) (servercounter.RecordType, error) {
+	t, err := servercounter.ParseRecordType(s)
+	if err != nil {
+		return 0, errors.New("use auto, srv, a, aaaa or ip")
+	}
+	return t, nil
+}
+
 // Enabled reports whether --server-count-dns was given.
 func (o *Options) Enabled() bool { return o.Name != "" }
 
@@ -65,9 +75,6 @@ func (o *Options) Enabled() bool { return o.Name != "" }
 // name and nameservers are checked by Build, which knows resolv.conf.
 func (o *Options) Validate() []error {
 	var errs []error
-	if _, err := servercounter.ParseRecordType(o.Type); err != nil {
-		errs = append(errs, fmt.Errorf("invalid --server-count-dns-type %q: use auto, srv, a, aaaa or ip", o.Type))
-	}
 	if o.CacheTTL < 0 || o.CacheTTLMin <= 0 || o.CacheTTLMax < o.CacheTTLMin {
 		errs = append(errs, fmt.Errorf("invalid cache TTLs (--server-count-cache-ttl %v, -min %v, -max %v): want 0 < min <= max and a TTL of 0 or more", o.CacheTTL, o.CacheTTLMin, o.CacheTTLMax))
 	}
@@ -88,11 +95,7 @@ func (o *Options) Validate() []error {
 // registered on reg under servercount_<subsystem>_. Close the cache when
 // done.
 func (o *Options) Build(reg prometheus.Registerer, subsystem string, fallback int) (*servercounter.CachedServerCounter, error) {
-	typ, err := servercounter.ParseRecordType(o.Type)
-	if err != nil {
-		return nil, err
-	}
-	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: o.Name, Type: typ, Servers: o.Servers, Max: o.Max})
+	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: o.Name, Type: o.Type, Servers: o.Servers, Max: o.Max})
 	if err != nil {
 		return nil, fmt.Errorf("--server-count-dns: %w", err)
 	}

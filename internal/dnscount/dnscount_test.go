@@ -49,16 +49,25 @@ func TestBuildCountsAndExportsMetrics(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	errs := parse(t, "--server-count-dns-type=mx", "--server-count-cache-ttl-min=0s", "--fallback-server-count=0", "--server-count-max=0", "--server-count-dns-server=1.2.3.4").Validate()
+	errs := parse(t, "--server-count-cache-ttl-min=0s", "--fallback-server-count=0", "--server-count-max=0", "--server-count-dns-server=1.2.3.4").Validate()
 	var all []string
 	for _, e := range errs {
 		all = append(all, e.Error())
 	}
 	joined := strings.Join(all, "\n")
-	for _, w := range []string{"--server-count-dns-type", "cache TTLs", "--fallback-server-count 0", "--server-count-max 0", "need --server-count-dns"} {
+	for _, w := range []string{"cache TTLs", "--fallback-server-count 0", "--server-count-max 0", "need --server-count-dns"} {
 		assert.Contains(t, joined, w)
 	}
 	assert.Empty(t, parse(t, "--server-count-dns=x.example").Validate())
+}
+
+func TestParseRejectsBadType(t *testing.T) {
+	t.Parallel()
+	o := dnscount.NewOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.AddFlags(fs, true)
+	err := fs.Parse([]string{"--server-count-dns-type=mx"})
+	assert.ErrorContains(t, err, `invalid argument "mx" for "--server-count-dns-type" flag: use auto, srv, a, aaaa or ip`)
 }
 
 func TestBuildRejectsBadName(t *testing.T) {

@@ -58,7 +58,7 @@ func benchConvergence(b *testing.B, mode agent.DialMode, n int) {
 		}, waitFor, tick, "the previous agent's streams never ended")
 		f.publish(servers[:n]...)
 		cache := DNSCounter(b, f.dns.Addr(), srvName)
-		cfg := DNSAgentConfigFor(b, fmt.Sprintf("agent-%d", i), f.lb.Addr(), cache, mode)
+		cfg := DNSAgentConfigFor(fmt.Sprintf("agent-%d", i), f.lb.Addr(), cache, mode)
 		cfg.SyncInterval, cfg.SyncIntervalCap = agent.DefaultSyncInterval, agent.DefaultSyncIntervalCap
 		cfg.HoldDown = agent.DefaultHoldDown
 		a := StartAgent(b, f.env, cfg)

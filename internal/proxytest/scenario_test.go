@@ -78,7 +78,7 @@ func (f *fleet) publish(servers ...*Server) {
 		addrs[i] = s.AgentAddr()
 	}
 	f.lb.SetBackends(addrs...)
-	f.dns.SetRecords(SRVRecords(srvName, addrs...)...)
+	f.dns.SetRecords(dnstest.SRVRecords(srvName, addrs...)...)
 }
 
 // dnsAgent starts an agent counting f's servers through DNS in mode, with
@@ -87,7 +87,7 @@ func (f *fleet) publish(servers ...*Server) {
 func (f *fleet) dnsAgent(mode agent.DialMode, edit func(*agent.Config)) (*Agent, *servercounter.CachedServerCounter) {
 	f.t.Helper()
 	cache := DNSCounter(f.t, f.dns.Addr(), srvName)
-	cfg := DNSAgentConfigFor(f.t, "agent-1", f.lb.Addr(), cache, mode)
+	cfg := DNSAgentConfigFor("agent-1", f.lb.Addr(), cache, mode)
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -414,7 +414,7 @@ func TestScenarioUnreachableServers(t *testing.T) {
 		addrs = append(addrs, s.AgentAddr())
 	}
 	f.lb.SetBackends(addrs[2:]...)
-	f.dns.SetRecords(SRVRecords(srvName, addrs...)...)
+	f.dns.SetRecords(dnstest.SRVRecords(srvName, addrs...)...)
 	a, _ := f.dnsAgent(agent.DialResolved, nil)
 	st := agentState{a}
 	require.Eventually(t, func() bool { return st.connected() == 3 && st.target(t) == 5 }, waitFor, tick,
@@ -451,7 +451,7 @@ func TestScenarioHugeAnswer(t *testing.T) {
 				addrs = append(addrs, fmt.Sprintf("127.1.%d.%d:6443", i/250, 1+i%250))
 			}
 			f.lb.SetBackends(addrs[:3]...)
-			f.dns.SetRecords(SRVRecords(srvName, addrs...)...)
+			f.dns.SetRecords(dnstest.SRVRecords(srvName, addrs...)...)
 			a, cache := f.dnsAgent(mode, nil)
 			res, err := cache.Count(t.Context())
 			require.NoError(t, err)
@@ -511,7 +511,7 @@ func TestScenarioUpstreamAgentDNSCountingServers(t *testing.T) {
 
 // Make sure the records SRVRecords builds are what the counter reads.
 func TestSRVRecordsEndpoints(t *testing.T) {
-	rrs := SRVRecords(srvName, "127.0.0.10:1001", "127.0.0.11:1002")
+	rrs := dnstest.SRVRecords(srvName, "127.0.0.10:1001", "127.0.0.11:1002")
 	require.Len(t, rrs, 4)
 	srv, ok := rrs[0].(*dns.SRV)
 	require.True(t, ok)

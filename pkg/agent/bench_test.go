@@ -44,7 +44,7 @@ func BenchmarkTunnelThroughput(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			for off := 0; off < benchSize; off += len(chunk) {
-				st.send(b, dataPkt(id, chunk))
+				st.send(b, wire.Data(id, chunk))
 			}
 			<-got
 		}

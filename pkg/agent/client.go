@@ -26,6 +26,9 @@ type client struct {
 	cs          *ClientSet
 	serverID    string
 	serverCount int
+	// logger is the logger of the context the client was dialed in, with
+	// the serverID.
+	logger klog.Logger
 	// addr is where the server was dialed; set before the client starts.
 	addr   string
 	cc     *grpc.ClientConn
@@ -59,11 +62,12 @@ type client struct {
 	wg sync.WaitGroup
 }
 
-func newClient(cs *ClientSet, serverID string, serverCount int, cc *grpc.ClientConn, stream wire.AgentConnectClient, cancel context.CancelFunc) *client {
+func newClient(ctx context.Context, cs *ClientSet, serverID string, serverCount int, cc *grpc.ClientConn, stream wire.AgentConnectClient, cancel context.CancelFunc) *client {
 	return &client{
 		cs:          cs,
 		serverID:    serverID,
 		serverCount: serverCount,
+		logger:      klog.FromContext(ctx).WithValues("serverID", serverID),
 		cc:          cc,
 		stream:      stream,
 		cancel:      cancel,
@@ -101,8 +105,8 @@ func (c *client) drain() {
 	if c.drained.Swap(true) {
 		return
 	}
-	if err := c.send(&pb.Packet{Type: pb.PacketType_DRAIN, Payload: &pb.Packet_Drain{Drain: &pb.Drain{}}}); err != nil {
-		klog.Background().V(2).Info("Failed to send DRAIN", "serverID", c.serverID, "err", err)
+	if err := c.send(wire.Drain()); err != nil {
+		c.logger.V(2).Info("Failed to send DRAIN", "err", err)
 	}
 }
 
@@ -110,15 +114,14 @@ func (c *client) drain() {
 // waits for their goroutines, closes the connection and removes the
 // client from the ClientSet.
 func (c *client) run(ctx context.Context, drain bool) {
-	logger := klog.FromContext(ctx).WithValues("serverID", c.serverID)
 	if drain {
 		c.drain()
 	}
 	// The stream's context ends with the stream: dials and blocked writes
 	// stop with it.
-	err := c.receive(klog.NewContext(c.stream.Context(), logger))
+	err := c.receive(klog.NewContext(c.stream.Context(), c.logger))
 	if ctx.Err() == nil {
-		logger.V(2).Info("Lost proxy-server connection", "err", err)
+		c.logger.V(2).Info("Lost proxy-server connection", "err", err)
 	}
 
 	c.cancel()
@@ -199,10 +202,7 @@ func (c *client) forget(t *tunnel) {
 
 // sendCloseRsp answers CLOSE_RSP{id, errText}.
 func (c *client) sendCloseRsp(id int64, errText string) {
-	p := &pb.Packet{Type: pb.PacketType_CLOSE_RSP, Payload: &pb.Packet_CloseResponse{
-		CloseResponse: &pb.CloseResponse{ConnectID: id, Error: errText},
-	}}
-	if err := c.send(p); err != nil {
-		klog.Background().V(4).Info("Failed to send CLOSE_RSP", "serverID", c.serverID, "connectID", id, "err", err)
+	if err := c.send(wire.CloseRsp(id, errText)); err != nil {
+		c.logger.V(4).Info("Failed to send CLOSE_RSP", "connectID", id, "err", err)
 	}
 }

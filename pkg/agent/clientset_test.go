@@ -116,7 +116,7 @@ func TestDuplicateServerIDKeepsOldStream(t *testing.T) {
 	assert.GreaterOrEqual(t, n, 3.0)
 
 	// The kept stream still serves.
-	first.send(t, closeReq(77))
+	first.send(t, wire.CloseReq(77))
 	assert.Equal(t, int64(77), first.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
 }
 
@@ -124,11 +124,11 @@ func TestReachesTargetThroughLoadBalancer(t *testing.T) {
 	tests := []struct {
 		name    string
 		counter int
-		respect bool
+		policy  TargetPolicy
 		count   string
 	}{
-		{name: "count received from servers", counter: 1, respect: true, count: "3"},
-		{name: "count from the counter", counter: 3, respect: false, count: "1"},
+		{name: "count received from servers", counter: 1, policy: TargetReceived, count: "3"},
+		{name: "count from the counter", counter: 3, policy: TargetCounted, count: "1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -139,7 +139,7 @@ func TestReachesTargetThroughLoadBalancer(t *testing.T) {
 			lb := newTestLB(t, s1.addr, s2.addr, s3.addr)
 			cfg := testConfig(tt, lb.addr)
 			cfg.Counter = servercounter.StaticServerCounter(tc.counter)
-			cfg.RespectReceivedServerCount = tc.respect
+			cfg.TargetPolicy = tc.policy
 			a := startAgent(t, cfg)
 
 			require.Eventually(t, func() bool { return a.Connected() == 3 }, waitFor, tick)
@@ -216,8 +216,8 @@ func TestDrain(t *testing.T) {
 	}
 	st1, st2 := live(s1), live(s2)
 
-	a.Drain()
-	a.Drain() // once only
+	a.Drain(t.Context())
+	a.Drain(t.Context()) // once only
 	st1.nextOf(t, pb.PacketType_DRAIN)
 	st2.nextOf(t, pb.PacketType_DRAIN)
 
@@ -232,7 +232,7 @@ func TestDrain(t *testing.T) {
 
 	// Tunnels still work, new ones included, and no second DRAIN came.
 	id := st1.dialOK(t, target.addr, 1)
-	st1.send(t, dataPkt(id, []byte("ping")))
+	st1.send(t, wire.Data(id, []byte("ping")))
 	d := st1.nextOf(t, pb.PacketType_DATA).GetData()
 	assert.Equal(t, "ping", string(d.GetData()))
 }
@@ -283,7 +283,7 @@ func TestRunClosesEverything(t *testing.T) {
 	conn := target.accepted(t)
 	st.dialOK(t, target.addr, 2)
 	_ = target.accepted(t)
-	st.send(t, dataPkt(id, []byte("x")))
+	st.send(t, wire.Data(id, []byte("x")))
 	buf := make([]byte, 1)
 	_, err := conn.Read(buf)
 	require.NoError(t, err)

@@ -1,10 +1,10 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,13 +67,22 @@ type Config struct {
 	// server dial and sent as "authorization: Bearer <token>". Empty means
 	// no Authorization header.
 	TokenPath string
-	// Counter gives the server count aimed for. Nil means
-	// servercounter.StaticServerCounter(1).
-	Counter servercounter.ServerCounter
-	// RespectReceivedServerCount makes the serverCount header of the last
-	// newly connected server overwrite Counter's count, as upstream agents
-	// do. DefaultConfig sets it.
-	RespectReceivedServerCount bool
+	// Counter counts the servers. It is read once per sync round, and
+	// that one Result gives both the count TargetPolicy weighs and, in
+	// DialResolved mode, the addresses to dial (Result.Endpoints), so the
+	// two always agree. It should answer at once, as a
+	// servercounter.CachedServerCounter does; a failed read keeps the last
+	// result. Nil means servercounter.StaticServerCounter(1).
+	Counter servercounter.Counter
+	// CountChanged, when set, wakes the sync loop as soon as the count
+	// changes rather than at its next round. A CachedServerCounter with
+	// Background set is both the Counter and its CountChanged; nothing
+	// else tells the agent that a Counter can signal changes.
+	CountChanged servercounter.Notifier
+	// TargetPolicy says how the Counter's count and the counts servers
+	// send combine. The zero value, TargetReceived, is upstream's
+	// behaviour.
+	TargetPolicy TargetPolicy
 	// SyncInterval is the wait between sync rounds and the first wait
 	// after a failed dial; default 1s.
 	SyncInterval time.Duration
@@ -96,9 +105,6 @@ type Config struct {
 	// registered.
 	Registerer prometheus.Registerer
 
-	// CountSource says how Counter's count and received counts combine;
-	// default CountSourceDefault.
-	CountSource CountSource
 	// ReceivedWindow is how many received counts are remembered; the
 	// largest is used, since during a rollout old and new servers report
 	// different counts. Default DefaultReceivedWindow.
@@ -106,28 +112,28 @@ type Config struct {
 	// HoldDown is how long a lower count must persist before the target
 	// drops to it; default DefaultHoldDown. Increases apply at once.
 	HoldDown time.Duration
-	// DialMode says where to dial servers; default DialLoadBalancer.
+	// DialMode says where to dial servers; default DialLoadBalancer. In
+	// DialResolved mode, a result that lists no address (a static count,
+	// a cache's fallback) makes the agent dial ServerAddress; an address
+	// without a port there takes ServerAddress's.
 	DialMode DialMode
-	// Endpoints returns the host:port of each server, for DialResolved.
-	// When it fails or returns none, the agent dials ServerAddress.
-	Endpoints func(ctx context.Context) ([]string, error)
-	// Now returns the current time, for the hold-down; nil means
-	// time.Now. Tests set it to step time.
-	Now func() time.Time
+	// Clock times the hold-down; nil means the real clock.
+	Clock servercounter.Clock
 }
 
-// DefaultConfig returns a Config with every default set and
-// RespectReceivedServerCount true (the upstream default). AgentID and
+// DefaultConfig returns a Config with every default set. AgentID and
 // ServerAddress, and DialOptions or Insecure, are left to the caller.
 func DefaultConfig() Config {
 	return Config{
-		Counter:                    servercounter.StaticServerCounter(1),
-		RespectReceivedServerCount: true,
-		SyncInterval:               DefaultSyncInterval,
-		SyncIntervalCap:            DefaultSyncIntervalCap,
-		ProbeInterval:              DefaultProbeInterval,
-		DialTimeout:                DefaultDialTimeout,
-		HandshakeTimeout:           DefaultHandshakeTimeout,
+		Counter:          servercounter.StaticServerCounter(1),
+		SyncInterval:     DefaultSyncInterval,
+		SyncIntervalCap:  DefaultSyncIntervalCap,
+		ProbeInterval:    DefaultProbeInterval,
+		DialTimeout:      DefaultDialTimeout,
+		HandshakeTimeout: DefaultHandshakeTimeout,
+		HoldDown:         DefaultHoldDown,
+		ReceivedWindow:   DefaultReceivedWindow,
+		DialMode:         DialLoadBalancer,
 	}
 }
 
@@ -142,17 +148,11 @@ func (cfg Config) withDefaults() Config {
 	setDefault(&cfg.DialTimeout, DefaultDialTimeout)
 	setDefault(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
 	setDefault(&cfg.HoldDown, DefaultHoldDown)
-	if cfg.CountSource == "" {
-		cfg.CountSource = CountSourceDefault
-	}
 	if cfg.ReceivedWindow == 0 {
 		cfg.ReceivedWindow = DefaultReceivedWindow
 	}
 	if cfg.DialMode == "" {
 		cfg.DialMode = DialLoadBalancer
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
 	}
 	return cfg
 }
@@ -171,8 +171,10 @@ func (cfg Config) validate() error {
 	}
 	if cfg.ServerAddress == "" {
 		errs = append(errs, errors.New("ServerAddress is empty: set the proxy-servers' host:port"))
-	} else if _, _, err := net.SplitHostPort(cfg.ServerAddress); err != nil {
+	} else if _, port, err := net.SplitHostPort(cfg.ServerAddress); err != nil {
 		errs = append(errs, fmt.Errorf("ServerAddress %q is not host:port: %w", cfg.ServerAddress, err))
+	} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		errs = append(errs, fmt.Errorf("ServerAddress %q has no numeric port: give host:port, e.g. proxy-server:8091", cfg.ServerAddress))
 	}
 	if len(cfg.DialOptions) == 0 && !cfg.Insecure {
 		errs = append(errs, errors.New("DialOptions is empty and Insecure is false: give transport credentials (TLS), or set Insecure for plaintext local use"))
@@ -195,14 +197,11 @@ func (cfg Config) validate() error {
 	if cfg.SyncInterval > 0 && cfg.SyncIntervalCap > 0 && cfg.SyncIntervalCap < cfg.SyncInterval {
 		errs = append(errs, fmt.Errorf("SyncIntervalCap %v is less than SyncInterval %v: want a cap at least the interval", cfg.SyncIntervalCap, cfg.SyncInterval))
 	}
-	if _, err := ParseCountSource(string(cfg.CountSource)); err != nil {
-		errs = append(errs, fmt.Errorf("CountSource: %w", err))
+	if cfg.TargetPolicy < TargetReceived || cfg.TargetPolicy > TargetMax {
+		errs = append(errs, fmt.Errorf("TargetPolicy is %v: use TargetReceived, TargetCounted or TargetMax", cfg.TargetPolicy))
 	}
-	if _, err := ParseDialMode(string(cfg.DialMode)); err != nil {
-		errs = append(errs, fmt.Errorf("DialMode: %w", err))
-	}
-	if cfg.DialMode == DialResolved && cfg.Endpoints == nil {
-		errs = append(errs, errors.New("DialMode is resolved but Endpoints is nil: give the function that lists the servers' addresses (--server-count-dns)"))
+	if !cfg.DialMode.valid() {
+		errs = append(errs, fmt.Errorf("DialMode is %q: use DialLoadBalancer or DialResolved", cfg.DialMode))
 	}
 	if cfg.ReceivedWindow < 0 {
 		errs = append(errs, fmt.Errorf("ReceivedWindow is %d: want a positive number, or 0 for the default", cfg.ReceivedWindow))

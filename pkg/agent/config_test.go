@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/servercount/servercount/internal/clocktest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -62,7 +62,8 @@ func TestNewClientSetValidates(t *testing.T) {
 
 func TestDefaultConfig(t *testing.T) {
 	cfg := DefaultConfig()
-	assert.True(t, cfg.RespectReceivedServerCount)
+	assert.Equal(t, TargetReceived, cfg.TargetPolicy, "upstream's policy")
+	assert.Equal(t, DialLoadBalancer, cfg.DialMode)
 	assert.Equal(t, time.Second, cfg.SyncInterval)
 	assert.Equal(t, 10*time.Second, cfg.SyncIntervalCap)
 	assert.Equal(t, time.Second, cfg.ProbeInterval)
@@ -99,57 +100,59 @@ func TestMetricsExistFromStart(t *testing.T) {
 	require.ErrorContains(t, err, "register agent metrics")
 }
 
-func newPolicy(counter servercounter.ServerCounter, respect bool, source CountSource, now func() time.Time) *targetPolicy {
-	return &targetPolicy{counter: counter, respectReceived: respect, source: source, window: 3, holdDown: 30 * time.Second, now: now}
+func newPolicy(policy TargetPolicy, now func() time.Time) *targetPolicy {
+	return &targetPolicy{policy: policy, window: 3, holdDown: 30 * time.Second, now: now}
 }
 
 func TestTargetPolicy(t *testing.T) {
 	tests := []struct {
 		name       string
 		counter    int
-		respect    bool
-		source     CountSource
+		policy     TargetPolicy
 		received   []int
 		wantCount  int
 		wantSource string
 	}{
-		{name: "counter before any server", counter: 3, respect: true, source: CountSourceDefault, wantCount: 3, wantSource: "static"},
-		{name: "received overwrites counter", counter: 3, respect: true, source: CountSourceDefault, received: []int{5}, wantCount: 5, wantSource: "received"},
-		{name: "largest received in the window", counter: 1, respect: true, source: CountSourceDefault, received: []int{3, 5, 3}, wantCount: 5, wantSource: "received"},
-		{name: "window forgets old counts", counter: 1, respect: true, source: CountSourceDefault, received: []int{9, 3, 3, 3}, wantCount: 3, wantSource: "received"},
-		{name: "received ignored", counter: 3, respect: false, source: CountSourceDefault, received: []int{5}, wantCount: 3, wantSource: "static"},
-		{name: "max takes received when larger", counter: 3, respect: false, source: CountSourceMax, received: []int{5}, wantCount: 5, wantSource: "received"},
-		{name: "max takes counter when larger", counter: 6, respect: true, source: CountSourceMax, received: []int{5}, wantCount: 6, wantSource: "static"},
-		{name: "received zero is at least one", counter: 3, respect: true, source: CountSourceDefault, received: []int{0}, wantCount: 1, wantSource: "received"},
-		{name: "counter zero is at least one", counter: 0, respect: false, source: CountSourceDefault, wantCount: 1, wantSource: "static"},
+		{name: "counter before any server", counter: 3, policy: TargetReceived, wantCount: 3, wantSource: "static"},
+		{name: "received overwrites counter", counter: 3, policy: TargetReceived, received: []int{5}, wantCount: 5, wantSource: "received"},
+		{name: "largest received in the window", counter: 1, policy: TargetReceived, received: []int{3, 5, 3}, wantCount: 5, wantSource: "received"},
+		{name: "window forgets old counts", counter: 1, policy: TargetReceived, received: []int{9, 3, 3, 3}, wantCount: 3, wantSource: "received"},
+		{name: "received ignored", counter: 3, policy: TargetCounted, received: []int{5}, wantCount: 3, wantSource: "static"},
+		{name: "max takes received when larger", counter: 3, policy: TargetMax, received: []int{5}, wantCount: 5, wantSource: "received"},
+		{name: "max takes counter when larger", counter: 6, policy: TargetMax, received: []int{5}, wantCount: 6, wantSource: "static"},
+		{name: "max before any server", counter: 2, policy: TargetMax, wantCount: 2, wantSource: "static"},
+		{name: "received zero is at least one", counter: 3, policy: TargetReceived, received: []int{0}, wantCount: 1, wantSource: "received"},
+		{name: "counter zero is at least one", counter: 0, policy: TargetCounted, wantCount: 1, wantSource: "static"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := newPolicy(servercounter.StaticServerCounter(tc.counter), tc.respect, tc.source, time.Now)
+			p := newPolicy(tc.policy, time.Now)
 			for _, n := range tc.received {
 				p.observeReceived(n)
 			}
-			n, src := p.target(t.Context())
+			res, err := servercounter.StaticServerCounter(tc.counter).Count(t.Context())
+			require.NoError(t, err)
+			n, src := p.target(res)
 			assert.Equal(t, tc.wantCount, n)
 			assert.Equal(t, tc.wantSource, src)
 		})
 	}
 }
 
-// settableCounter is a ServerCounter a test changes.
-type settableCounter struct{ n atomic.Int64 }
-
-func (c *settableCounter) CountServers() int { return int(c.n.Load()) }
+func TestTargetPolicyString(t *testing.T) {
+	assert.Equal(t, "received", TargetReceived.String())
+	assert.Equal(t, "counted", TargetCounted.String())
+	assert.Equal(t, "max", TargetMax.String())
+	assert.Equal(t, "TargetPolicy(9)", TargetPolicy(9).String())
+}
 
 func TestTargetPolicyHoldsDecreases(t *testing.T) {
-	now := time.Unix(1000, 0)
-	var counter settableCounter
-	p := newPolicy(&counter, false, CountSourceDefault, func() time.Time { return now })
+	clk := clocktest.New(time.Unix(1000, 0))
+	p := newPolicy(TargetCounted, clk.Now)
 	step := func(d time.Duration, count, want int) {
 		t.Helper()
-		now = now.Add(d)
-		counter.n.Store(int64(count))
-		got, _ := p.target(t.Context())
+		clk.Step(d)
+		got, _ := p.target(servercounter.Result{Count: count, Source: servercounter.SourceDNS})
 		assert.Equal(t, want, got, "at +%v with count %d", d, count)
 	}
 	step(0, 6, 6)

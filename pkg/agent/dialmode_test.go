@@ -1,53 +1,47 @@
 package agent
 
 import (
-	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/pkg/servercounter"
 )
 
-// endpointList is a list of server addresses a test changes, standing in
-// for what DNS resolves.
-type endpointList struct {
-	mu   sync.Mutex
-	eps  []string
-	err  error
-	seen int
-}
+// srvName is the SRV name of the test servers' headless Service.
+const srvName = "_agent._tcp.proxy.test.svc.cluster.local."
 
-func (l *endpointList) set(eps ...string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.eps = eps
-}
-
-func (l *endpointList) get(context.Context) ([]string, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.seen++
-	return append([]string(nil), l.eps...), l.err
+// dnsCounter serves addrs as the SRV records of srvName from a real DNS
+// server, and returns a cached DNS counter of them that refreshes in the
+// background, as --server-count-dns builds it, with the DNS server to
+// change the records.
+func dnsCounter(t *testing.T, addrs ...string) (*servercounter.CachedServerCounter, *dnstest.Server) {
+	t.Helper()
+	srv := dnstest.NewServer(t)
+	srv.SetRecords(dnstest.SRVRecords(srvName, addrs...)...)
+	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: srvName, Servers: []string{srv.Addr()}, Timeout: time.Second})
+	require.NoError(t, err)
+	cache, err := servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{Expiry: 20 * time.Millisecond, MinExpiry: 10 * time.Millisecond, Background: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cache.Close() })
+	return cache, srv
 }
 
 func TestResolvedModeReachesEachServerInOneDial(t *testing.T) {
 	tt := newTestTLS(t)
-	var eps endpointList
-	var servers []*testServer
+	var addrs []string
 	for i := range 5 {
 		s := newTestServer(t, tt, serverOpts{id: fmt.Sprintf("s%d", i), count: "5"})
-		servers = append(servers, s)
+		addrs = append(addrs, s.addr)
 	}
-	eps.set(servers[0].addr, servers[1].addr, servers[2].addr)
+	counter, dns := dnsCounter(t, addrs[:3]...)
 	cfg := testConfig(tt, "127.0.0.1:1") // the load balancer is never needed
-	cfg.DialMode, cfg.Endpoints = DialResolved, eps.get
-	cfg.RespectReceivedServerCount = false
-	counter := &settableCounter{}
-	counter.n.Store(3)
-	cfg.Counter = counter
+	cfg.DialMode, cfg.TargetPolicy = DialResolved, TargetCounted
+	cfg.Counter, cfg.CountChanged = counter, counter
 	a := startAgent(t, cfg)
 
 	require.Eventually(t, func() bool { return a.Connected() == 3 }, waitFor, tick, "3 servers")
@@ -60,8 +54,7 @@ func TestResolvedModeReachesEachServerInOneDial(t *testing.T) {
 	assert.Equal(t, 0.0, dials("error"))
 
 	// DNS shows two more: two more dials.
-	eps.set(servers[0].addr, servers[1].addr, servers[2].addr, servers[3].addr, servers[4].addr)
-	counter.n.Store(5)
+	dns.SetRecords(dnstest.SRVRecords(srvName, addrs...)...)
 	require.Eventually(t, func() bool { return a.Connected() == 5 }, waitFor, tick, "5 servers")
 	assert.Equal(t, 5.0, dials("ok"))
 	assert.Equal(t, 0.0, dials("duplicate")+dials("error"))
@@ -69,18 +62,14 @@ func TestResolvedModeReachesEachServerInOneDial(t *testing.T) {
 
 func TestResolvedModeBacksOffOnUnreachableServers(t *testing.T) {
 	tt := newTestTLS(t)
-	var eps endpointList
 	s0 := newTestServer(t, tt, serverOpts{id: "s0", count: "3"})
 	s1 := newTestServer(t, tt, serverOpts{id: "s1", count: "3"})
 	// Three more listed that nobody serves: nothing listens on port 1.
-	eps.set(s0.addr, s1.addr, "127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1")
+	counter, _ := dnsCounter(t, s0.addr, s1.addr, "127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1")
 	cfg := testConfig(tt, "127.0.0.1:1")
-	cfg.DialMode, cfg.Endpoints = DialResolved, eps.get
-	cfg.RespectReceivedServerCount = false
+	cfg.DialMode, cfg.TargetPolicy = DialResolved, TargetCounted
+	cfg.Counter, cfg.CountChanged = counter, counter
 	cfg.SyncInterval, cfg.SyncIntervalCap = 20*time.Millisecond, 200*time.Millisecond
-	counter := &settableCounter{}
-	counter.n.Store(5)
-	cfg.Counter = counter
 	a := startAgent(t, cfg)
 	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick, "the 2 reachable servers")
 

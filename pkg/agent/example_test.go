@@ -22,7 +22,7 @@ func Example() {
 	cfg.AgentID = "node-1"
 	cfg.ServerAddress = "proxy.example:8091"
 	cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{ /* CA, client cert */ }))}
-	cfg.Counter = servercounter.StaticServerCounter(3)
+	cfg.Counter, cfg.TargetPolicy = servercounter.StaticServerCounter(3), agent.TargetCounted
 	cs, err := agent.NewClientSet(cfg)
 	if err != nil {
 		klog.ErrorS(err, "Invalid agent configuration")
@@ -36,7 +36,7 @@ func Example() {
 	defer cancel()
 	go func() {
 		<-drain.Done()
-		cs.Drain() // a second signal would cancel ctx
+		cs.Drain(ctx) // a second signal would cancel ctx
 	}()
 	_ = cs.Run(ctx)
 }

@@ -206,25 +206,11 @@ func (ts *testStream) ended() bool {
 	}
 }
 
-func dialReq(address string, random int64) *pb.Packet {
-	return &pb.Packet{Type: pb.PacketType_DIAL_REQ, Payload: &pb.Packet_DialRequest{
-		DialRequest: &pb.DialRequest{Protocol: "tcp", Address: address, Random: random},
-	}}
-}
-
-func dataPkt(connectID int64, b []byte) *pb.Packet {
-	return &pb.Packet{Type: pb.PacketType_DATA, Payload: &pb.Packet_Data{Data: &pb.Data{ConnectID: connectID, Data: b}}}
-}
-
-func closeReq(connectID int64) *pb.Packet {
-	return &pb.Packet{Type: pb.PacketType_CLOSE_REQ, Payload: &pb.Packet_CloseRequest{CloseRequest: &pb.CloseRequest{ConnectID: connectID}}}
-}
-
 // dialOK sends DIAL_REQ for address and returns the connectID of a
 // successful DIAL_RSP.
 func (ts *testStream) dialOK(t testing.TB, address string, random int64) int64 {
 	t.Helper()
-	ts.send(t, dialReq(address, random))
+	ts.send(t, wire.DialReq("tcp", address, random))
 	rsp := ts.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 	require.Empty(t, rsp.GetError())
 	require.Equal(t, random, rsp.GetRandom())

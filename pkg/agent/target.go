@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -9,30 +8,40 @@ import (
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
-// CountSource says how the agent combines the server counts it knows: its
-// Counter's, and the serverCount headers of the servers it connects to.
-type CountSource string
+// TargetPolicy says which server count the agent aims for: the count of
+// its [Config.Counter], the serverCount headers of the servers it
+// connects to, or the larger of the two. Sources beyond those (DNS,
+// Kubernetes leases, several combined) are the Counter's business, so a
+// new source needs no new policy.
+type TargetPolicy int
 
-// Count sources.
+// Target policies.
 const (
-	// CountSourceDefault aims for the largest count received lately when
-	// RespectReceivedServerCount is set and a server has sent one, else
-	// for the Counter's count.
-	CountSourceDefault CountSource = "default"
-	// CountSourceMax aims for the larger of the Counter's count and the
-	// largest count received lately: for mixed fleets during a migration,
-	// where some servers report a static count and DNS knows better, or
-	// the other way round.
-	CountSourceMax CountSource = "max"
+	// TargetReceived aims for the largest serverCount received in the last
+	// [Config.ReceivedWindow] handshakes, as upstream agents do, and for
+	// the Counter's count before any server has answered. The zero value.
+	TargetReceived TargetPolicy = iota
+	// TargetCounted aims for the Counter's count and ignores received
+	// counts: for an agent that counts servers itself, through DNS.
+	TargetCounted
+	// TargetMax aims for the larger of the Counter's count and the largest
+	// received lately: for mixed fleets during a migration, where some
+	// servers report a static count and the Counter knows better, or the
+	// other way round.
+	TargetMax
 )
 
-// ParseCountSource parses "default" or "max" (--server-count-source).
-func ParseCountSource(s string) (CountSource, error) {
-	switch CountSource(s) {
-	case CountSourceDefault, CountSourceMax:
-		return CountSource(s), nil
+// String returns "received", "counted" or "max".
+func (p TargetPolicy) String() string {
+	switch p {
+	case TargetReceived:
+		return "received"
+	case TargetCounted:
+		return "counted"
+	case TargetMax:
+		return "max"
 	}
-	return "", fmt.Errorf("unknown server count source %q: use default or max", s)
+	return fmt.Sprintf("TargetPolicy(%d)", int(p))
 }
 
 // DialMode says where the agent dials proxy-servers.
@@ -45,23 +54,25 @@ const (
 	// average (the coupon collector), since a dial that lands on a server
 	// already connected is wasted.
 	DialLoadBalancer DialMode = "lb"
-	// DialResolved dials each address that Config.Endpoints returns, one
-	// server per dial: reaching N servers takes N dials.
+	// DialResolved dials each address listed by the Counter's result
+	// ([servercounter.Result.Endpoints]), one server per dial: reaching N
+	// servers takes N dials.
 	DialResolved DialMode = "resolved"
 )
 
 // ParseDialMode parses "lb" or "resolved" (--server-dial-mode).
 func ParseDialMode(s string) (DialMode, error) {
-	switch DialMode(s) {
-	case DialLoadBalancer, DialResolved:
-		return DialMode(s), nil
+	if m := DialMode(s); m.valid() {
+		return m, nil
 	}
 	return "", fmt.Errorf("unknown server dial mode %q: use lb (through --proxy-server-host) or resolved (each address --server-count-dns resolves to)", s)
 }
 
-// Target sources, the labels of servercount_agent_target_server_count:
-// the servercounter.Source names of the Counter's result (static, dns,
-// fallback, override), or received.
+func (m DialMode) valid() bool { return m == DialLoadBalancer || m == DialResolved }
+
+// sourceReceived labels a target taken from received counts in
+// servercount_agent_target_server_count; the other labels are the
+// servercounter.Source names of the Counter's result.
 const sourceReceived = "received"
 
 // targetPolicy decides the server count the agent aims for. It is the one
@@ -73,12 +84,10 @@ const sourceReceived = "received"
 // (NXDOMAIN for a moment during a rollout, an old server reporting an old
 // count) never drops the target. The target is never below 1.
 type targetPolicy struct {
-	counter         servercounter.ServerCounter
-	respectReceived bool
-	source          CountSource
-	window          int
-	holdDown        time.Duration
-	now             func() time.Time
+	policy   TargetPolicy
+	window   int
+	holdDown time.Duration
+	now      func() time.Time
 
 	mu sync.Mutex // guards the fields below
 	// received are the last window counts received, oldest first.
@@ -91,7 +100,8 @@ type targetPolicy struct {
 	lowerSince time.Time
 }
 
-// received records the serverCount header of a newly connected server.
+// observeReceived records the serverCount header of a newly connected
+// server.
 func (p *targetPolicy) observeReceived(n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -101,21 +111,19 @@ func (p *targetPolicy) observeReceived(n int) {
 	}
 }
 
-// target returns the count to aim for and its source.
-func (p *targetPolicy) target(ctx context.Context) (int, string) {
-	counted, countedSrc := p.counted(ctx)
-
+// target returns the count to aim for, given the Counter's latest result,
+// and the source that decided it.
+func (p *targetPolicy) target(counted servercounter.Result) (int, string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	received := -1
 	for _, n := range p.received {
 		received = max(received, n)
 	}
-	want, src := counted, countedSrc
+	want, src := counted.Count, counted.Source.String()
 	switch {
-	case p.source == CountSourceMax && received > counted:
-		want, src = received, sourceReceived
-	case p.source == CountSourceDefault && p.respectReceived && received >= 0:
+	case p.policy == TargetMax && received > want,
+		p.policy == TargetReceived && received >= 0:
 		want, src = received, sourceReceived
 	}
 	want = max(want, 1)
@@ -133,15 +141,4 @@ func (p *targetPolicy) target(ctx context.Context) (int, string) {
 		p.current, p.lowerSince = p.lower, time.Time{}
 	}
 	return p.current, src
-}
-
-// counted returns the Counter's count and where it came from. A Counter
-// that can tell (a cache in front of DNS) says dns, fallback or override.
-func (p *targetPolicy) counted(ctx context.Context) (int, string) {
-	if c, ok := p.counter.(servercounter.Counter); ok {
-		if res, err := c.Count(ctx); err == nil {
-			return res.Count, res.Source.String()
-		}
-	}
-	return p.counter.CountServers(), servercounter.SourceStatic.String()
 }

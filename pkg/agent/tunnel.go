@@ -110,11 +110,9 @@ func (c *client) dialEndpoint(ctx context.Context, protocol, address string) (ne
 
 // sendDialRsp answers DIAL_RSP; errText empty means success.
 func (c *client) sendDialRsp(random, connectID int64, errText string) error {
-	err := c.send(&pb.Packet{Type: pb.PacketType_DIAL_RSP, Payload: &pb.Packet_DialResponse{
-		DialResponse: &pb.DialResponse{Random: random, ConnectID: connectID, Error: errText},
-	}})
+	err := c.send(wire.DialRsp(random, connectID, errText))
 	if err != nil {
-		klog.Background().V(4).Info("Failed to send DIAL_RSP", "serverID", c.serverID, "dialID", random, "err", err)
+		c.logger.V(4).Info("Failed to send DIAL_RSP", "dialID", random, "err", err)
 	}
 	return err
 }
@@ -126,8 +124,8 @@ func (t *tunnel) readLoop() {
 	// DialOptions that kept the message past HandleRPC would see it
 	// change.)
 	buf := make([]byte, wire.MaxDataPayload)
-	data := &pb.Data{ConnectID: t.connectID}
-	p := &pb.Packet{Type: pb.PacketType_DATA, Payload: &pb.Packet_Data{Data: data}}
+	p := wire.Data(t.connectID, nil)
+	data := p.GetData()
 	for {
 		n, err := t.conn.Read(buf)
 		if n > 0 {
@@ -161,7 +159,7 @@ func (t *tunnel) writeLoop() {
 				return
 			}
 			if _, err := t.conn.Write(b); err != nil {
-				klog.Background().V(4).Info("Failed to write to endpoint", "serverID", t.c.serverID, "connectID", t.connectID, "err", err)
+				t.c.logger.V(4).Info("Failed to write to endpoint", "connectID", t.connectID, "err", err)
 				t.finish(true)
 				return
 			}

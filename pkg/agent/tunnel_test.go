@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // oneStream starts a server and an agent and returns the agent's stream.
@@ -34,8 +36,8 @@ func TestTunnelRoundTrip(t *testing.T) {
 	assert.Equal(t, 1.0, v)
 
 	// Server to endpoint.
-	st.send(t, dataPkt(id, []byte("hello ")))
-	st.send(t, dataPkt(id, []byte("endpoint")))
+	st.send(t, wire.Data(id, []byte("hello ")))
+	st.send(t, wire.Data(id, []byte("endpoint")))
 	got := make([]byte, len("hello endpoint"))
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitFor)))
 	_, err := io.ReadFull(conn, got)
@@ -82,7 +84,7 @@ func TestTunnelDialErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			random := int64(100 + i)
 			start := time.Now()
-			st.send(t, dialReq(tc.address(t), random))
+			st.send(t, wire.DialReq("tcp", tc.address(t), random))
 			rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 			assert.Less(t, time.Since(start), 2*time.Second, "longer than DialTimeout")
 			assert.NotEmpty(t, rsp.GetError())
@@ -94,9 +96,7 @@ func TestTunnelDialErrors(t *testing.T) {
 	assert.Equal(t, float64(len(tests)), v)
 
 	t.Run("unsupported protocol", func(t *testing.T) {
-		st.send(t, &pb.Packet{Type: pb.PacketType_DIAL_REQ, Payload: &pb.Packet_DialRequest{
-			DialRequest: &pb.DialRequest{Protocol: "unix", Address: "/run/x.sock", Random: 9},
-		}})
+		st.send(t, wire.DialReq("unix", "/run/x.sock", 9))
 		rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 		assert.Contains(t, rsp.GetError(), "unsupported protocol")
 	})
@@ -109,8 +109,8 @@ func TestTunnelCloseRequest(t *testing.T) {
 	conn := target.accepted(t)
 
 	// Data sent before CLOSE_REQ still reaches the endpoint.
-	st.send(t, dataPkt(id, []byte("last words")))
-	st.send(t, closeReq(id))
+	st.send(t, wire.Data(id, []byte("last words")))
+	st.send(t, wire.CloseReq(id))
 	rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
 	assert.Equal(t, id, rsp.GetConnectID())
 	assert.Empty(t, rsp.GetError())
@@ -125,7 +125,7 @@ func TestTunnelCloseRequest(t *testing.T) {
 	}, waitFor, tick)
 
 	// The connectID is gone now.
-	st.send(t, dataPkt(id, []byte("late")))
+	st.send(t, wire.Data(id, []byte("late")))
 	rsp = st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
 	assert.Equal(t, id, rsp.GetConnectID())
 	assert.NotEmpty(t, rsp.GetError())
@@ -154,7 +154,7 @@ func TestTunnelEndpointCloses(t *testing.T) {
 	assert.Equal(t, "bye", string(got))
 
 	// One CLOSE_RSP only: the next packet answers the next request.
-	st.send(t, closeReq(id))
+	st.send(t, wire.CloseReq(id))
 	rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
 	assert.Equal(t, id, rsp.GetConnectID())
 	assert.NotEmpty(t, rsp.GetError(), "a second CLOSE_RSP for the closed tunnel")
@@ -165,8 +165,8 @@ func TestTunnelUnknownConnectID(t *testing.T) {
 		name string
 		pkt  *pb.Packet
 	}{
-		{name: "DATA", pkt: dataPkt(999, []byte("x"))},
-		{name: "CLOSE_REQ", pkt: closeReq(999)},
+		{name: "DATA", pkt: wire.Data(999, []byte("x"))},
+		{name: "CLOSE_REQ", pkt: wire.CloseReq(999)},
 	}
 	_, st := oneStream(t)
 	for _, tc := range tests {
@@ -178,8 +178,8 @@ func TestTunnelUnknownConnectID(t *testing.T) {
 		})
 	}
 	t.Run("DIAL_CLS is ignored", func(t *testing.T) {
-		st.send(t, &pb.Packet{Type: pb.PacketType_DIAL_CLS, Payload: &pb.Packet_CloseDial{CloseDial: &pb.CloseDial{Random: 5}}})
-		st.send(t, closeReq(998))
+		st.send(t, wire.DialCls(5))
+		st.send(t, wire.CloseReq(998))
 		assert.Equal(t, int64(998), st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
 	})
 }
@@ -194,7 +194,7 @@ func TestTunnelsConcurrent(t *testing.T) {
 	target := newTestTarget(t, true)
 
 	for i := range tunnels {
-		st.send(t, dialReq(target.addr, int64(i+1)))
+		st.send(t, wire.DialReq("tcp", target.addr, int64(i+1)))
 	}
 	ids := map[int64]int{} // connectID -> tunnel index
 	for range tunnels {
@@ -218,7 +218,7 @@ func TestTunnelsConcurrent(t *testing.T) {
 		go func() {
 			for off := 0; off < size; off += chunk {
 				st.sendMu.Lock()
-				err := st.stream.Send(dataPkt(id, payloads[i][off:off+chunk]))
+				err := st.stream.Send(wire.Data(id, payloads[i][off:off+chunk]))
 				st.sendMu.Unlock()
 				if err != nil {
 					sendErr <- err
@@ -251,7 +251,7 @@ func TestTunnelsConcurrent(t *testing.T) {
 	assert.Equal(t, float64(tunnels), v)
 
 	for id := range ids {
-		st.send(t, closeReq(id))
+		st.send(t, wire.CloseReq(id))
 	}
 	for range tunnels {
 		rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()

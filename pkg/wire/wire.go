@@ -102,3 +102,56 @@ const (
 	// gRPC's default limit is 4 MiB.
 	MaxMessageSize = 16 << 20
 )
+
+// Packet constructors, one per packet kind that the server and the agent
+// send, so that each is built in one place.
+
+// DialReq returns DIAL_REQ{protocol, address, random}: a frontend's ask
+// for a tunnel, forwarded by the server to an agent.
+func DialReq(protocol, address string, random int64) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DIAL_REQ, Payload: &client.Packet_DialRequest{
+		DialRequest: &client.DialRequest{Protocol: protocol, Address: address, Random: random},
+	}}
+}
+
+// DialRsp returns DIAL_RSP{random, connectID, errText}; errText empty
+// means the dial succeeded.
+func DialRsp(random, connectID int64, errText string) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{
+		DialResponse: &client.DialResponse{Random: random, ConnectID: connectID, Error: errText},
+	}}
+}
+
+// DialCls returns DIAL_CLS{random}: the frontend gave up on a pending
+// dial.
+func DialCls(random int64) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DIAL_CLS, Payload: &client.Packet_CloseDial{
+		CloseDial: &client.CloseDial{Random: random},
+	}}
+}
+
+// CloseReq returns CLOSE_REQ{connectID}.
+func CloseReq(connectID int64) *client.Packet {
+	return &client.Packet{Type: client.PacketType_CLOSE_REQ, Payload: &client.Packet_CloseRequest{
+		CloseRequest: &client.CloseRequest{ConnectID: connectID},
+	}}
+}
+
+// CloseRsp returns CLOSE_RSP{connectID, errText}.
+func CloseRsp(connectID int64, errText string) *client.Packet {
+	return &client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{
+		CloseResponse: &client.CloseResponse{ConnectID: connectID, Error: errText},
+	}}
+}
+
+// Data returns DATA{connectID, data}. The packet holds data, not a copy.
+func Data(connectID int64, data []byte) *client.Packet {
+	return &client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{
+		Data: &client.Data{ConnectID: connectID, Data: data},
+	}}
+}
+
+// Drain returns DRAIN: the agent is going away; send it no new tunnels.
+func Drain() *client.Packet {
+	return &client.Packet{Type: client.PacketType_DRAIN, Payload: &client.Packet_Drain{Drain: &client.Drain{}}}
+}

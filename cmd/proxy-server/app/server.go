@@ -19,9 +19,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/serve"
-	"github.com/servercount/servercount/internal/tokenreview"
 	"github.com/servercount/servercount/pkg/server"
-	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -29,39 +27,11 @@ import (
 func Run(ctx context.Context, o *options.Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	strategies, err := server.ParseStrategies(o.ProxyStrategies)
+	cfg, stopCounter, err := o.Config(reg)
 	if err != nil {
 		return err
 	}
-	var counter servercounter.ServerCounter = servercounter.StaticServerCounter(o.ServerCount)
-	if o.DNS.Enabled() {
-		cache, err := o.DNS.Build(reg, "server", o.ServerCount)
-		if err != nil {
-			return err
-		}
-		defer cache.Close()
-		counter = cache
-	}
-	cfg := server.Config{
-		ServerID:           o.ServerID,
-		Counter:            counter,
-		Strategies:         strategies,
-		BackendDialTimeout: o.BackendDialTimeout,
-		Registerer:         reg,
-	}
-	switch {
-	case o.AgentTokenFile != "":
-		if cfg.Authenticator, err = server.NewTokenFileAuthenticator(o.AgentTokenFile); err != nil {
-			return err
-		}
-	case o.AgentNamespace != "":
-		if cfg.Authenticator, err = tokenreview.New(tokenreview.Config{
-			Kubeconfig: o.Kubeconfig, Audience: o.AuthenticationAudience,
-			Namespace: o.AgentNamespace, ServiceAccount: o.AgentServiceAccount,
-		}); err != nil {
-			return err
-		}
-	}
+	defer stopCounter()
 	srv, err := server.New(cfg)
 	if err != nil {
 		return err

@@ -7,9 +7,15 @@ package options
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/serve"
@@ -20,7 +26,7 @@ import (
 // Options is the proxy-agent's command line.
 type Options struct {
 	AgentID          string
-	AgentIdentifiers string
+	AgentIdentifiers wire.Identifiers
 
 	ProxyServerHost string
 	ProxyServerPort int
@@ -37,7 +43,9 @@ type Options struct {
 	SyncIntervalCap         time.Duration
 	ProbeInterval           time.Duration
 	SyncForever             bool
-	ServerCountSource       string
+	// CountSourceMax is --server-count-source=max: aim for the largest
+	// of the counts known, rather than the one the default picks.
+	CountSourceMax bool
 
 	// DNS counts servers through their headless Service (--server-count-dns).
 	DNS *dnscount.Options
@@ -45,7 +53,7 @@ type Options struct {
 	// the agent aims for it.
 	ServerCountHoldDown time.Duration
 	// ServerDialMode is lb or resolved.
-	ServerDialMode string
+	ServerDialMode agent.DialMode
 
 	HealthServerHost         string
 	HealthServerPort         int
@@ -77,7 +85,6 @@ func NewOptions() *Options {
 		SyncInterval:        time.Second,
 		SyncIntervalCap:     10 * time.Second,
 		ProbeInterval:       time.Second,
-		ServerCountSource:   "default",
 		HealthServerPort:    8093,
 		AdminBindAddress:    "127.0.0.1",
 		AdminServerPort:     8094,
@@ -87,7 +94,7 @@ func NewOptions() *Options {
 		XfrChannelSize:      150,
 		DNS:                 dnscount.NewOptions(),
 		ServerCountHoldDown: agent.DefaultHoldDown,
-		ServerDialMode:      string(agent.DialLoadBalancer),
+		ServerDialMode:      agent.DialLoadBalancer,
 	}
 }
 
@@ -95,7 +102,7 @@ func NewOptions() *Options {
 func (o *Options) Flags() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("proxy-agent", pflag.ContinueOnError)
 	fs.StringVar(&o.AgentID, "agent-id", o.AgentID, "unique ID of this agent (default: random)")
-	fs.StringVar(&o.AgentIdentifiers, "agent-identifiers", o.AgentIdentifiers, "what this agent serves, URL-query encoded: ipv4=, ipv6=, host=, cidr=, default-route=true")
+	serve.ParsedVar(fs, &o.AgentIdentifiers, "agent-identifiers", o.AgentIdentifiers.String(), wire.ParseIdentifiers, "what this agent serves, URL-query encoded: ipv4=, ipv6=, host=, cidr=, default-route=true")
 	fs.StringVar(&o.ProxyServerHost, "proxy-server-host", o.ProxyServerHost, "proxy-server host (usually a load balancer); also the TLS server name")
 	fs.IntVar(&o.ProxyServerPort, "proxy-server-port", o.ProxyServerPort, "proxy-server agent port")
 	fs.StringVar(&o.CACert, "ca-cert", o.CACert, "CA that signs the proxy-servers' certificates (empty: system roots)")
@@ -109,10 +116,10 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.SyncIntervalCap, "sync-interval-cap", o.SyncIntervalCap, "longest time between attempts after failures")
 	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "time between health checks of server connections")
 	fs.BoolVar(&o.SyncForever, "sync-forever", o.SyncForever, "keep opening connections even when connected to every server")
-	fs.StringVar(&o.ServerCountSource, "server-count-source", o.ServerCountSource, "how to combine server counts: default (DNS when --server-count-dns is set, else what servers report) or max (the larger of the two)")
+	serve.ParsedVar(fs, &o.CountSourceMax, "server-count-source", countSourceText(o.CountSourceMax), parseCountSource, "how to combine server counts: default (DNS when --server-count-dns is set, else what servers report) or max (the larger of the two)")
 	o.DNS.AddFlags(fs, true)
 	fs.DurationVar(&o.ServerCountHoldDown, "server-count-hold-down", o.ServerCountHoldDown, "how long a lower server count must persist before the agent aims for it (increases apply at once)")
-	fs.StringVar(&o.ServerDialMode, "server-dial-mode", o.ServerDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
+	serve.ParsedVar(fs, &o.ServerDialMode, "server-dial-mode", string(o.ServerDialMode), agent.ParseDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
 	fs.StringVar(&o.HealthServerHost, "health-server-host", o.HealthServerHost, "address for the health port (empty: all)")
 	fs.IntVar(&o.HealthServerPort, "health-server-port", o.HealthServerPort, "port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.AdminBindAddress, "admin-bind-address", o.AdminBindAddress, "address for the admin port")
@@ -137,9 +144,6 @@ func (o *Options) Validate() []error {
 	if o.AgentID == "" {
 		errs = append(errs, errors.New("--agent-id must not be empty"))
 	}
-	if _, err := wire.ParseIdentifiers(o.AgentIdentifiers); err != nil {
-		errs = append(errs, fmt.Errorf("invalid --agent-identifiers: %w", err))
-	}
 	if o.ProxyServerHost == "" {
 		errs = append(errs, errors.New("--proxy-server-host must not be empty"))
 	}
@@ -159,22 +163,80 @@ func (o *Options) Validate() []error {
 	if o.SyncIntervalCap < o.SyncInterval {
 		errs = append(errs, fmt.Errorf("--sync-interval-cap %v must be at least --sync-interval %v", o.SyncIntervalCap, o.SyncInterval))
 	}
-	if o.ServerCountSource != "default" && o.ServerCountSource != "max" {
-		errs = append(errs, fmt.Errorf("invalid --server-count-source %q: use default or max", o.ServerCountSource))
-	}
 	errs = append(errs, o.DNS.Validate()...)
 	if o.ServerCountHoldDown < 0 {
 		errs = append(errs, fmt.Errorf("invalid --server-count-hold-down %v: must not be negative", o.ServerCountHoldDown))
 	}
-	if mode, err := agent.ParseDialMode(o.ServerDialMode); err != nil {
-		errs = append(errs, fmt.Errorf("invalid --server-dial-mode: %w", err))
-	} else if mode == agent.DialResolved && !o.DNS.Enabled() {
+	if o.ServerDialMode == agent.DialResolved && !o.DNS.Enabled() {
 		errs = append(errs, errors.New("--server-dial-mode=resolved needs --server-count-dns: the addresses to dial come from it"))
 	}
 	if o.CountServerLeases {
 		errs = append(errs, errors.New("--count-server-leases is not supported: this agent does not read the Kubernetes API; count servers from the proxy-servers' headers (the default) instead"))
 	}
 	return errs
+}
+
+// parseCountSource parses --server-count-source: true for "max".
+func parseCountSource(s string) (bool, error) {
+	switch s {
+	case "default":
+		return false, nil
+	case "max":
+		return true, nil
+	}
+	return false, errors.New("use default or max")
+}
+
+func countSourceText(max bool) string {
+	if max {
+		return "max"
+	}
+	return "default"
+}
+
+// Config turns the options into the agent's configuration, once: it reads
+// the TLS files and, with --server-count-dns, builds the DNS counter
+// (its metrics registered on reg). Call stop once the agent has stopped:
+// it stops the DNS counter.
+func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func(), err error) {
+	cfg = agent.DefaultConfig()
+	cfg.AgentID = o.AgentID
+	cfg.Identifiers = o.AgentIdentifiers
+	cfg.ServerAddress = net.JoinHostPort(o.ProxyServerHost, strconv.Itoa(o.ProxyServerPort))
+	cfg.TokenPath = o.ServiceAccountTokenPath
+	cfg.SyncInterval, cfg.SyncIntervalCap, cfg.ProbeInterval = o.SyncInterval, o.SyncIntervalCap, o.ProbeInterval
+	cfg.SyncForever = o.SyncForever
+	cfg.HoldDown = o.ServerCountHoldDown
+	cfg.DialMode = o.ServerDialMode
+	cfg.Registerer = reg
+	cfg.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
+	if o.InsecurePlaintext {
+		cfg.Insecure = true
+	} else {
+		tlsCfg, err := serve.ClientTLS(o.CACert, o.AgentCert, o.AgentKey, o.ProxyServerHost)
+		if err != nil {
+			return cfg, nil, err
+		}
+		tlsCfg.NextProtos = o.ALPN()
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	}
+
+	// Upstream's default: the counts servers report. A count of our own
+	// (DNS) replaces them, unless --server-count-source=max weighs both.
+	cfg.TargetPolicy = agent.TargetReceived
+	stop = func() {}
+	if o.DNS.Enabled() {
+		cache, err := o.DNS.Build(reg, "agent", o.DNS.Fallback)
+		if err != nil {
+			return cfg, nil, err
+		}
+		stop = func() { _ = cache.Close() } // Close does not fail
+		cfg.Counter, cfg.CountChanged, cfg.TargetPolicy = cache, cache, agent.TargetCounted
+	}
+	if o.CountSourceMax {
+		cfg.TargetPolicy = agent.TargetMax
+	}
+	return cfg, stop, nil
 }
 
 // ALPN returns the ALPN protocols to offer. pflag prints an empty string

@@ -4,11 +4,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
+	"github.com/servercount/servercount/pkg/agent"
+	"github.com/servercount/servercount/pkg/servercounter"
 )
 
 func TestMain(m *testing.M) {
@@ -48,19 +51,22 @@ func TestValidate(t *testing.T) {
 		name    string
 		args    []string
 		wantErr []string
+		// wantParseErr is the error of a value refused by the flag
+		// itself, before Validate.
+		wantParseErr string
 	}{
 		{name: "defaults", args: nil},
 		{name: "insecure", args: []string{"--insecure-plaintext"}},
 		{name: "leases not supported", args: []string{"--count-server-leases"}, wantErr: []string{"--count-server-leases is not supported"}},
 		{name: "cert without key", args: []string{"--agent-cert=/c/a.crt"}, wantErr: []string{"--agent-cert and --agent-key go together"}},
 		{name: "cap below interval", args: []string{"--sync-interval=5s", "--sync-interval-cap=1s"}, wantErr: []string{"--sync-interval-cap 1s must be at least --sync-interval 5s"}},
-		{name: "bad source", args: []string{"--server-count-source=leases"}, wantErr: []string{`invalid --server-count-source "leases": use default or max`}},
-		{name: "bad identifiers", args: []string{"--agent-identifiers=default-route=maybe"}, wantErr: []string{"invalid --agent-identifiers"}},
+		{name: "bad source", args: []string{"--server-count-source=leases"}, wantParseErr: `invalid argument "leases" for "--server-count-source" flag: use default or max`},
+		{name: "bad identifiers", args: []string{"--agent-identifiers=default-route=maybe"}, wantParseErr: `invalid argument "default-route=maybe" for "--agent-identifiers" flag`},
 		{name: "bad port", args: []string{"--health-server-port=70000"}, wantErr: []string{"invalid --health-server-port 70000"}},
 		{name: "dns counting", args: []string{"--server-count-dns=proxy.kube-system.svc.cluster.local", "--server-dial-mode=resolved", "--server-count-source=max"}},
 		{name: "resolved needs dns", args: []string{"--server-dial-mode=resolved"}, wantErr: []string{"--server-dial-mode=resolved needs --server-count-dns"}},
-		{name: "bad dial mode", args: []string{"--server-dial-mode=nearest"}, wantErr: []string{"invalid --server-dial-mode"}},
-		{name: "bad dns type", args: []string{"--server-count-dns=x.example", "--server-count-dns-type=mx"}, wantErr: []string{"invalid --server-count-dns-type"}},
+		{name: "bad dial mode", args: []string{"--server-dial-mode=nearest"}, wantParseErr: `invalid argument "nearest" for "--server-dial-mode" flag: unknown server dial mode`},
+		{name: "bad dns type", args: []string{"--server-count-dns=x.example", "--server-count-dns-type=mx"}, wantParseErr: `invalid argument "mx" for "--server-count-dns-type" flag: use auto, srv, a, aaaa or ip`},
 		{name: "negative hold-down", args: []string{"--server-count-hold-down=-1s"}, wantErr: []string{"invalid --server-count-hold-down"}},
 		{name: "every problem at once", args: []string{"--agent-id=", "--proxy-server-host=", "--probe-interval=0s"},
 			wantErr: []string{"--agent-id must not be empty", "--proxy-server-host must not be empty", "must be positive"}},
@@ -69,7 +75,12 @@ func TestValidate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			o := options.NewOptions()
-			require.NoError(t, o.Flags().Parse(tc.args))
+			if err := o.Flags().Parse(tc.args); tc.wantParseErr != "" {
+				require.ErrorContains(t, err, tc.wantParseErr)
+				return
+			} else {
+				require.NoError(t, err)
+			}
 			errs := o.Validate()
 			var msgs []string
 			for _, err := range errs {
@@ -93,4 +104,46 @@ func TestIgnoredFlagsAreReported(t *testing.T) {
 	fs := o.Flags()
 	require.NoError(t, fs.Parse([]string{"--kubeconfig=/k", "--xfr-channel-size=10"}))
 	assert.Equal(t, []string{"--kubeconfig", "--xfr-channel-size"}, o.Ignored(fs))
+}
+
+// Config turns the flags into the agent's configuration once, with the
+// target policy the flags mean.
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		args       []string
+		wantPolicy agent.TargetPolicy
+		wantMode   agent.DialMode
+		wantDNS    bool
+	}{
+		{name: "upstream default", args: nil, wantPolicy: agent.TargetReceived, wantMode: agent.DialLoadBalancer},
+		{name: "max without dns", args: []string{"--server-count-source=max"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer},
+		{name: "dns", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"}, wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantDNS: true},
+		{name: "dns resolved max", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1", "--server-dial-mode=resolved", "--server-count-source=max"},
+			wantPolicy: agent.TargetMax, wantMode: agent.DialResolved, wantDNS: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := options.NewOptions()
+			require.NoError(t, o.Flags().Parse(append([]string{"--insecure-plaintext", "--agent-identifiers=host=node-1"}, tc.args...)))
+			require.Empty(t, o.Validate())
+			cfg, stop, err := o.Config(prometheus.NewRegistry())
+			require.NoError(t, err)
+			defer stop()
+			assert.Equal(t, tc.wantPolicy, cfg.TargetPolicy)
+			assert.Equal(t, tc.wantMode, cfg.DialMode)
+			assert.Equal(t, "127.0.0.1:8091", cfg.ServerAddress)
+			assert.Equal(t, "host=node-1", cfg.Identifiers.String())
+			assert.True(t, cfg.Insecure)
+			if tc.wantDNS {
+				assert.NotNil(t, cfg.CountChanged, "a DNS count wakes the agent on changes")
+				assert.IsType(t, &servercounter.CachedServerCounter{}, cfg.Counter)
+			} else {
+				assert.Nil(t, cfg.CountChanged)
+				assert.Equal(t, servercounter.StaticServerCounter(1), cfg.Counter)
+			}
+		})
+	}
 }

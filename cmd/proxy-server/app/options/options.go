@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/internal/tokenreview"
 	"github.com/servercount/servercount/pkg/server"
+	"github.com/servercount/servercount/pkg/servercounter"
 )
 
 // Modes of the frontend.
@@ -52,7 +55,7 @@ type Options struct {
 	AdminPort         int
 	EnableProfiling   bool
 
-	ProxyStrategies          string
+	ProxyStrategies          []server.Strategy
 	KeepaliveTime            time.Duration
 	FrontendKeepaliveTime    time.Duration
 	BackendDialTimeout       time.Duration
@@ -83,7 +86,7 @@ func NewOptions() *Options {
 		HealthPort:              8092,
 		AdminBindAddress:        "127.0.0.1",
 		AdminPort:               8095,
-		ProxyStrategies:         string(server.StrategyDefault),
+		ProxyStrategies:         []server.Strategy{server.StrategyDefault},
 		KeepaliveTime:           time.Hour,
 		FrontendKeepaliveTime:   time.Hour,
 		GracefulShutdownTimeout: 15 * time.Second,
@@ -117,7 +120,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.IntVar(&o.AdminPort, "admin-port", o.AdminPort, "port for /metrics and, with --enable-profiling, /debug/pprof")
 	fs.BoolVar(&o.EnableProfiling, "enable-profiling", o.EnableProfiling, "serve pprof on the admin port")
 	fs.BoolVar(&o.EnableContentionProfiler, "enable-contention-profiling", o.EnableContentionProfiler, "accepted for compatibility; ignored")
-	fs.StringVar(&o.ProxyStrategies, "proxy-strategies", o.ProxyStrategies, "comma-separated strategies to pick an agent: default, destHost, defaultRoute")
+	serve.ParsedVar(fs, &o.ProxyStrategies, "proxy-strategies", string(server.StrategyDefault), server.ParseStrategies, "comma-separated strategies to pick an agent: default, destHost, defaultRoute")
 	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "time between keepalive pings to agents")
 	fs.DurationVar(&o.FrontendKeepaliveTime, "frontend-keepalive-time", o.FrontendKeepaliveTime, "time between keepalive pings to frontends")
 	fs.DurationVar(&o.BackendDialTimeout, "backend-dial-timeout", o.BackendDialTimeout, "give up on an agent's dial after this long (0: wait)")
@@ -141,9 +144,6 @@ func (o *Options) Validate() []error {
 	}
 	if o.Mode != ModeGRPC && o.Mode != ModeHTTPConnect {
 		errs = append(errs, fmt.Errorf("invalid --mode %q: use grpc or http-connect", o.Mode))
-	}
-	if _, err := server.ParseStrategies(o.ProxyStrategies); err != nil {
-		errs = append(errs, fmt.Errorf("invalid --proxy-strategies: %w", err))
 	}
 	errs = append(errs, serve.CheckPorts(map[string]int{"--server-port": o.ServerPort, "--agent-port": o.AgentPort, "--health-port": o.HealthPort, "--admin-port": o.AdminPort})...)
 	if !o.InsecurePlaintext {
@@ -171,4 +171,41 @@ func (o *Options) Validate() []error {
 		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
 	}
 	return errs
+}
+
+// Config turns the options into the server's configuration, once: with
+// --server-count-dns it builds the DNS counter (its metrics registered on
+// reg, --server-count its fallback), and it reads the agent token file or
+// sets up TokenReviews. Call stop once the server has stopped: it stops
+// the DNS counter.
+func (o *Options) Config(reg prometheus.Registerer) (cfg server.Config, stop func(), err error) {
+	cfg = server.Config{
+		ServerID:           o.ServerID,
+		Counter:            servercounter.StaticServerCounter(o.ServerCount),
+		Strategies:         o.ProxyStrategies,
+		BackendDialTimeout: o.BackendDialTimeout,
+		Registerer:         reg,
+	}
+	switch {
+	case o.AgentTokenFile != "":
+		if cfg.Authenticator, err = server.NewTokenFileAuthenticator(o.AgentTokenFile); err != nil {
+			return cfg, nil, err
+		}
+	case o.AgentNamespace != "":
+		if cfg.Authenticator, err = tokenreview.New(tokenreview.Config{
+			Kubeconfig: o.Kubeconfig, Audience: o.AuthenticationAudience,
+			Namespace: o.AgentNamespace, ServiceAccount: o.AgentServiceAccount,
+		}); err != nil {
+			return cfg, nil, err
+		}
+	}
+	stop = func() {}
+	if o.DNS.Enabled() {
+		cache, err := o.DNS.Build(reg, "server", o.ServerCount)
+		if err != nil {
+			return cfg, nil, err
+		}
+		cfg.Counter, stop = cache, func() { _ = cache.Close() } // Close does not fail
+	}
+	return cfg, stop, nil
 }

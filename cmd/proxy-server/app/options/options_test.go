@@ -9,6 +9,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
+	"github.com/servercount/servercount/pkg/server"
 )
 
 func TestMain(m *testing.M) {
@@ -26,6 +27,9 @@ func TestValidate(t *testing.T) {
 		name    string
 		args    []string
 		wantErr []string
+		// wantParseErr is the error of a value refused by the flag
+		// itself, before Validate.
+		wantParseErr string
 	}{
 		{name: "tls", args: tlsFlags},
 		{name: "insecure local", args: []string{"--insecure-plaintext"}},
@@ -34,7 +38,7 @@ func TestValidate(t *testing.T) {
 		{name: "no tls", args: nil, wantErr: []string{"agents need TLS: set --cluster-cert and --cluster-key", "the frontend port needs mTLS"}},
 		{name: "bad mode", args: append([]string{"--mode=socks"}, tlsFlags...), wantErr: []string{`invalid --mode "socks": use grpc or http-connect`}},
 		{name: "zero servers", args: append([]string{"--server-count=0"}, tlsFlags...), wantErr: []string{"invalid --server-count 0: must be at least 1"}},
-		{name: "bad strategy", args: append([]string{"--proxy-strategies=destHost,nearest"}, tlsFlags...), wantErr: []string{"invalid --proxy-strategies"}},
+		{name: "bad strategy", args: append([]string{"--proxy-strategies=destHost,nearest"}, tlsFlags...), wantParseErr: `invalid argument "destHost,nearest" for "--proxy-strategies" flag: unknown proxy strategy "nearest"`},
 		{name: "token review", args: append([]string{"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=system:konnectivity-server"}, tlsFlags...)},
 		{name: "service account alone", args: append([]string{"--agent-service-account=konnectivity-agent"}, tlsFlags...), wantErr: []string{"--agent-namespace and --agent-service-account go together"}},
 		{name: "two token checks", args: append([]string{"--agent-namespace=a", "--agent-service-account=b", "--agent-token-file=/t"}, tlsFlags...), wantErr: []string{"--agent-token-file and --agent-service-account exclude each other"}},
@@ -45,7 +49,12 @@ func TestValidate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			o := options.NewOptions()
-			require.NoError(t, o.Flags().Parse(tc.args))
+			err := o.Flags().Parse(tc.args)
+			if tc.wantParseErr != "" {
+				require.ErrorContains(t, err, tc.wantParseErr)
+				return
+			}
+			require.NoError(t, err)
 			errs := o.Validate()
 			var msgs []string
 			for _, err := range errs {
@@ -69,7 +78,7 @@ func TestDefaultsAreUpstreams(t *testing.T) {
 	assert.Equal(t, 8092, o.HealthPort)
 	assert.Equal(t, 8095, o.AdminPort)
 	assert.Equal(t, "grpc", o.Mode)
-	assert.Equal(t, "default", o.ProxyStrategies)
+	assert.Equal(t, []server.Strategy{server.StrategyDefault}, o.ProxyStrategies)
 	assert.NotEmpty(t, o.ServerID)
 	assert.NotEqual(t, o.ServerID, options.NewOptions().ServerID, "a random ID per server")
 }

@@ -1,0 +1,178 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"k8s.io/klog/v2"
+
+	"github.com/servercount/servercount/pkg/servercounter"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// dialServer opens one gRPC connection and one Connect stream to
+// ServerAddress, or to an address counted lists, reads the handshake and
+// adds the server, unless it is already connected.
+func (cs *ClientSet) dialServer(ctx context.Context, counted servercounter.Result) dialResult {
+	addr, ok := cs.dialAddress(ctx, counted)
+	if !ok {
+		return dialNone
+	}
+	logger := klog.FromContext(ctx).WithValues("serverAddress", addr)
+	c, err := cs.connect(ctx, addr)
+	if err != nil {
+		cs.metrics.serverDialed(dialError)
+		logger.V(2).Info("Failed to connect to proxy-server", "err", err)
+		return dialError
+	}
+	res := cs.add(ctx, c)
+	cs.metrics.serverDialed(res)
+	switch res {
+	case dialDuplicate:
+		logger.V(4).Info("Closed duplicate connection to proxy-server", "serverID", c.serverID)
+	case dialOK:
+		logger.V(2).Info("Connected to proxy-server", "serverID", c.serverID, "serverCount", c.serverCount, "connected", cs.Connected())
+	}
+	return res
+}
+
+// dialAddress returns where the next server dial goes: ServerAddress, or
+// in DialResolved mode the next endpoint of counted that no connected
+// server was reached at. ok is false when every endpoint is connected:
+// the count lists no server to add yet.
+func (cs *ClientSet) dialAddress(ctx context.Context, counted servercounter.Result) (addr string, ok bool) {
+	if cs.cfg.DialMode != DialResolved {
+		return cs.cfg.ServerAddress, true
+	}
+	eps := counted.Endpoints(cs.serverPort)
+	if len(eps) == 0 {
+		klog.FromContext(ctx).V(4).Info("No server endpoints in the count, dialing the server address", "source", counted.Source.String())
+		return cs.cfg.ServerAddress, true
+	}
+	used := map[string]bool{}
+	cs.mu.Lock()
+	for _, c := range cs.clients {
+		used[c.addr] = true
+	}
+	cs.mu.Unlock()
+	for i := range eps {
+		ep := eps[(cs.nextEndpoint+i)%len(eps)]
+		if !used[ep] {
+			cs.nextEndpoint = (cs.nextEndpoint + i + 1) % len(eps)
+			return ep, true
+		}
+	}
+	return "", false
+}
+
+// connect dials, opens the stream and checks the handshake headers. On
+// success the returned client owns the connection; it is not running yet.
+func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) {
+	md := metadata.Pairs(wire.HeaderAgentID, cs.cfg.AgentID)
+	if ids := cs.cfg.Identifiers.String(); ids != "" {
+		md.Set(wire.HeaderAgentIdentifiers, ids)
+	}
+	if cs.cfg.TokenPath != "" {
+		tok, err := readToken(cs.cfg.TokenPath)
+		if err != nil {
+			return nil, err
+		}
+		md.Set(wire.HeaderAuthorization, "Bearer "+tok)
+	}
+
+	// The same windows and message limit as the server's (wire), before
+	// the caller's options so that those can override them.
+	opts := append([]grpc.DialOption{
+		grpc.WithInitialWindowSize(wire.StreamWindow),
+		grpc.WithInitialConnWindowSize(wire.ConnWindow),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize)),
+	}, cs.cfg.DialOptions...)
+	if cs.cfg.Insecure {
+		opts = append(opts[:len(opts):len(opts)], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	// One ClientConn per stream, so that a load balancer can send each to
+	// a different server.
+	cc, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("create gRPC client for %s: %w", addr, err)
+	}
+	// The stream lives until cancel: the client's lifetime.
+	sctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ctx, md))
+	fail := func(err error) (*client, error) {
+		cancel()
+		_ = cc.Close() // the error is of no use: the connection is dropped either way
+		return nil, err
+	}
+	// A server that accepts the connection but never answers would hold
+	// the sync loop: bound the handshake.
+	timedOut := atomic.Bool{}
+	timer := time.AfterFunc(cs.cfg.HandshakeTimeout, func() { timedOut.Store(true); cancel() })
+	defer timer.Stop()
+
+	stream, err := wire.Connect(sctx, cc)
+	if err != nil {
+		if timedOut.Load() {
+			err = fmt.Errorf("no answer within %v: %w", cs.cfg.HandshakeTimeout, err)
+		}
+		return fail(fmt.Errorf("open Connect stream to %s: %w", addr, err))
+	}
+	hdr, err := stream.Header()
+	if err != nil {
+		if timedOut.Load() {
+			err = fmt.Errorf("no answer within %v: %w", cs.cfg.HandshakeTimeout, err)
+		}
+		return fail(fmt.Errorf("read handshake headers from %s: %w", addr, err))
+	}
+	if !timer.Stop() {
+		return fail(fmt.Errorf("read handshake headers from %s: no answer within %v", addr, cs.cfg.HandshakeTimeout))
+	}
+	id, count, err := parseHandshake(hdr)
+	if err != nil {
+		return fail(fmt.Errorf("handshake with %s: %w", addr, err))
+	}
+	c := newClient(ctx, cs, id, count, cc, stream, cancel)
+	c.addr = addr
+	return c, nil
+}
+
+// parseHandshake reads serverID and serverCount from a server's response
+// headers: exactly one of each, the count a decimal integer >= 0.
+func parseHandshake(hdr metadata.MD) (id string, count int, err error) {
+	ids, counts := hdr.Get(wire.HeaderServerID), hdr.Get(wire.HeaderServerCount)
+	var errs []error
+	if len(ids) != 1 || ids[0] == "" {
+		errs = append(errs, fmt.Errorf("got %d %s headers %q, want exactly one non-empty: is this a Konnectivity proxy-server's agent port?", len(ids), wire.HeaderServerID, ids))
+	} else {
+		id = ids[0]
+	}
+	if len(counts) != 1 {
+		errs = append(errs, fmt.Errorf("got %d %s headers %q, want exactly one", len(counts), wire.HeaderServerCount, counts))
+	} else if n, perr := strconv.Atoi(counts[0]); perr != nil || n < 0 {
+		errs = append(errs, fmt.Errorf("%s header %q is not a decimal integer >= 0", wire.HeaderServerCount, counts[0]))
+	} else {
+		count = n
+	}
+	return id, count, errors.Join(errs...)
+}
+
+// readToken reads a bearer token file.
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read bearer token (TokenPath): %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("bearer token file %s is empty: write the token to it", path)
+	}
+	return tok, nil
+}

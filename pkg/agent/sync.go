@@ -1,0 +1,132 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"k8s.io/klog/v2"
+
+	"github.com/servercount/servercount/pkg/servercounter"
+)
+
+// duplicateBudget sets how many duplicate dials in a row the sync loop
+// retries at once: duplicateBudget x target / missing servers.
+const duplicateBudget = 10
+
+// Target reads the Counter and returns the server count aimed for.
+func (cs *ClientSet) Target() int {
+	ctx := context.Background()
+	return cs.target(ctx, cs.count(ctx))
+}
+
+// count reads the Counter once. A failed read answers the last result, so
+// that an unknown count never replaces a known one.
+func (cs *ClientSet) count(ctx context.Context) servercounter.Result {
+	res, err := cs.cfg.Counter.Count(ctx)
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if err != nil {
+		klog.FromContext(ctx).V(4).Info("Server count unknown, keeping the last", "count", cs.lastCount.Count, "err", err)
+		return cs.lastCount
+	}
+	cs.lastCount = res
+	return res
+}
+
+// target returns the server count aimed for given the Counter's result,
+// exporting and logging changes.
+func (cs *ClientSet) target(ctx context.Context, counted servercounter.Result) int {
+	n, src := cs.policy.target(counted)
+
+	cs.mu.Lock()
+	changed := n != cs.lastTarget || src != cs.lastSource
+	old, oldSrc := cs.lastTarget, cs.lastSource
+	cs.lastTarget, cs.lastSource = n, src
+	if changed {
+		cs.metrics.setTarget(n, src, oldSrc)
+	}
+	cs.mu.Unlock()
+	if changed && n != old {
+		klog.FromContext(ctx).V(2).Info("Server count target changed", "oldCount", old, "newCount", n, "source", src)
+	}
+	return n
+}
+
+// syncLoop dials servers while fewer than the target are connected.
+func (cs *ClientSet) syncLoop(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	// One backoff per loop, never shared: ExponentialBackOff is not safe
+	// for concurrent use. MaxElapsedTime 0: the loop runs until ctx ends.
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(cs.cfg.SyncInterval),
+		backoff.WithMultiplier(syncBackoffMultiplier),
+		backoff.WithRandomizationFactor(syncBackoffJitter),
+		backoff.WithMaxInterval(cs.cfg.SyncIntervalCap),
+		backoff.WithMaxElapsedTime(0),
+	)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		var changed <-chan struct{}
+		if cs.cfg.CountChanged != nil {
+			changed = cs.cfg.CountChanged.Changed()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-changed:
+			logger.V(4).Info("Server count changed, syncing now")
+		}
+		wait := cs.syncRound(ctx, bo)
+		cs.metrics.syncRound()
+		logger.V(5).Info("Finished sync round", "wait", wait)
+		timer.Reset(wait)
+	}
+}
+
+// syncRound does one round of the sync loop and returns how long to wait
+// before the next. It reads the Counter once: the target and the address
+// to dial come from the same result.
+func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackOff) time.Duration {
+	if cs.isDraining() {
+		return cs.cfg.SyncInterval
+	}
+	counted := cs.count(ctx)
+	target := cs.target(ctx, counted)
+	if cs.Connected() >= target && !cs.cfg.SyncForever {
+		bo.Reset()
+		return cs.cfg.SyncInterval
+	}
+	res := cs.dialServer(ctx, counted)
+	if res != dialDuplicate {
+		cs.duplicates = 0
+	}
+	switch res {
+	case dialOK:
+		bo.Reset()
+		// The new server's count may have raised the target.
+		if cs.Connected() < cs.target(ctx, counted) {
+			return 0
+		}
+		return cs.cfg.SyncInterval
+	case dialNone:
+		return cs.cfg.SyncInterval
+	case dialDuplicate:
+		// A load balancer picked a server we have: it is up, so try again
+		// at once rather than waiting a sync interval per duplicate, as
+		// upstream does. With m of T servers missing, a random pick finds
+		// one with chance m/T, so duplicateBudget x T/m duplicates in a
+		// row happen by chance about once in e^10 (2 in 100000); more
+		// likely the count is higher than the servers behind the balancer,
+		// and the agent waits a sync interval between dials, as upstream,
+		// without growing it: the balancer answers, the servers are up.
+		cs.duplicates++
+		if missing := target - cs.Connected(); missing > 0 && cs.duplicates <= duplicateBudget*target/missing+1 {
+			return 0
+		}
+		return cs.cfg.SyncInterval
+	}
+	return min(bo.NextBackOff(), cs.cfg.SyncIntervalCap)
+}
