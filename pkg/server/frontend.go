@@ -6,6 +6,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // grpcFrontend is one /ProxyService/Proxy stream. It may carry several
@@ -75,14 +77,14 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 	// and a forwarded dial would hang. Refuse it at once.
 	if req.GetRandom() == 0 || req.GetAddress() == "" {
 		f.s.log.V(2).Info("Refused malformed dial request", "address", req.GetAddress(), "dialID", req.GetRandom())
-		f.peer.send(dialRspPacket(req.GetRandom(), 0, "invalid dial request: it needs an address and a non-zero random"), f.s.quit)
+		f.peer.send(wire.DialRsp(req.GetRandom(), 0, "invalid dial request: it needs an address and a non-zero random"), f.s.quit)
 		return
 	}
 	t, err := f.s.startDial(f, req.GetAddress(), req.GetRandom())
 	if err != nil {
 		f.s.log.V(2).Info("Dial refused", "address", req.GetAddress(), "dialID", req.GetRandom(), "err", err)
 		if !errors.Is(err, errShuttingDown) {
-			f.peer.send(dialRspPacket(req.GetRandom(), 0, err.Error()), f.s.quit)
+			f.peer.send(wire.DialRsp(req.GetRandom(), 0, err.Error()), f.s.quit)
 		}
 		return
 	}
@@ -102,7 +104,7 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 		// A CLOSE_REQ can cross the agent's CLOSE_RSP for a connection
 		// the target closed: the frontend has its answer already.
 		if pkt.GetType() != client.PacketType_CLOSE_REQ {
-			f.peer.send(closeRspPacket(connectID, errTextUnknownConnect), f.s.quit)
+			f.peer.send(wire.CloseRsp(connectID, errTextUnknownConnect), f.s.quit)
 		}
 		return
 	}

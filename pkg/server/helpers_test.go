@@ -194,7 +194,7 @@ func (a *testAgent) send(p *client.Packet) {
 }
 
 func (a *testAgent) drain() {
-	a.send(&client.Packet{Type: client.PacketType_DRAIN, Payload: &client.Packet_Drain{Drain: &client.Drain{}}})
+	a.send(wire.Drain())
 }
 
 // drainAndSync sends DRAIN and waits until the server has processed it:
@@ -293,7 +293,7 @@ func (a *testAgent) readConn(id int64, c net.Conn) {
 	for {
 		n, err := c.Read(buf)
 		if n > 0 {
-			a.send(&client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{Data: &client.Data{ConnectID: id, Data: append([]byte(nil), buf[:n]...)}}})
+			a.send(wire.Data(id, append([]byte(nil), buf[:n]...)))
 		}
 		if err != nil {
 			break
@@ -315,11 +315,11 @@ func isLoopback(host string) bool {
 }
 
 func dialRsp(random, id int64, errText string) *client.Packet {
-	return &client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{DialResponse: &client.DialResponse{Random: random, ConnectID: id, Error: errText}}}
+	return wire.DialRsp(random, id, errText)
 }
 
 func closeRsp(id int64, errText string) *client.Packet {
-	return &client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{CloseResponse: &client.CloseResponse{ConnectID: id, Error: errText}}}
+	return wire.CloseRsp(id, errText)
 }
 
 // waitReady waits until the Server has n agent streams.

@@ -59,8 +59,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		defer timer.Stop()
 		timeout = timer.C
 	}
-	req := &client.Packet{Type: client.PacketType_DIAL_REQ, Payload: &client.Packet_DialRequest{
-		DialRequest: &client.DialRequest{Protocol: "tcp", Address: r.Host, Random: t.random}}}
+	req := wire.DialReq("tcp", r.Host, t.random)
 	select {
 	case t.be.peer.out <- req:
 	case <-t.be.peer.done:
@@ -154,7 +153,7 @@ func (ht *httpTunnel) readLoop(t *tunnel, r *bufio.Reader) {
 		n, err := r.Read(buf)
 		if n > 0 {
 			// The packet is sent later by another goroutine: copy.
-			pkt := dataPacket(t.connectID, append([]byte(nil), buf[:n]...))
+			pkt := wire.Data(t.connectID, append([]byte(nil), buf[:n]...))
 			select {
 			case t.be.peer.out <- pkt:
 			case <-t.be.peer.done:

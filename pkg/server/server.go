@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
 
 // Server is a Konnectivity proxy-server core: it implements the agent
@@ -144,26 +143,4 @@ func (s *Server) waitStream(p *peer) error {
 		}
 		return status.Error(codes.Unknown, err.Error())
 	}
-}
-
-// Packet constructors.
-
-func dialRspPacket(random, connectID int64, errText string) *client.Packet {
-	return &client.Packet{Type: client.PacketType_DIAL_RSP, Payload: &client.Packet_DialResponse{
-		DialResponse: &client.DialResponse{Random: random, ConnectID: connectID, Error: errText}}}
-}
-
-func closeReqPacket(connectID int64) *client.Packet {
-	return &client.Packet{Type: client.PacketType_CLOSE_REQ, Payload: &client.Packet_CloseRequest{
-		CloseRequest: &client.CloseRequest{ConnectID: connectID}}}
-}
-
-func closeRspPacket(connectID int64, errText string) *client.Packet {
-	return &client.Packet{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_CloseResponse{
-		CloseResponse: &client.CloseResponse{ConnectID: connectID, Error: errText}}}
-}
-
-func dataPacket(connectID int64, data []byte) *client.Packet {
-	return &client.Packet{Type: client.PacketType_DATA, Payload: &client.Packet_Data{
-		Data: &client.Data{ConnectID: connectID, Data: data}}}
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // Dial error texts sent to frontends. "No agent available" and the
@@ -123,7 +125,7 @@ func (s *Server) dialTimedOut(t *tunnel) {
 	s.mu.Unlock()
 	defer s.wg.Done()
 	s.log.V(2).Info("Backend dial timed out", "agentID", t.be.agentID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
-	t.fe.deliver(dialRspPacket(t.random, 0, errTextDialTimeout))
+	t.fe.deliver(wire.DialRsp(t.random, 0, errTextDialTimeout))
 }
 
 // cancelDial drops fe's pending dial random (DIAL_CLS, or the frontend
@@ -145,7 +147,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 		s.mu.Unlock()
 		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.agentID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
 		if rsp.GetConnectID() != 0 {
-			be.peer.send(closeReqPacket(rsp.GetConnectID()), s.quit)
+			be.peer.send(wire.CloseReq(rsp.GetConnectID()), s.quit)
 		}
 		return
 	}
@@ -164,8 +166,8 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	if _, dup := be.conns[t.connectID]; dup || !t.fe.established(t) {
 		s.metrics.observeDialFailure(DialFailureDuplicate)
 		s.mu.Unlock()
-		be.peer.send(closeReqPacket(t.connectID), s.quit)
-		t.fe.deliver(dialRspPacket(t.random, 0, errTextDuplicateID))
+		be.peer.send(wire.CloseReq(t.connectID), s.quit)
+		t.fe.deliver(wire.DialRsp(t.random, 0, errTextDuplicateID))
 		return
 	}
 	be.conns[t.connectID] = t
@@ -182,7 +184,7 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 	s.mu.Unlock()
 	if t == nil {
 		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.agentID, "connectionID", id)
-		be.peer.send(closeReqPacket(id), s.quit)
+		be.peer.send(wire.CloseReq(id), s.quit)
 		return
 	}
 	t.fe.deliver(pkt)
@@ -227,7 +229,7 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 	}
 	s.mu.Unlock()
 	if established {
-		t.be.peer.send(closeReqPacket(t.connectID), s.quit)
+		t.be.peer.send(wire.CloseReq(t.connectID), s.quit)
 	}
 }
 
@@ -251,9 +253,9 @@ func (s *Server) backendGone(be *backend) {
 	}
 	s.mu.Unlock()
 	for _, t := range dials {
-		t.fe.deliver(dialRspPacket(t.random, 0, errTextBackendClosed))
+		t.fe.deliver(wire.DialRsp(t.random, 0, errTextBackendClosed))
 	}
 	for _, t := range conns {
-		t.fe.deliver(closeRspPacket(t.connectID, errTextAgentGone))
+		t.fe.deliver(wire.CloseRsp(t.connectID, errTextAgentGone))
 	}
 }
