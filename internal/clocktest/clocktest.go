@@ -46,6 +46,23 @@ func (c *Clock) Pending() int {
 	return len(c.timers)
 }
 
+// Next returns how far the clock must move for the earliest pending call
+// to be due, and false if no call is pending.
+func (c *Clock) Next() (time.Duration, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.timers) == 0 {
+		return 0, false
+	}
+	at := c.timers[0].at
+	for _, t := range c.timers[1:] {
+		if t.at.Before(at) {
+			at = t.at
+		}
+	}
+	return max(at.Sub(c.now), 0), true
+}
+
 // Step moves the clock d forward and makes every call that is due, in
 // the order of their times, each in the caller's goroutine, with the
 // clock reading its time. Calls that a due call arms are made in the same

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/clocktest"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -59,12 +60,25 @@ func (s *gatedSource) give(t *testing.T, n int, err error) {
 	}
 }
 
-func newCache(t *testing.T, src servercounter.Counter, cfg servercounter.CacheConfig) *servercounter.CachedServerCounter {
+// newCache returns a cache of src on a manual clock, which cfg.Clock is set
+// to, so that expiry passes only when the test steps the clock.
+func newCache(t *testing.T, src servercounter.Counter, cfg servercounter.CacheConfig) (*servercounter.CachedServerCounter, *clocktest.Clock) {
 	t.Helper()
+	clk := clocktest.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	cfg.Clock = clk
 	c, err := servercounter.NewCachedServerCounter(src, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
-	return c
+	return c, clk
+}
+
+// expire waits until the cache has armed an expiry of exactly d, and
+// moves clk past it. On a manual clock an armed timer is due in exactly
+// its duration, so this also checks the expiry the cache chose.
+func expire(t *testing.T, clk *clocktest.Clock, d time.Duration) {
+	t.Helper()
+	eventually(t, func() bool { next, ok := clk.Next(); return ok && next == d }, "an expiry of "+d.String())
+	clk.Step(d)
 }
 
 func eventually(t *testing.T, cond func() bool, msg string) {
@@ -75,7 +89,7 @@ func eventually(t *testing.T, cond func() bool, msg string) {
 func TestCachedFirstCallWaitsForFirstResult(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
+	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
 	var wg sync.WaitGroup
 	got := make([]int, 50)
 	for i := range got {
@@ -92,7 +106,7 @@ func TestCachedFirstCallWaitsForFirstResult(t *testing.T) {
 func TestCachedFallbackBeforeFirstSuccess(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c := newCache(t, src, servercounter.CacheConfig{Fallback: 2, MinExpiry: time.Millisecond, MaxExpiry: time.Hour})
+	c, clk := newCache(t, src, servercounter.CacheConfig{Fallback: 2, MinExpiry: time.Second, MaxExpiry: time.Hour})
 	done := make(chan int)
 	go func() { done <- c.CountServers() }()
 	src.give(t, 0, errors.New("dns down"))
@@ -101,30 +115,32 @@ func TestCachedFallbackBeforeFirstSuccess(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, servercounter.SourceFallback, res.Source)
 
-	// Once the retry wait has passed, a read asks again and learns the count.
-	eventually(t, func() bool {
-		go c.CountServers()
-		select {
-		case src.answers <- answerOrErr{res: servercounter.Result{Count: 4, Source: servercounter.SourceDNS}}:
-			return true
-		case <-time.After(time.Millisecond):
-			return false
-		}
-	}, "a refresh after the failure")
+	// A failure waits MinExpiry before the next refresh; then a read asks
+	// again and learns the count.
+	expire(t, clk, time.Second)
+	assert.Equal(t, 2, c.CountServers())
+	src.give(t, 4, nil)
 	eventually(t, func() bool { return c.CountServers() == 4 }, "count 4 after the refresh")
+	assert.Equal(t, int32(2), src.calls.Load())
 }
 
 func TestCachedStaleWhileRevalidate(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c := newCache(t, src, servercounter.CacheConfig{Expiry: 5 * time.Millisecond})
+	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute})
 	go c.CountServers()
 	src.give(t, 3, nil)
 	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
+	for range 100 {
+		c.CountServers()
+	}
+	assert.Equal(t, int32(1), src.calls.Load(), "no refresh while the count is fresh")
 
 	// After expiry, reads ask for one refresh; while it is in flight they
 	// answer the last count.
-	eventually(t, func() bool { c.CountServers(); return src.calls.Load() == 2 }, "a refresh after expiry")
+	expire(t, clk, time.Minute)
+	assert.Equal(t, 3, c.CountServers())
+	eventually(t, func() bool { return src.calls.Load() == 2 }, "a refresh after expiry")
 	for range 1000 {
 		assert.Equal(t, 3, c.CountServers())
 	}
@@ -136,14 +152,19 @@ func TestCachedStaleWhileRevalidate(t *testing.T) {
 func TestCachedKeepsLastGoodOnError(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Millisecond, MinExpiry: time.Millisecond})
+	var observed atomic.Int32
+	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute, MinExpiry: time.Second,
+		Observe: func(servercounter.Result, error) { observed.Add(1) }})
 	go c.CountServers()
 	src.give(t, 3, nil)
 	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
-	for range 3 {
-		want := src.calls.Load() + 1
-		eventually(t, func() bool { c.CountServers(); return src.calls.Load() == want }, "a refresh after expiry")
+	for i := range 3 {
+		// A good count lives Expiry; after a failure the next try waits
+		// MinExpiry.
+		expire(t, clk, map[bool]time.Duration{true: time.Minute, false: time.Second}[i == 0])
+		assert.Equal(t, 3, c.CountServers())
 		src.give(t, 0, errors.New("servfail"))
+		eventually(t, func() bool { return observed.Load() == int32(i+2) }, "the failed refresh observed")
 		assert.Equal(t, 3, c.CountServers())
 	}
 	res, err := c.Count(t.Context())
@@ -161,7 +182,7 @@ func TestCachedSingleFlightUnderLoad(t *testing.T) {
 		<-release
 		return servercounter.Result{Count: 7, Source: servercounter.SourceDNS}, nil
 	})
-	c := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
+	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -179,32 +200,42 @@ func TestCachedSingleFlightUnderLoad(t *testing.T) {
 
 func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
 	t.Parallel()
-	var calls atomic.Int32
-	src := counterFunc(func(ctx context.Context) (servercounter.Result, error) {
-		calls.Add(1)
-		return servercounter.Result{Count: 1, TTL: time.Hour, Source: servercounter.SourceDNS}, nil
-	})
-	// TTL of an hour, bounded to 10ms: reads keep refreshing.
-	c := newCache(t, src, servercounter.CacheConfig{MinExpiry: time.Millisecond, MaxExpiry: 10 * time.Millisecond})
-	eventually(t, func() bool { c.CountServers(); return calls.Load() >= 3 }, "refreshes every MaxExpiry")
-
-	// An expiry of an hour: no second refresh.
-	var calls2 atomic.Int32
-	src2 := counterFunc(func(ctx context.Context) (servercounter.Result, error) {
-		calls2.Add(1)
-		return servercounter.Result{Count: 1, TTL: time.Millisecond, Source: servercounter.SourceDNS}, nil
-	})
-	c2 := newCache(t, src2, servercounter.CacheConfig{MinExpiry: time.Hour, MaxExpiry: time.Hour})
-	for range 100 {
-		c2.CountServers()
+	tests := []struct {
+		name string
+		ttl  time.Duration
+		cfg  servercounter.CacheConfig
+		want time.Duration
+	}{
+		{name: "ttl within bounds", ttl: 5 * time.Second, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute}, want: 5 * time.Second},
+		{name: "ttl above max", ttl: time.Hour, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute}, want: time.Minute},
+		{name: "ttl below min", ttl: time.Millisecond, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute}, want: time.Second},
+		{name: "fixed expiry ignores ttl", ttl: time.Hour, cfg: servercounter.CacheConfig{Expiry: 3 * time.Second}, want: 3 * time.Second},
+		{name: "defaults", ttl: 0, want: servercounter.DefaultMinExpiry},
 	}
-	assert.Equal(t, int32(1), calls2.Load())
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int32
+			src := counterFunc(func(ctx context.Context) (servercounter.Result, error) {
+				calls.Add(1)
+				return servercounter.Result{Count: 1, TTL: tc.ttl, Source: servercounter.SourceDNS}, nil
+			})
+			c, clk := newCache(t, src, tc.cfg)
+			for range 100 {
+				c.CountServers()
+			}
+			assert.Equal(t, int32(1), calls.Load(), "one refresh while fresh")
+			expire(t, clk, tc.want)
+			c.CountServers()
+			eventually(t, func() bool { return calls.Load() == 2 }, "a refresh once expired")
+		})
+	}
 }
 
 func TestCachedCountHonoursContext(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c := newCache(t, src, servercounter.CacheConfig{})
+	c, _ := newCache(t, src, servercounter.CacheConfig{})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
 	defer cancel()
 	_, err := c.Count(ctx)
@@ -238,19 +269,32 @@ func TestCachedDNSFollowsScaling(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2", "10.0.0.3")...)
 	dc := newCounter(t, srv, "_agent._tcp."+svc)
-	c := newCache(t, dc, servercounter.CacheConfig{Expiry: 5 * time.Millisecond, MinExpiry: time.Millisecond})
+	var failed atomic.Int32
+	c, clk := newCache(t, dc, servercounter.CacheConfig{Expiry: time.Minute, MinExpiry: time.Second,
+		Observe: func(_ servercounter.Result, err error) {
+			if err != nil {
+				failed.Add(1)
+			}
+		}})
 	assert.Equal(t, 3, c.CountServers())
 
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5")...)
+	expire(t, clk, time.Minute)
+	c.CountServers()
 	eventually(t, func() bool { return c.CountServers() == 5 }, "scale up to 5")
 
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
-	q := srv.Queries("")
-	eventually(t, func() bool { c.CountServers(); return srv.Queries("") > q+3 }, "refreshes fail")
-	assert.Equal(t, 5, c.CountServers(), "a DNS outage keeps the last count")
+	expire(t, clk, time.Minute)
+	for i := range 3 {
+		c.CountServers()
+		eventually(t, func() bool { return failed.Load() == int32(i+1) }, "a failed refresh")
+		assert.Equal(t, 5, c.CountServers(), "a DNS outage keeps the last count")
+		expire(t, clk, time.Second)
+	}
 
 	srv.ClearFault()
 	srv.SetRecords()
+	c.CountServers()
 	eventually(t, func() bool { return c.CountServers() == 0 }, "NXDOMAIN counts zero")
 }
 
@@ -268,7 +312,7 @@ func TestCachedBackgroundRefreshSignalsChanges(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1")...)
 	dc := newCounter(t, srv, svc)
-	c := newCache(t, dc, servercounter.CacheConfig{Expiry: 5 * time.Millisecond, MinExpiry: time.Millisecond, Background: true})
+	c, clk := newCache(t, dc, servercounter.CacheConfig{Expiry: time.Minute, Background: true})
 
 	// Nobody reads: the background refresh alone must notice each change.
 	for _, n := range []int{1, 3, 2} {
@@ -276,6 +320,7 @@ func TestCachedBackgroundRefreshSignalsChanges(t *testing.T) {
 		ch := c.Changed()
 		srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, ips...)...)
 		if n != 1 {
+			expire(t, clk, time.Minute)
 			select {
 			case <-ch:
 			case <-time.After(waitFor):

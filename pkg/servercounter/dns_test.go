@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 
+	"github.com/servercount/servercount/internal/clocktest"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -73,6 +74,50 @@ func newCounter(t *testing.T, srv *dnstest.Server, name string, mod ...func(*ser
 	c, err := servercounter.NewDNSServerCounter(cfg)
 	require.NoError(t, err)
 	return c
+}
+
+// faultTimeout is the per-query timeout of tests on a manual clock: any
+// value works, since the clock moves only when countOnClock moves it.
+const faultTimeout = 100 * time.Millisecond
+
+// countOnClock runs c.Count on the manual clock clk, which c must use
+// with Timeout faultTimeout. Back-off waits pass at once; the first
+// timeouts query timeouts pass once srv has taken that query, so every
+// attempt reaches the server and no answer races a timeout. Later
+// queries must be answered.
+func countOnClock(t *testing.T, c *servercounter.DNSServerCounter, clk *clocktest.Clock, srv *dnstest.Server, timeouts int) (servercounter.Result, error) {
+	t.Helper()
+	type outcome struct {
+		res servercounter.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := c.Count(t.Context())
+		done <- outcome{res, err}
+	}()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(waitFor)
+	fired := 0
+	for {
+		select {
+		case o := <-done:
+			return o.res, o.err
+		case <-deadline:
+			t.Fatalf("Count did not return within %v on the manual clock (%d timeouts fired)", waitFor, fired)
+		case <-tick.C:
+		}
+		d, ok := clk.Next()
+		switch {
+		case !ok:
+		case d != faultTimeout:
+			clk.Step(d) // a back-off wait
+		case fired < timeouts && srv.Queries("") > fired:
+			fired++
+			clk.Step(d)
+		}
+	}
 }
 
 func emptyResolvConf(t *testing.T) string {
@@ -242,11 +287,16 @@ func TestDNSCountFaults(t *testing.T) {
 			srv := dnstest.NewServer(t)
 			srv.MustSetZone(t, headless3)
 			srv.SetFault(tc.fault)
+			clk := clocktest.New(time.Now())
 			c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) {
-				c.Timeout = 100 * time.Millisecond
+				c.Timeout, c.Clock = faultTimeout, clk
 				c.Attempts = 2
 			})
-			res, err := c.Count(t.Context())
+			timeouts := 0
+			if tc.wantKind == servercounter.ErrorTimeout {
+				timeouts = 2
+			}
+			res, err := countOnClock(t, c, clk, srv, timeouts)
 			require.Error(t, err)
 			assert.Zero(t, res.Count)
 			var de *servercounter.DNSError
@@ -307,8 +357,13 @@ func TestDNSCountRetriesAfterTransientFailure(t *testing.T) {
 			srv := dnstest.NewServer(t)
 			srv.MustSetZone(t, headless3)
 			srv.SetFault(dnstest.Fault{Kind: kind, Count: 2})
-			c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) { c.Timeout = 100 * time.Millisecond })
-			res, err := c.Count(t.Context())
+			clk := clocktest.New(time.Now())
+			c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) { c.Timeout, c.Clock = faultTimeout, clk })
+			timeouts := 0
+			if kind == dnstest.FaultDrop {
+				timeouts = 2
+			}
+			res, err := countOnClock(t, c, clk, srv, timeouts)
 			require.NoError(t, err)
 			assert.Equal(t, 3, res.Count)
 			assert.Equal(t, 3, srv.Queries(""))
@@ -351,11 +406,13 @@ func TestDNSCountHonoursContextDeadline(t *testing.T) {
 	t.Parallel()
 	srv := dnstest.NewServer(t)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultDrop})
+	// The per-query timeout is on a clock that never moves: only the
+	// context's deadline can end the count.
 	c := newCounter(t, srv, svc, func(c *servercounter.Config) {
-		c.Timeout = 10 * time.Second
+		c.Clock = clocktest.New(time.Now())
 		c.Attempts = 100
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 	defer cancel()
 	_, err := c.Count(ctx)
 	require.Error(t, err)
@@ -368,18 +425,20 @@ func TestDNSCountHonoursContextDeadline(t *testing.T) {
 func TestDNSCountTruncatedUDPFallsBackToTCP(t *testing.T) {
 	t.Parallel()
 	srv := dnstest.NewServer(t)
+	// 200 records overflow the 1232-byte EDNS0 UDP payload many times.
+	const records = 200
 	var ips []string
-	for i := range 1000 {
+	for i := range records {
 		ips = append(ips, net.IPv4(10, 1, byte(i/250), byte(i%250+1)).String())
 	}
-	// SRV targets are never compressed (RFC 2782), so 1000 of them under a
-	// long Service name overflow even 64 KiB: use a short one.
+	// SRV targets are never compressed (RFC 2782): a short Service name
+	// keeps the TCP answer small.
 	const short = "p.example."
 	srv.SetRecords(dnstest.Headless(short, "agent", "tcp", 8091, ips...)...)
 	for _, name := range []string{short, "_agent._tcp." + short} {
 		res, err := newCounter(t, srv, name).Count(t.Context())
 		require.NoError(t, err)
-		assert.Equal(t, 1000, res.Count, name)
+		assert.Equal(t, records, res.Count, name)
 		assert.Equal(t, servercounter.TransportUDPThenTCP, res.Transport, name)
 		assert.False(t, res.Truncated, name)
 	}
@@ -401,8 +460,10 @@ func TestDNSCountTruncatedOverTCPIsLowerBound(t *testing.T) {
 func TestDNSCountHugeAnswerIsClamped(t *testing.T) {
 	t.Parallel()
 	srv := dnstest.NewServer(t)
-	rrs := make([]dns.RR, 0, 100000)
-	for i := range 100000 {
+	// 64 KiB carries about 4000 compressed A records.
+	const records = 6000
+	rrs := make([]dns.RR, 0, records)
+	for i := range records {
 		rrs = append(rrs, &dns.A{
 			Hdr: dns.RR_Header{Name: svc, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30},
 			A:   net.IPv4(10, byte(i>>16), byte(i>>8), byte(i)),
@@ -414,7 +475,7 @@ func TestDNSCountHugeAnswerIsClamped(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 100, res.Count)
 	assert.Greater(t, res.Found, 1000, "TCP carries thousands of records")
-	assert.True(t, res.Truncated, "64 KiB cannot carry 100000 records")
+	assert.True(t, res.Truncated, "64 KiB cannot carry 6000 records")
 }
 
 func TestDNSCountMinClamp(t *testing.T) {
