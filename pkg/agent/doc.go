@@ -6,8 +6,9 @@
 // A [ClientSet] dials the servers' address (usually a load balancer) with
 // one gRPC connection per stream, reads each server's serverID and
 // serverCount response headers, keeps one stream per distinct serverID and
-// aims for a server count taken from a servercounter.ServerCounter and,
-// optionally, from the counts the servers send. On each stream it answers
+// aims for a server count that [Config.TargetPolicy] takes from the counts
+// the servers send (upstream's way), from a [servercounter.Counter] such as
+// a DNS count, or from the larger of the two. On each stream it answers
 // DIAL_REQ by dialing the requested endpoint, relays DATA both ways and
 // answers CLOSE_REQ, as upstream agents do.
 //

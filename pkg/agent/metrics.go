@@ -18,7 +18,7 @@ import (
 //	| konnectivity_network_proxy_agent_endpoint_dial_failure_total      | counter | reason=timeout|unknown          | failed endpoint dials                                    |
 //	| konnectivity_network_proxy_agent_open_endpoint_connections        | gauge   | -                               | open endpoint (tunnel) connections                       |
 //	| servercount_agent_server_dials_total                              | counter | result=ok|duplicate|error       | server dials by outcome                                  |
-//	| servercount_agent_target_server_count                             | gauge   | source=static|dns|fallback|override|received | the target, labelled by the source that decided it; one series at a time |
+//	| servercount_agent_target_server_count                             | gauge   | source=static|dns|fallback|received | the target, labelled by the source that decided it; one series at a time |
 //	| servercount_agent_sync_rounds_total                               | counter | -                               | rounds of the sync loop, dialing or not                  |
 const (
 	upstreamNamespace = "konnectivity_network_proxy"
@@ -95,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		targetCount: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ourNamespace, Subsystem: ourSubsystem,
 			Name: "target_server_count",
-			Help: "Server count the agent aims for, labelled by the source that decided it (static, dns, fallback, override, received).",
+			Help: "Server count the agent aims for, labelled by the source that decided it (static, dns, fallback, received).",
 		}, []string{"source"}),
 		syncRounds: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ourNamespace, Subsystem: ourSubsystem,

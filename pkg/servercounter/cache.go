@@ -20,8 +20,8 @@ const (
 	DefaultMaxExpiry = 30 * time.Second
 	// DefaultFallback is the count answered before the first success.
 	DefaultFallback = 1
-	// DefaultRefreshTimeout bounds one refresh.
-	DefaultRefreshTimeout = 10 * time.Second
+	// defaultRefreshTimeout bounds one refresh.
+	defaultRefreshTimeout = 10 * time.Second
 )
 
 // CacheConfig configures a [CachedServerCounter]. The zero value of each
@@ -39,7 +39,7 @@ type CacheConfig struct {
 	// default DefaultFallback.
 	Fallback int
 	// RefreshTimeout bounds one refresh, and so the first call's wait;
-	// default DefaultRefreshTimeout.
+	// default 10s.
 	RefreshTimeout time.Duration
 	// Background refreshes the count as soon as it expires, rather than
 	// on the next read, so that [CachedServerCounter.Changed] fires soon
@@ -126,7 +126,7 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 		cfg.Fallback = DefaultFallback
 	}
 	if cfg.RefreshTimeout == 0 {
-		cfg.RefreshTimeout = DefaultRefreshTimeout
+		cfg.RefreshTimeout = defaultRefreshTimeout
 	}
 	cfg.Clock = orReal(cfg.Clock)
 	var errs []error

@@ -16,17 +16,18 @@ import (
 const (
 	// DefaultResolvConf is where nameservers, search and ndots are read.
 	DefaultResolvConf = "/etc/resolv.conf"
-	// DefaultTimeout bounds one query.
-	DefaultTimeout = 2 * time.Second
 	// DefaultAttempts is how many times a count is tried before it fails.
 	DefaultAttempts = 3
-	// DefaultUDPSize is the EDNS0 buffer size advertised: the size that
-	// avoids IP fragmentation (DNS Flag Day 2020).
-	DefaultUDPSize = 1232
-	// DefaultInitialBackoff is the wait before the first retry.
-	DefaultInitialBackoff = 100 * time.Millisecond
-	// DefaultMaxBackoff bounds the wait between retries.
-	DefaultMaxBackoff = 2 * time.Second
+)
+
+// Defaults that no caller outside needs to name; the fields' godoc gives
+// their values.
+const (
+	defaultTimeout = 2 * time.Second
+	// defaultUDPSize avoids IP fragmentation (DNS Flag Day 2020).
+	defaultUDPSize        = 1232
+	defaultInitialBackoff = 100 * time.Millisecond
+	defaultMaxBackoff     = 2 * time.Second
 )
 
 // maxCNAMEs bounds how many CNAMEs a count follows, as resolvers do, so that
@@ -106,7 +107,7 @@ type Config struct {
 	// NewDNSServerCounter. When Servers is set and the default file does not
 	// exist, names are not searched.
 	ResolvConf string
-	// Timeout bounds one query; default DefaultTimeout.
+	// Timeout bounds one query; default 2s.
 	Timeout time.Duration
 	// Attempts is how many times a count is tried, each time against the
 	// next nameserver, with exponential back-off between tries; default
@@ -115,7 +116,7 @@ type Config struct {
 	// TCP sends queries over TCP only.
 	TCP bool
 	// UDPSize is the EDNS0 buffer size advertised over UDP; default
-	// DefaultUDPSize.
+	// 1232, the size that avoids IP fragmentation.
 	UDPSize uint16
 	// Min and Max clamp the count when they are above zero, so that a
 	// broken or hostile answer with 100000 records does not make a caller
@@ -123,8 +124,8 @@ type Config struct {
 	// the clamp.
 	Min, Max int
 	// InitialBackoff is the wait before the first retry and MaxBackoff
-	// bounds later ones; defaults DefaultInitialBackoff and
-	// DefaultMaxBackoff. Each wait is randomised by ±50%.
+	// bounds later ones; defaults 100ms and 2s. Each wait is randomised
+	// by ±50%.
 	InitialBackoff, MaxBackoff time.Duration
 	// Clock times the per-query timeout and the back-off; nil means the
 	// real clock. A deadline of the context given to Count is real time.
@@ -146,19 +147,19 @@ func (cfg Config) resolve() (*resolved, error) {
 		r.ResolvConf = DefaultResolvConf
 	}
 	if r.Timeout == 0 {
-		r.Timeout = DefaultTimeout
+		r.Timeout = defaultTimeout
 	}
 	if r.Attempts == 0 {
 		r.Attempts = DefaultAttempts
 	}
 	if r.UDPSize == 0 {
-		r.UDPSize = DefaultUDPSize
+		r.UDPSize = defaultUDPSize
 	}
 	if r.InitialBackoff == 0 {
-		r.InitialBackoff = DefaultInitialBackoff
+		r.InitialBackoff = defaultInitialBackoff
 	}
 	if r.MaxBackoff == 0 {
-		r.MaxBackoff = DefaultMaxBackoff
+		r.MaxBackoff = defaultMaxBackoff
 	}
 	r.Clock = orReal(r.Clock)
 	if r.Type == TypeAuto {

@@ -587,6 +587,19 @@ func TestParseRecordType(t *testing.T) {
 	assert.ErrorContains(t, err, `unknown record type "mx": use one of auto, srv, a, aaaa, ip`)
 }
 
+func TestRecordTypeDNSTypes(t *testing.T) {
+	t.Parallel()
+	for typ, want := range map[servercounter.RecordType][]uint16{
+		servercounter.TypeAuto: {dns.TypeA, dns.TypeAAAA},
+		servercounter.TypeIP:   {dns.TypeA, dns.TypeAAAA},
+		servercounter.TypeSRV:  {dns.TypeSRV},
+		servercounter.TypeA:    {dns.TypeA},
+		servercounter.TypeAAAA: {dns.TypeAAAA},
+	} {
+		assert.Equal(t, want, typ.DNSTypes(), typ.String())
+	}
+}
+
 // closedUDPAddr returns a loopback address where nothing listens.
 func closedUDPAddr(t *testing.T) string {
 	t.Helper()
