@@ -8,7 +8,6 @@
 package proxytest
 
 import (
-	"bytes"
 	"io"
 	"os"
 	"sync"
@@ -17,12 +16,14 @@ import (
 	"go.uber.org/goleak"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
+
+	"github.com/servercount/servercount/internal/logtest"
 )
 
 // logs receives klog's output for the whole test binary: klog.SetLogger
 // may only be called before anything logs, so tests capture logs through
 // it instead of swapping klog's logger.
-var logs = &logTee{out: os.Stderr, captures: map[*syncBuffer]struct{}{}}
+var logs = &logTee{out: os.Stderr, captures: map[*logtest.Buffer]struct{}{}}
 
 func TestMain(m *testing.M) {
 	klog.SetLogger(textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs))))
@@ -34,7 +35,7 @@ type logTee struct {
 	out io.Writer
 
 	mu       sync.Mutex // guards captures
-	captures map[*syncBuffer]struct{}
+	captures map[*logtest.Buffer]struct{}
 }
 
 func (l *logTee) Write(p []byte) (int, error) {
@@ -48,8 +49,8 @@ func (l *logTee) Write(p []byte) (int, error) {
 
 // capture returns a buffer that receives klog's output until the test
 // ends.
-func (l *logTee) capture(t testing.TB) *syncBuffer {
-	b := &syncBuffer{}
+func (l *logTee) capture(t testing.TB) *logtest.Buffer {
+	b := &logtest.Buffer{}
 	l.mu.Lock()
 	l.captures[b] = struct{}{}
 	l.mu.Unlock()
@@ -59,22 +60,4 @@ func (l *logTee) capture(t testing.TB) *syncBuffer {
 		l.mu.Unlock()
 	})
 	return b
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

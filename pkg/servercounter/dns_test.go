@@ -1,13 +1,11 @@
 package servercounter_test
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,10 +13,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/textlogger"
 
 	"github.com/servercount/servercount/internal/clocktest"
 	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/internal/logtest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -312,30 +310,30 @@ func TestDNSCountFaults(t *testing.T) {
 	}
 }
 
-func TestDNSCountWrongIDOverTCPIsMalformed(t *testing.T) {
+// Over TCP no stray reply can reach the socket, so a reply to another
+// query is a broken server, not a spoofing attempt to wait out.
+func TestDNSCountMismatchOverTCPIsMalformed(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
-	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultWrongID})
-	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP, c.Attempts = true, 1 })
-	_, err := c.Count(t.Context())
-	var de *servercounter.DNSError
-	require.ErrorAs(t, err, &de)
-	assert.Equal(t, servercounter.ErrorMalformed, de.Kind)
-	assert.ErrorIs(t, err, dns.ErrId)
-}
-
-func TestDNSCountWrongQuestionOverTCPIsMalformed(t *testing.T) {
-	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
-	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultWrongQuestion})
-	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP, c.Attempts = true, 1 })
-	_, err := c.Count(t.Context())
-	var de *servercounter.DNSError
-	require.ErrorAs(t, err, &de)
-	assert.Equal(t, servercounter.ErrorMalformed, de.Kind)
-	assert.ErrorContains(t, err, "another question")
+	for _, tc := range []struct {
+		fault   dnstest.FaultKind
+		wantErr func(t *testing.T, err error)
+	}{
+		{dnstest.FaultWrongID, func(t *testing.T, err error) { assert.ErrorIs(t, err, dns.ErrId) }},
+		{dnstest.FaultWrongQuestion, func(t *testing.T, err error) { assert.ErrorContains(t, err, "another question") }},
+	} {
+		t.Run(tc.fault.String(), func(t *testing.T) {
+			t.Parallel()
+			srv := dnstest.NewServer(t)
+			srv.MustSetZone(t, headless3)
+			srv.SetFault(dnstest.Fault{Kind: tc.fault})
+			c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP, c.Attempts = true, 1 })
+			_, err := c.Count(t.Context())
+			var de *servercounter.DNSError
+			require.ErrorAs(t, err, &de)
+			assert.Equal(t, servercounter.ErrorMalformed, de.Kind)
+			tc.wantErr(t, err)
+		})
+	}
 }
 
 func TestDNSCountCNAMELoopIsAnError(t *testing.T) {
@@ -503,8 +501,7 @@ func TestDNSCountLogsChangesOnly(t *testing.T) {
 	t.Parallel()
 	srv := dnstest.NewServer(t)
 	srv.MustSetZone(t, headless3)
-	var buf syncBuffer
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf), textlogger.Verbosity(2)))
+	logger, buf := logtest.NewLogger(2)
 	ctx := klog.NewContext(t.Context(), logger)
 	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.Attempts = 1 })
 	for range 3 {
@@ -608,24 +605,6 @@ func closedUDPAddr(t *testing.T) string {
 	addr := pc.LocalAddr().String()
 	require.NoError(t, pc.Close())
 	return addr
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func TestResultEndpoints(t *testing.T) {
