@@ -43,6 +43,10 @@ const (
 	// followed by a label that runs past the end. Over TCP the bytes get
 	// the usual two-byte length prefix.
 	FaultGarbage
+	// FaultHold holds each answer until [Server.Release] lets it go,
+	// oldest first, or the server is closed; then it answers normally.
+	// A test decides the order in which held queries are answered.
+	FaultHold
 )
 
 // String returns the name of the constant, e.g. "FaultServFail".
@@ -66,6 +70,8 @@ func (k FaultKind) String() string {
 		return "FaultWrongQuestion"
 	case FaultGarbage:
 		return "FaultGarbage"
+	case FaultHold:
+		return "FaultHold"
 	default:
 		return fmt.Sprintf("FaultKind(%d)", int(k))
 	}
@@ -93,6 +99,35 @@ func (s *Server) SetFault(f Fault) {
 	defer s.faultMu.Unlock()
 	s.fault = f
 	s.faultLeft = f.Count
+}
+
+// hold queues a held answer and returns the channel that Release closes.
+func (s *Server) hold() chan struct{} {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	c := make(chan struct{})
+	s.held = append(s.held, c)
+	return c
+}
+
+// Held reports how many answers [FaultHold] is holding.
+func (s *Server) Held() int {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	return len(s.held)
+}
+
+// Release lets the oldest answer held by [FaultHold] go, and reports
+// whether there was one.
+func (s *Server) Release() bool {
+	s.faultMu.Lock()
+	defer s.faultMu.Unlock()
+	if len(s.held) == 0 {
+		return false
+	}
+	close(s.held[0])
+	s.held = s.held[1:]
+	return true
 }
 
 // ClearFault makes the server behave again.

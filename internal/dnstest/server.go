@@ -41,10 +41,11 @@ type Server struct {
 	mu   sync.RWMutex
 	data *records
 
-	// faultMu guards fault and faultLeft.
+	// faultMu guards fault, faultLeft and held.
 	faultMu   sync.Mutex
 	fault     Fault
-	faultLeft int // queries still to affect when fault.Count > 0
+	faultLeft int             // queries still to affect when fault.Count > 0
+	held      []chan struct{} // answers FaultHold holds, oldest first
 
 	udpQueries atomic.Int64
 	tcpQueries atomic.Int64
@@ -200,8 +201,8 @@ func (t *transport) stop() error {
 func (s *Server) Addr() string { return s.addr }
 
 // Close shuts down both listeners and waits for in-flight queries to be
-// handled. Queries held back by [FaultSlow] are answered at once, so Close
-// never waits for the rest of a fault's Delay.
+// handled. Queries held back by [FaultSlow] or [FaultHold] are answered at
+// once, so Close never waits for the rest of a fault's Delay.
 //
 // Close may be called more than once; later calls return the first call's
 // result.
@@ -290,6 +291,11 @@ func (s *Server) serveDNS(w dns.ResponseWriter, req *dns.Msg, network string) {
 			// Answer now rather than hold up Close for the rest of the
 			// delay. The connection is still open: miekg closes it only
 			// after every handler has returned.
+		}
+	case FaultHold:
+		select {
+		case <-s.hold():
+		case <-s.closing:
 		}
 	case FaultGarbage:
 		// Write, not WriteMsg: the bytes must reach the client as they are

@@ -90,7 +90,7 @@ func exchangeFailure(err error) *failure {
 		de *dns.Error
 	)
 	switch {
-	case errors.Is(err, errQueryTimeout), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
 		errors.As(err, &ne) && ne.Timeout():
 		return &failure{kind: ErrorTimeout, rcode: -1, err: err}
 	case errors.As(err, &de):

@@ -50,30 +50,18 @@ func withTimeout(ctx context.Context, clk Clock, d time.Duration, cause error) (
 	}
 }
 
-// backoffTimer adapts a Clock to the timer that cenkalti/backoff waits on.
-type backoffTimer struct {
-	clk Clock
-	c   chan time.Time
-	t   Timer
+// alarm is a channel that receives once when its time has passed on a
+// Clock.
+type alarm struct {
+	C <-chan struct{}
+	t Timer
 }
 
-func newBackoffTimer(clk Clock) *backoffTimer {
-	return &backoffTimer{clk: clk, c: make(chan time.Time, 1)}
+// after returns an alarm that goes off once d has passed on clk.
+func after(clk Clock, d time.Duration) alarm {
+	c := make(chan struct{}, 1) // the call never blocks
+	return alarm{C: c, t: clk.AfterFunc(d, func() { c <- struct{}{} })}
 }
 
-func (b *backoffTimer) Start(d time.Duration) {
-	b.t = b.clk.AfterFunc(d, func() {
-		select {
-		case b.c <- b.clk.Now():
-		default:
-		}
-	})
-}
-
-func (b *backoffTimer) Stop() {
-	if b.t != nil {
-		b.t.Stop()
-	}
-}
-
-func (b *backoffTimer) C() <-chan time.Time { return b.c }
+// Stop prevents the alarm, if it has not gone off.
+func (a alarm) Stop() { a.t.Stop() }

@@ -23,7 +23,8 @@ const (
 // Defaults that no caller outside needs to name; the fields' godoc gives
 // their values.
 const (
-	defaultTimeout = 2 * time.Second
+	// defaultTimeout is glibc's and Go's wait for one answer.
+	defaultTimeout = 5 * time.Second
 	// defaultUDPSize avoids IP fragmentation (DNS Flag Day 2020).
 	defaultUDPSize        = 1232
 	defaultInitialBackoff = 100 * time.Millisecond
@@ -107,7 +108,9 @@ type Config struct {
 	// NewDNSServerCounter. When Servers is set and the default file does not
 	// exist, names are not searched.
 	ResolvConf string
-	// Timeout bounds one query; default 2s.
+	// Timeout is how long a try waits for its answer before the next try
+	// starts; the earlier try keeps listening, so a late answer counts.
+	// Default 5s, as glibc's and Go's resolvers.
 	Timeout time.Duration
 	// Attempts is how many times a count is tried, each time against the
 	// next nameserver, with exponential back-off between tries; default

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -46,51 +47,21 @@ func (c *DNSServerCounter) Type() RecordType { return c.cfg.Type }
 
 // Count resolves the name and counts distinct servers in the answer: SRV
 // targets, or addresses (for TypeIP, the larger of the IPv4 and IPv6
-// families). NXDOMAIN and NODATA count zero. A failed try (timeout,
-// SERVFAIL, REFUSED, a malformed answer) is repeated against the next
-// nameserver after an exponential back-off, up to Config.Attempts tries or
-// until ctx is done; then Count returns a *DNSError.
+// families). NXDOMAIN and NODATA count zero.
+//
+// A try that fails (SERVFAIL, REFUSED, a malformed answer, a network
+// error) is followed, after an exponential back-off, by a try against the
+// next nameserver. A try with no answer within Config.Timeout is followed
+// at once by the next, and keeps listening meanwhile: a late answer still
+// counts, as it does for glibc's resolver. After Config.Attempts tries,
+// or when ctx ends, Count returns a *DNSError.
 func (c *DNSServerCounter) Count(ctx context.Context) (Result, error) {
 	start := c.cfg.Clock.Now()
-	var (
-		res     Result
-		last    *DNSError
-		attempt int
-	)
-	try := func() error {
-		server := c.cfg.servers[attempt%len(c.cfg.servers)]
-		attempt++
-		r, name, err := c.lookup(ctx, server)
-		if err != nil {
-			f := &failure{kind: ErrorNetwork, rcode: -1, err: err}
-			errors.As(err, &f)
-			last = &DNSError{Name: name, Server: server, Kind: f.kind, Rcode: f.rcode, Err: f.err}
-			return err
-		}
-		r.Server = server
-		res = r
-		return nil
-	}
-	// MaxElapsedTime 0: Attempts and ctx bound the retries, not the
-	// package's 15-minute default.
-	b := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(c.cfg.InitialBackoff),
-		backoff.WithMaxInterval(c.cfg.MaxBackoff),
-		backoff.WithRandomizationFactor(0.5),
-		backoff.WithMaxElapsedTime(0))
-	err := backoff.RetryNotifyWithTimer(try, backoff.WithContext(backoff.WithMaxRetries(b, uint64(c.cfg.Attempts-1)), ctx), nil, newBackoffTimer(c.cfg.Clock))
+	res, err := c.try(ctx)
 	if err != nil {
-		if last == nil {
-			last = &DNSError{Name: c.cfg.names[0], Kind: ErrorTimeout, Rcode: -1}
-		}
-		if cerr := ctx.Err(); cerr != nil {
-			last.Kind, last.Rcode, last.Err = ErrorTimeout, -1, errors.Join(cerr, last.Err)
-		}
-		last.Attempts = attempt
-		c.observe(ctx, Result{}, last)
-		return Result{}, last
+		c.observe(ctx, Result{}, err)
+		return Result{}, err
 	}
-
 	res.Source, res.Type = SourceDNS, c.cfg.Type
 	res.Count = res.Found
 	if c.cfg.Max > 0 {
@@ -103,26 +74,115 @@ func (c *DNSServerCounter) Count(ctx context.Context) (Result, error) {
 	return res, nil
 }
 
+// attempt is one try against one nameserver.
+type attempt struct {
+	server string
+	// name is the search-list name being asked, for the error of a try
+	// that times out while it runs.
+	name atomic.Pointer[string]
+	// res and err are its end, sent on the tries' channel.
+	res Result
+	err error
+}
+
+// try runs the tries of one count, up to Config.Attempts of them
+// overlapping, and returns the first answer. Every try has ended when it
+// returns.
+func (c *DNSServerCounter) try(ctx context.Context) (Result, *DNSError) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait() // runs after cancel: the tries watch ctx
+	defer cancel()
+
+	ended := make(chan *attempt, c.cfg.Attempts) // never blocks a try
+	var tries []*attempt
+	start := func() {
+		a := &attempt{server: c.cfg.servers[len(tries)%len(c.cfg.servers)]}
+		a.name.Store(&c.cfg.names[0])
+		tries = append(tries, a)
+		wg.Go(func() {
+			a.res, a.err = c.lookup(ctx, a.server, &a.name)
+			a.res.Server = a.server
+			ended <- a
+		})
+	}
+	// MaxElapsedTime 0: Attempts and ctx bound the retries, not the
+	// package's 15-minute default.
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(c.cfg.InitialBackoff),
+		backoff.WithMaxInterval(c.cfg.MaxBackoff),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithMaxElapsedTime(0))
+	var last *DNSError
+	fail := func(a *attempt, err error) *DNSError {
+		f := &failure{kind: ErrorNetwork, rcode: -1, err: err}
+		errors.As(err, &f)
+		return &DNSError{Name: *a.name.Load(), Server: a.server, Kind: f.kind, Rcode: f.rcode, Err: f.err, Attempts: len(tries)}
+	}
+
+	start()
+	wait := after(c.cfg.Clock, c.cfg.Timeout)
+	defer func() { wait.Stop() }()
+	// backingOff is true while wait is the back-off after the current
+	// try failed, false while it is the current try's timeout.
+	backingOff := false
+	for {
+		select {
+		case a := <-ended:
+			if a.err == nil {
+				return a.res, nil
+			}
+			last = fail(a, a.err)
+			if a != tries[len(tries)-1] {
+				continue // an earlier try, already timed out, failed too
+			}
+			wait.Stop()
+			if len(tries) == c.cfg.Attempts {
+				return Result{}, last
+			}
+			wait, backingOff = after(c.cfg.Clock, b.NextBackOff()), true
+		case <-wait.C:
+			if !backingOff {
+				last = fail(tries[len(tries)-1], &failure{kind: ErrorTimeout, rcode: -1, err: errQueryTimeout})
+				if len(tries) == c.cfg.Attempts {
+					return Result{}, last
+				}
+			}
+			start()
+			wait, backingOff = after(c.cfg.Clock, c.cfg.Timeout), false
+		case <-ctx.Done():
+			if last == nil {
+				last = fail(tries[len(tries)-1], &failure{kind: ErrorTimeout, rcode: -1, err: errQueryTimeout})
+			}
+			last.Kind, last.Rcode, last.Err = ErrorTimeout, -1, errors.Join(ctx.Err(), last.Err)
+			last.Attempts = len(tries)
+			return Result{}, last
+		}
+	}
+}
+
 // lookup tries each candidate name on server, as a stub resolver walks its
-// search list: the first name with records answers. When none has, the
+// search list, storing the name it asks in asking: the first name with
+// records answers. When none has, the
 // answer for the name as given (made absolute) is the valid zero. A failure
 // on any name fails the try: it could hide the records.
-func (c *DNSServerCounter) lookup(ctx context.Context, server string) (Result, string, error) {
+func (c *DNSServerCounter) lookup(ctx context.Context, server string, asking *atomic.Pointer[string]) (Result, error) {
 	var zero Result
 	absolute := strings.ToLower(dns.Fqdn(c.cfg.Name))
 	for i, name := range c.cfg.names {
+		asking.Store(&c.cfg.names[i])
 		res, err := c.lookupName(ctx, server, name)
 		if err != nil {
-			return Result{}, name, err
+			return Result{}, err
 		}
 		if res.Outcome == OutcomeRecords {
-			return res, name, nil
+			return res, nil
 		}
 		if i == 0 || name == absolute {
 			zero = res
 		}
 	}
-	return zero, zero.Name, nil
+	return zero, nil
 }
 
 // lookupName counts the servers at one name. For TypeIP it asks for A and

@@ -369,6 +369,39 @@ func TestDNSCountRetriesAfterTransientFailure(t *testing.T) {
 	}
 }
 
+// A try that times out keeps listening while the next one runs: its late
+// answer counts, where closing its socket would have lost it.
+func TestDNSCountLateAnswerToEarlierTryCounts(t *testing.T) {
+	t.Parallel()
+	srv := dnstest.NewServer(t)
+	srv.MustSetZone(t, headless3)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultHold})
+	clk := clocktest.New(time.Now())
+	c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) {
+		c.Timeout, c.Clock, c.Attempts = faultTimeout, clk, 2
+	})
+	type outcome struct {
+		res servercounter.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := c.Count(t.Context())
+		done <- outcome{res, err}
+	}()
+	eventually(t, func() bool { return srv.Held() == 1 }, "the first try's query held")
+	expire(t, clk, faultTimeout)
+	eventually(t, func() bool { return srv.Held() == 2 }, "the second try's query held")
+	require.True(t, srv.Release(), "answer the first query, late")
+	select {
+	case o := <-done:
+		require.NoError(t, o.err)
+		assert.Equal(t, 3, o.res.Count)
+	case <-time.After(waitFor):
+		t.Fatal("the late answer to the first try was not counted")
+	}
+}
+
 func TestDNSCountTriesNextNameserver(t *testing.T) {
 	t.Parallel()
 	srv := dnstest.NewServer(t)

@@ -127,8 +127,7 @@ func (c *DNSServerCounter) exchangeUDP(ctx context.Context, server string, msgs 
 		return nil, exchangeFailure(err)
 	}
 	defer nc.Close()
-	ctx, stop := c.bound(ctx, nc)
-	defer stop()
+	defer watch(ctx, nc)()
 
 	co := &dns.Conn{Conn: nc, UDPSize: c.cfg.UDPSize}
 	for _, m := range msgs {
@@ -183,8 +182,6 @@ func dialUDP(ctx context.Context, server string) (net.Conn, error) {
 
 // exchangeTCP sends msgs one after the other on one TCP connection.
 func (c *DNSServerCounter) exchangeTCP(ctx context.Context, server string, msgs []*dns.Msg) ([]*dns.Msg, error) {
-	ctx, stop := c.bound(ctx, nil)
-	defer stop()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", server)
 	if err != nil {
@@ -211,19 +208,6 @@ func (c *DNSServerCounter) exchangeTCP(ctx context.Context, server string, msgs 
 	return replies, nil
 }
 
-// bound returns a context for one exchange, which ends after the
-// per-query timeout on c's clock, and makes its end interrupt a blocked
-// read or write on conn, if conn is not nil. Call stop when the exchange
-// is over.
-func (c *DNSServerCounter) bound(ctx context.Context, conn net.Conn) (_ context.Context, stop func()) {
-	ctx, cancel := withTimeout(ctx, c.cfg.Clock, c.cfg.Timeout, errQueryTimeout)
-	if conn == nil {
-		return ctx, cancel
-	}
-	unwatch := watch(ctx, conn)
-	return ctx, func() { unwatch(); cancel() }
-}
-
 // watch makes the end of ctx interrupt a blocked read or write on conn,
 // and applies ctx's deadline to it, until unwatch is called.
 func watch(ctx context.Context, conn net.Conn) (unwatch func()) {
@@ -234,8 +218,8 @@ func watch(ctx context.Context, conn net.Conn) (unwatch func()) {
 	return func() { stop() }
 }
 
-// errQueryTimeout ends an exchange that got no answer within
-// Config.Timeout.
+// errQueryTimeout is why a try that got no answer within Config.Timeout
+// failed.
 var errQueryTimeout = errors.New("no answer within the query timeout")
 
 // ctxErr returns why ctx ended, when it did, since that says better than

@@ -35,7 +35,8 @@ type Options struct {
 	Servers []string
 	// Type is auto, srv, a, aaaa or ip.
 	Type string
-	// Timeout bounds one count, all attempts included.
+	// Timeout is how long each attempt waits for its answer before the
+	// next starts, as dig's +timeout.
 	Timeout time.Duration
 	// Attempts is how many times a count is tried.
 	Attempts int
@@ -68,7 +69,7 @@ func NewOptions() *Options {
 func (o *Options) Flags() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("servercount", pflag.ContinueOnError)
 	fs.StringVarP(&o.Type, "type", "t", o.Type, "record type to count: auto (srv for names starting with _, else ip), srv, a, aaaa, ip (A and AAAA, the larger family)")
-	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "give up on a count after this long, all attempts included")
+	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "how long each attempt waits for an answer before the next starts (it keeps listening), as dig's +timeout")
 	fs.IntVar(&o.Attempts, "attempts", o.Attempts, "tries per count, each against the next nameserver")
 	fs.BoolVar(&o.TCP, "tcp", o.TCP, "query over TCP only")
 	fs.BoolVar(&o.Short, "short", o.Short, "print only the count")
@@ -146,11 +147,9 @@ func (o *Options) Config() servercounter.Config {
 		Type:       typ,
 		Servers:    o.Servers,
 		ResolvConf: o.ResolvConf,
-		// Each attempt gets its share of the overall timeout, so that a
-		// dead server is given up on within --timeout.
-		Timeout:  o.Timeout / time.Duration(o.Attempts+1),
-		Attempts: o.Attempts,
-		TCP:      o.TCP,
+		Timeout:    o.Timeout,
+		Attempts:   o.Attempts,
+		TCP:        o.TCP,
 	}
 }
 

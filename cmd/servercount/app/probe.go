@@ -42,19 +42,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if o.Watch {
 		return watch(ctx, o, c, p, stderr)
 	}
-	res, err := count(ctx, o, c)
+	res, err := c.Count(ctx)
 	if err != nil && !o.JSON {
 		fmt.Fprintf(stderr, "servercount: %v\n", err)
 	}
 	p.print(res, err)
 	return exitCode(res, err)
-}
-
-// count counts once within --timeout.
-func count(ctx context.Context, o *Options, c *servercounter.DNSServerCounter) (servercounter.Result, error) {
-	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
-	defer cancel()
-	return c.Count(ctx)
 }
 
 // watch counts every --interval and prints a line whenever the count or the
@@ -68,7 +61,7 @@ func watch(ctx context.Context, o *Options, c *servercounter.DNSServerCounter, p
 		lastCode = ExitError
 	)
 	for {
-		res, err := count(ctx, o, c)
+		res, err := c.Count(ctx)
 		if ctx.Err() != nil {
 			return lastCode
 		}

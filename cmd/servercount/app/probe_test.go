@@ -128,6 +128,20 @@ func TestRunServerDownExitsWithinTimeout(t *testing.T) {
 	assert.Less(t, time.Since(start), 3*time.Second)
 }
 
+// --timeout is per attempt, as dig's +timeout, and an attempt that timed
+// out keeps listening: a nameserver that answers every query in 3s is
+// counted with --timeout 2s, by the first query's late answer while the
+// second attempt waits.
+func TestRunLateAnswerCounts(t *testing.T) {
+	t.Parallel()
+	srv := headlessServer(t, "10.0.0.1", "10.0.0.2")
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultSlow, Delay: 3 * time.Second})
+	code, out, errOut := run(t, "@"+srv.Addr(), "--timeout", "2s", "--attempts", "2", "--short", "_agent._tcp."+svc)
+	require.Equal(t, app.ExitOK, code, errOut)
+	assert.Equal(t, "2\n", out)
+	assert.Equal(t, 2, srv.Queries(""), "the second attempt was sent")
+}
+
 func TestRunJSON(t *testing.T) {
 	t.Parallel()
 	srv := headlessServer(t, "10.0.0.1", "10.0.0.2")
