@@ -5,7 +5,7 @@ BIN         := $(CURDIR)/bin
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test lint bench demo demo-probe clean certs e2e
+.PHONY: all build test lint bench demo demo-probe clean certs e2e fuzz
 
 all: lint test build
 
@@ -13,9 +13,26 @@ all: lint test build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-## test: every test, with the race detector and a leak check in each package
+## test: every test, with the race detector and a leak check in each package,
+## then each fuzz target for a few seconds beyond its checked-in seeds
 test:
 	$(GO) test -race -count=1 -timeout 9m ./...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=3s
+
+# FUZZ lists the fuzz targets as package:Target.
+FUZZ := \
+	./pkg/servercounter:FuzzDNSCountAnswer \
+	./pkg/servercounter:FuzzClassify \
+	./cmd/servercount/app:FuzzProbeArgs
+FUZZTIME ?= 60s
+
+## fuzz: each fuzz target for FUZZTIME (default 60s); failures land in testdata/fuzz
+fuzz:
+	@set -e; for t in $(FUZZ); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$fn in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
 
 ## lint: gofmt, go vet and staticcheck
 lint: $(STATICCHECK)

@@ -118,11 +118,11 @@ func countOnClock(t *testing.T, c *servercounter.DNSServerCounter, clk *clocktes
 	}
 }
 
-func emptyResolvConf(t *testing.T) string {
+func emptyResolvConf(t testing.TB) string {
 	return writeResolvConf(t, "")
 }
 
-func writeResolvConf(t *testing.T, text string) string {
+func writeResolvConf(t testing.TB, text string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "resolv.conf")
 	require.NoError(t, os.WriteFile(p, []byte(text), 0o644))

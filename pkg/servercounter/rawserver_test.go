@@ -16,7 +16,7 @@ import (
 // answers dnstest will not make (cut mid-record, per-type failures). With
 // tcp set it also serves that handler over TCP on the same port. It returns
 // the address.
-func rawUDPServer(t *testing.T, reply func(q *dns.Msg) []byte, tcp dns.Handler) string {
+func rawUDPServer(t testing.TB, reply func(q *dns.Msg) []byte, tcp dns.Handler) string {
 	t.Helper()
 	for try := 0; ; try++ {
 		pc, err := net.ListenPacket("udp", "127.0.0.1:0")

@@ -1,0 +1,89 @@
+package servercounter_test
+
+import (
+	"encoding/binary"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/servercount/servercount/pkg/servercounter"
+)
+
+// FuzzDNSCountAnswer sends a count whatever reply bytes the fuzzer makes,
+// over a real UDP socket, with the query's ID patched in so that the reply
+// is read and not dropped as a stray. The count must not panic, and never
+// count more servers than the reply holds records.
+func FuzzDNSCountAnswer(f *testing.F) {
+	for _, seed := range []struct {
+		typ  servercounter.RecordType
+		name string
+		n    int
+	}{
+		{servercounter.TypeA, "s.example.", 3},
+		{servercounter.TypeIP, "s.example.", 2},
+		{servercounter.TypeSRV, "_a._tcp.s.example.", 2},
+		{servercounter.TypeA, "s.example.", 0},
+	} {
+		q := new(dns.Msg)
+		q.SetQuestion(seed.name, seed.typ.DNSTypes()[0])
+		var r *dns.Msg
+		if seed.typ == servercounter.TypeSRV {
+			r = srvReply(q, seed.n)
+		} else {
+			r = new(dns.Msg)
+			r.SetReply(q)
+			for i := range seed.n {
+				r.Answer = append(r.Answer, &dns.A{Hdr: dns.RR_Header{Name: seed.name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: net.IPv4(10, 0, 0, byte(i+1))})
+			}
+		}
+		b, err := r.Pack()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(uint8(seed.typ), b)
+	}
+
+	var reply atomic.Pointer[[]byte]
+	addr := rawUDPServer(f, func(q *dns.Msg) []byte {
+		p := reply.Load()
+		if p == nil || len(*p) < 2 {
+			return nil
+		}
+		b := append([]byte(nil), *p...)
+		binary.BigEndian.PutUint16(b, q.Id)
+		return b
+	}, nil)
+	resolvConf := emptyResolvConf(f)
+	f.Fuzz(func(t *testing.T, typ uint8, data []byte) {
+		rt := servercounter.RecordType(typ % 5)
+		name := "s.example."
+		if rt == servercounter.TypeSRV {
+			name = "_a._tcp.s.example."
+		}
+		reply.Store(&data)
+		c, err := servercounter.NewDNSServerCounter(servercounter.Config{
+			Name: name, Type: rt, Servers: []string{addr}, ResolvConf: resolvConf,
+			Timeout: 20 * time.Millisecond, Attempts: 1, Max: 100,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.Count(t.Context())
+		if err != nil {
+			return
+		}
+		sent := 0
+		if m := new(dns.Msg); m.Unpack(data) == nil {
+			sent = len(m.Answer)
+		}
+		if res.Found > sent {
+			t.Fatalf("counted %d servers from a reply of %d records", res.Found, sent)
+		}
+		if res.Count > 100 {
+			t.Fatalf("count %d above Max 100", res.Count)
+		}
+	})
+}
