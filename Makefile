@@ -5,7 +5,7 @@ BIN         := $(CURDIR)/bin
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build test lint bench demo demo-probe clean certs e2e fuzz
+.PHONY: all build test lint bench demo demo-probe clean certs e2e fuzz soak
 
 all: lint test build
 
@@ -44,6 +44,12 @@ lint: $(STATICCHECK)
 
 $(STATICCHECK):
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+## soak: the binaries under thousands of normal, slow, vanishing and hostile
+## peers for SOAK_DURATION (default 2m); then every resource must come back
+SOAK_DURATION ?= 2m
+soak:
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -v -timeout 15m -run TestSoak ./internal/soak
 
 ## bench: the benchmarks quoted in the README
 bench:

@@ -1,0 +1,269 @@
+// Package proctest builds and runs this module's binaries as real
+// processes on loopback, for tests that need what only a process has: its
+// own signals, file descriptors, memory and exit code.
+package proctest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/internal/logtest"
+)
+
+// StopTimeout bounds the wait for a process to exit.
+const StopTimeout = 20 * time.Second
+
+var (
+	buildMu  sync.Mutex
+	builtDir string
+	built    = map[string]string{}
+)
+
+// Build compiles the main package at pkg, a path relative to the module
+// root such as "cmd/proxy-agent", once per test binary, and returns the
+// executable's path.
+func Build(tb testing.TB, pkg string) string {
+	tb.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := built[pkg]; ok {
+		return p
+	}
+	root, err := moduleRoot()
+	require.NoError(tb, err)
+	if builtDir == "" {
+		// Not tb.TempDir: the binary outlives the test that built it.
+		builtDir, err = os.MkdirTemp("", "proctest")
+		require.NoError(tb, err)
+	}
+	out := filepath.Join(builtDir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, "./"+pkg)
+	cmd.Dir = root
+	b, err := cmd.CombinedOutput()
+	require.NoError(tb, err, "go build %s: %s", pkg, b)
+	built[pkg] = out
+	return out
+}
+
+// moduleRoot finds the directory of go.mod above the working directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("proctest: no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Process is a running binary. Its output (stdout and stderr together) is
+// kept, and shown when the test fails.
+type Process struct {
+	*exec.Cmd
+	out  *logtest.Buffer
+	done chan struct{}
+	err  error // Wait's result; read after done is closed
+}
+
+// Start runs bin with args and kills it at the end of the test if it is
+// still running.
+func Start(tb testing.TB, bin string, args ...string) *Process {
+	tb.Helper()
+	p := &Process{Cmd: exec.Command(bin, args...), out: &logtest.Buffer{}, done: make(chan struct{})}
+	p.Stdout, p.Stderr = p.out, p.out
+	require.NoError(tb, p.Cmd.Start(), "start %s", bin)
+	go func() {
+		p.err = p.Cmd.Wait()
+		close(p.done)
+	}()
+	tb.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.Process.Kill()
+			<-p.done
+		}
+		if tb.Failed() {
+			tb.Logf("%s output:\n%s", filepath.Base(bin), p.out.String())
+		}
+	})
+	return p
+}
+
+// Output returns what the process has written so far.
+func (p *Process) Output() string { return p.out.String() }
+
+// Wait waits up to StopTimeout for the process to exit and returns its
+// Wait error; it kills the process and fails the test if it does not.
+func (p *Process) Wait(tb testing.TB) error {
+	tb.Helper()
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(StopTimeout):
+		tb.Errorf("%s did not exit within %v", p.Path, StopTimeout)
+		_ = p.Process.Kill()
+		<-p.done
+		return p.err
+	}
+}
+
+// Exited reports whether the process has exited.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// FreePorts returns n loopback ports that were free a moment ago.
+func FreePorts(tb testing.TB, n int) []int {
+	tb.Helper()
+	var ports []int
+	var ls []net.Listener
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(tb, err)
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		_ = l.Close()
+	}
+	return ports
+}
+
+// Status returns the HTTP status of a GET of url, or 0 if there is no
+// answer within 2s.
+func Status(url string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+// Metrics is a scrape of a /metrics page.
+type Metrics map[string][]Sample
+
+// Sample is one series of a scrape.
+type Sample struct {
+	Labels map[string]string
+	Value  float64
+}
+
+// Scrape reads the Prometheus text exposition at url.
+func Scrape(url string) (Metrics, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		return nil, err
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(&buf)
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics from %s: %w", url, err)
+	}
+	m := Metrics{}
+	for name, mf := range mfs {
+		for _, metric := range mf.GetMetric() {
+			s := Sample{Labels: map[string]string{}}
+			for _, l := range metric.GetLabel() {
+				s.Labels[l.GetName()] = l.GetValue()
+			}
+			switch {
+			case metric.GetGauge() != nil:
+				s.Value = metric.GetGauge().GetValue()
+			case metric.GetCounter() != nil:
+				s.Value = metric.GetCounter().GetValue()
+			case metric.GetUntyped() != nil:
+				s.Value = metric.GetUntyped().GetValue()
+			default:
+				continue
+			}
+			m[name] = append(m[name], s)
+		}
+	}
+	return m, nil
+}
+
+// Value returns the value of the series name whose labels include
+// labels (name, value pairs), and whether there is one.
+func (m Metrics) Value(name string, labels ...string) (float64, bool) {
+	for _, s := range m[name] {
+		ok := true
+		for i := 0; i+1 < len(labels); i += 2 {
+			if s.Labels[labels[i]] != labels[i+1] {
+				ok = false
+			}
+		}
+		if ok {
+			return s.Value, true
+		}
+	}
+	return 0, false
+}
+
+// Sum returns the sum of every series named name.
+func (m Metrics) Sum(name string) float64 {
+	var v float64
+	for _, s := range m[name] {
+		v += s.Value
+	}
+	return v
+}
+
+// String lists the series whose names start with prefix, for messages.
+func (m Metrics) String(prefix string) string {
+	var b strings.Builder
+	for name, ss := range m {
+		if !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		for _, s := range ss {
+			fmt.Fprintf(&b, "%s%v %g\n", name, s.Labels, s.Value)
+		}
+	}
+	return b.String()
+}
