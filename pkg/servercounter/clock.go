@@ -24,17 +24,19 @@ type Timer interface {
 	Stop() bool
 }
 
-// realClock is the wall clock.
-type realClock struct{}
+// RealClock is the wall clock: what a nil Clock in a configuration means.
+type RealClock struct{}
 
-func (realClock) Now() time.Time { return time.Now() }
+// Now returns time.Now().
+func (RealClock) Now() time.Time { return time.Now() }
 
-func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+// AfterFunc is time.AfterFunc.
+func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 // orReal returns clk, or the real clock when clk is nil.
 func orReal(clk Clock) Clock {
 	if clk == nil {
-		return realClock{}
+		return RealClock{}
 	}
 	return clk
 }

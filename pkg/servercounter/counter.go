@@ -96,12 +96,15 @@ const (
 	// SourceFallback is the number a cache answers before it has learnt a
 	// count.
 	SourceFallback
+	// SourceLeases is a count of valid Kubernetes Leases.
+	SourceLeases
 )
 
 var sourceNames = map[Source]string{
 	SourceStatic:   "static",
 	SourceDNS:      "dns",
 	SourceFallback: "fallback",
+	SourceLeases:   "leases",
 }
 
 // String returns the lower-case name of s, as used in logs and metrics.

@@ -1,0 +1,298 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/servercount/servercount/pkg/servercounter"
+)
+
+// Defaults shared by agents and servers, as upstream's.
+const (
+	// DefaultNamespace is where leases are published and counted.
+	DefaultNamespace = "kube-system"
+	// DefaultLabelSelector selects the proxy-servers' leases.
+	DefaultLabelSelector = "k8s-app=konnectivity-server"
+)
+
+// CounterConfig configures a [Counter]. The zero value of each field but
+// Client means its default.
+type CounterConfig struct {
+	// Client reaches the API server.
+	Client kubernetes.Interface
+	// Namespace holds the leases; default DefaultNamespace.
+	Namespace string
+	// LabelSelector selects the leases to count; default
+	// DefaultLabelSelector.
+	LabelSelector string
+	// Clock tells when a lease expires; nil means the real clock.
+	Clock servercounter.Clock
+	// Observe, when set, is called after each list and each watch call to
+	// the API server: metrics hook in here. It must return quickly.
+	Observe func(Call)
+}
+
+// Call is one request to the API server: a [Counter]'s list or watch, a
+// [Publisher]'s get, create, update, list or delete.
+type Call struct {
+	// Verb is the request: "list", "watch", "get", "create", "update" or
+	// "delete".
+	Verb string
+	// Code is the HTTP status code of the answer: 200 for a success, 0
+	// when no answer came.
+	Code int
+	// Reason is the API server's reason for a failure (metav1.StatusReason),
+	// empty for a success or when there was none.
+	Reason string
+	// Duration is how long the call took; for a watch, until it was
+	// established.
+	Duration time.Duration
+	// Culled is set on a [Publisher]'s delete of an expired lease.
+	Culled bool
+}
+
+// Counter counts the valid leases of the proxy-servers, kept up to date by
+// an informer (a list, then a watch) on the API server.
+//
+// A lease is valid until renewTime (else acquireTime) plus
+// leaseDurationSeconds; one without a duration or without either time is
+// never valid. Clock skew between a lease's holder and this process is
+// handled as [renewal.expiry] says: a renewal this process saw happen is
+// valid for leaseDurationSeconds from when it saw it.
+//
+// Count answers an error, never a count, before the first list has ended
+// and while the API server cannot be listed or watched: the caller keeps
+// its last good count rather than trusting leases that nobody can renew
+// in its view. Changed signals every change of the count, including the
+// expiry of a lease that was not renewed.
+//
+// A Counter is safe for concurrent use. Close stops it.
+type Counter struct {
+	cfg      CounterConfig
+	informer cache.SharedIndexInformer
+	cancel   context.CancelFunc
+	done     chan struct{}
+
+	mu sync.Mutex // guards the fields below
+	// renewals are the renewals of the leases in the informer's store,
+	// by name.
+	renewals map[string]*renewal
+	count    int
+	// expiry recounts when the next valid lease expires.
+	expiry servercounter.Timer
+	// apiErr is the last list or watch failure; nil once a list or watch
+	// has succeeded since.
+	apiErr  error
+	changed chan struct{}
+}
+
+var (
+	_ servercounter.Counter  = (*Counter)(nil)
+	_ servercounter.Notifier = (*Counter)(nil)
+)
+
+// errNotSynced is Count's error before the first list has ended.
+var errNotSynced = errors.New("lease: the first list of leases has not ended yet")
+
+// NewCounter starts counting the leases cfg describes.
+func NewCounter(cfg CounterConfig) (*Counter, error) {
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace
+	}
+	if cfg.LabelSelector == "" {
+		cfg.LabelSelector = DefaultLabelSelector
+	}
+	if cfg.Client == nil {
+		return nil, errors.New("lease: no Kubernetes client to count leases with")
+	}
+	if _, err := labels.Parse(cfg.LabelSelector); err != nil {
+		return nil, fmt.Errorf("lease: invalid label selector %q: %w", cfg.LabelSelector, err)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = servercounter.RealClock{}
+	}
+	c := &Counter{cfg: cfg, done: make(chan struct{}), renewals: map[string]*renewal{}, changed: make(chan struct{})}
+	leases := cfg.Client.CoordinationV1().Leases(cfg.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.LabelSelector = cfg.LabelSelector
+			start := time.Now()
+			l, err := leases.List(ctx, opts)
+			c.called("list", start, err)
+			return l, err
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.LabelSelector = cfg.LabelSelector
+			start := time.Now()
+			w, err := leases.Watch(ctx, opts)
+			c.called("watch", start, err)
+			return w, err
+		},
+	}
+	c.informer = cache.NewSharedIndexInformer(lw, &coordinationv1.Lease{}, 0, cache.Indexers{})
+	if _, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.update(obj) },
+		UpdateFunc: func(_, obj any) { c.update(obj) },
+		DeleteFunc: c.remove,
+	}); err != nil {
+		return nil, fmt.Errorf("lease: watch leases: %w", err)
+	}
+	if err := c.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		c.failed(ctx, err)
+	}); err != nil {
+		return nil, fmt.Errorf("lease: watch leases: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go func() {
+		defer close(c.done)
+		c.informer.RunWithContext(ctx)
+	}()
+	return c, nil
+}
+
+// Count returns the number of valid leases, with Source
+// servercounter.SourceLeases. Before the first list has ended it waits for
+// it, up to ctx.
+func (c *Counter) Count(ctx context.Context) (servercounter.Result, error) {
+	if !c.informer.HasSynced() && !cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced) {
+		c.mu.Lock()
+		err := c.apiErr
+		c.mu.Unlock()
+		return servercounter.Result{}, errors.Join(errNotSynced, err, ctx.Err())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.apiErr != nil {
+		return servercounter.Result{}, fmt.Errorf("lease: count unknown while the API server cannot be watched: %w", c.apiErr)
+	}
+	return servercounter.Result{Count: c.count, Found: c.count, Source: servercounter.SourceLeases, At: c.cfg.Clock.Now()}, nil
+}
+
+// Changed returns a channel that is closed when the count changes, or when
+// the API server becomes reachable again or unreachable. Call it again
+// after each change for the next one.
+func (c *Counter) Changed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.changed
+}
+
+// Close stops watching and waits for the informer to end.
+func (c *Counter) Close() error {
+	c.cancel()
+	<-c.done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.expiry != nil {
+		c.expiry.Stop()
+	}
+	return nil
+}
+
+func (c *Counter) update(obj any) {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.cfg.Clock.Now()
+	r := renewalOf(l, c.renewals[l.Name], now)
+	c.renewals[l.Name] = &r
+	c.recount(now)
+}
+
+func (c *Counter) remove(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.renewals, l.Name)
+	c.recount(c.cfg.Clock.Now())
+}
+
+// recount counts the valid leases at now, signals a change, and arms the
+// timer for the next expiry. c.mu must be held.
+func (c *Counter) recount(now time.Time) {
+	n := 0
+	var next time.Time
+	for _, r := range c.renewals {
+		end, ok := r.expiry()
+		if !ok || !end.After(now) {
+			continue
+		}
+		n++
+		if next.IsZero() || end.Before(next) {
+			next = end
+		}
+	}
+	if n != c.count {
+		c.count = n
+		c.signal()
+	}
+	if c.expiry != nil {
+		c.expiry.Stop()
+		c.expiry = nil
+	}
+	if !next.IsZero() {
+		c.expiry = c.cfg.Clock.AfterFunc(next.Sub(now), func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.recount(c.cfg.Clock.Now())
+		})
+	}
+}
+
+// signal wakes the watchers of Changed. c.mu must be held.
+func (c *Counter) signal() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// called records the end of a list or watch call.
+func (c *Counter) called(verb string, start time.Time, err error) {
+	if c.cfg.Observe != nil {
+		code, reason := statusOf(err)
+		c.cfg.Observe(Call{Verb: verb, Code: code, Reason: reason, Duration: time.Since(start)})
+	}
+	if err == nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.apiErr != nil {
+			c.apiErr = nil
+			c.signal()
+		}
+	}
+}
+
+// failed records a list or watch failure that the informer will retry.
+func (c *Counter) failed(ctx context.Context, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // Close
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.apiErr == nil {
+		klog.FromContext(ctx).Info("Cannot watch proxy-server leases; keeping the last count until the API server answers", "namespace", c.cfg.Namespace, "selector", c.cfg.LabelSelector, "err", err)
+		c.signal()
+	}
+	c.apiErr = err
+}
