@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
@@ -14,9 +15,7 @@ import (
 // validates them. On a problem it prints one line per problem, prefixed by
 // the program's name, and exits with status 2; on --help it exits 0.
 func ParseFlags(name string, fs *pflag.FlagSet, args []string, validate func() []error) {
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	fs.AddGoFlagSet(klogFlags)
+	AddKlogFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			os.Exit(0)
@@ -30,6 +29,18 @@ func ParseFlags(name string, fs *pflag.FlagSet, args []string, validate func() [
 		}
 		os.Exit(2)
 	}
+}
+
+// AddKlogFlags adds klog's flags to fs and makes fs take every flag in
+// either spelling, as Kubernetes components do: klog names its flags with
+// underscores (--log_file), manifests often use dashes (--log-file).
+func AddKlogFlags(fs *pflag.FlagSet) {
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	fs.AddGoFlagSet(klogFlags)
+	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
+	})
 }
 
 // parsedValue is a flag whose text is parsed once, when it is set, into
