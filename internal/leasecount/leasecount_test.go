@@ -1,0 +1,72 @@
+package leasecount_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/servercount/servercount/internal/leasecount"
+	"github.com/servercount/servercount/internal/metricstest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func parse(t *testing.T, args ...string) *leasecount.Options {
+	t.Helper()
+	o := leasecount.NewOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	require.NoError(t, fs.Parse(args))
+	return o
+}
+
+func TestFlags(t *testing.T) {
+	o := parse(t)
+	assert.False(t, o.Enabled)
+	assert.Equal(t, "kube-system", o.Namespace)
+	assert.Equal(t, "k8s-app=konnectivity-server", o.LabelSelector)
+	assert.Equal(t, "app=a", parse(t, "--lease-label=app=a").LabelSelector, "the deprecated spelling")
+	assert.Equal(t, "app=b", parse(t, "--lease-label-selector=app=b").LabelSelector)
+	assert.Empty(t, parse(t, "--lease-label-selector=!!").Validate(), "checked only when enabled")
+	errs := parse(t, "--count-server-leases", "--lease-label-selector=a b", "--lease-namespace=").Validate()
+	require.Len(t, errs, 2)
+	assert.ErrorContains(t, errs[0], "--lease-namespace")
+	assert.ErrorContains(t, errs[1], `invalid --lease-label-selector "a b"`)
+}
+
+// With the API server unreachable the count is unknown, never zero, and
+// the failed lists are counted under upstream's name.
+func TestUnreachableAPIServer(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there now
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: "http://" + addr, Timeout: time.Second})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	c, err := parse(t, "--count-server-leases").Build(client, reg)
+	require.NoError(t, err)
+	defer c.Close()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err = c.Count(ctx)
+	require.Error(t, err, "unknown while nothing was ever listed")
+	require.Eventually(t, func() bool {
+		v, ok := metricstest.Value(reg, "konnectivity_network_proxy_agent_lease_lists_total", "http_response_code", "0")
+		return ok && v >= 1
+	}, 10*time.Second, 10*time.Millisecond, "failed lists counted")
+	_, ok := metricstest.Value(reg, "konnectivity_network_proxy_agent_lease_watches_total")
+	assert.False(t, ok, "no watch series before a watch: upstream creates series when they happen")
+}
