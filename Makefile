@@ -5,13 +5,19 @@ BIN         := $(CURDIR)/bin
 STATICCHECK := $(BIN)/staticcheck
 STATICCHECK_VERSION := v0.8.2
 
+# The version and commit that --version and servercount_build_info report.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
+	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
+
 .PHONY: all build test lint bench demo demo-probe clean certs e2e fuzz soak
 
 all: lint test build
 
 ## build: the binaries, into ./bin
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 ## test: every test, with the race detector and a leak check in each package,
 ## then each fuzz target for a few seconds beyond its checked-in seeds

@@ -9,19 +9,27 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
+
+	"github.com/servercount/servercount/internal/version"
 )
 
-// ParseFlags adds klog's flags (-v and friends) to fs, parses args and
-// validates them. On a problem it prints one line per problem, prefixed by
-// the program's name, and exits with status 2; on --help it exits 0.
+// ParseFlags adds klog's flags (-v and friends) and --version to fs,
+// parses args and validates them. On a problem it prints one line per
+// problem, prefixed by the program's name, and exits with status 2; on
+// --help or --version it exits 0.
 func ParseFlags(name string, fs *pflag.FlagSet, args []string, validate func() []error) {
 	AddKlogFlags(fs)
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			os.Exit(0)
 		}
 		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 		os.Exit(2)
+	}
+	if *showVersion {
+		fmt.Printf("%s %s\n", name, version.Get())
+		os.Exit(0)
 	}
 	if errs := validate(); len(errs) > 0 {
 		for _, err := range errs {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/internal/version"
 	"github.com/servercount/servercount/pkg/agent"
 )
 
@@ -25,7 +26,7 @@ const shutdownGrace = 5 * time.Second
 // serving until ctx ends.
 func Run(ctx, drain context.Context, o *options.Options) error {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
 	cfg, stopCounter, err := o.Config(reg)
 	if err != nil {
 		return err

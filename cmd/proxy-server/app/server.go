@@ -19,6 +19,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/internal/version"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -26,7 +27,7 @@ import (
 // Run serves until ctx ends, then shuts down within the grace period.
 func Run(ctx context.Context, o *options.Options) error {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
 	cfg, stopCounter, err := o.Config(reg)
 	if err != nil {
 		return err

@@ -52,6 +52,8 @@ type Options struct {
 	Interval time.Duration
 	// ResolvConf is the resolv.conf to read.
 	ResolvConf string
+	// Version prints the version instead of counting.
+	Version bool
 }
 
 // NewOptions returns the defaults.
@@ -77,6 +79,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.BoolVarP(&o.Watch, "watch", "w", o.Watch, "count every --interval and print a line when the count changes, until interrupted")
 	fs.DurationVar(&o.Interval, "interval", o.Interval, "time between counts with --watch")
 	fs.StringVar(&o.ResolvConf, "resolv-conf", o.ResolvConf, "resolv.conf whose nameservers, search list and ndots apply")
+	fs.BoolVar(&o.Version, "version", o.Version, "print the version and exit")
 	fs.SortFlags = false
 	return fs
 }

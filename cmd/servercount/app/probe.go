@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/servercount/servercount/internal/version"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -23,6 +24,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stderr, "servercount: %v (see --help)\n", err)
 		return ExitUsage
+	}
+	if o.Version {
+		fmt.Fprintf(stdout, "servercount %s\n", version.Get())
+		return ExitOK
 	}
 	if errs := o.Validate(); len(errs) > 0 {
 		for _, err := range errs {

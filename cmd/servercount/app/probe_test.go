@@ -142,6 +142,13 @@ func TestRunLateAnswerCounts(t *testing.T) {
 	assert.Equal(t, 2, srv.Queries(""), "the second attempt was sent")
 }
 
+func TestRunVersion(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := run(t, "--version")
+	require.Equal(t, app.ExitOK, code, errOut)
+	assert.Regexp(t, `^servercount \S+ \(commit \S+, go\S+, \w+/\w+\)\n$`, out)
+}
+
 func TestRunJSON(t *testing.T) {
 	t.Parallel()
 	srv := headlessServer(t, "10.0.0.1", "10.0.0.2")
