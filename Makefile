@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: all build test lint bench demo demo-probe clean certs e2e fuzz soak
+.PHONY: all build test lint bench demo demo-probe clean certs e2e fuzz soak cross images push image-test rules-test
 
 all: lint test build
 
@@ -50,6 +50,66 @@ lint: $(STATICCHECK)
 
 $(STATICCHECK):
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+# Container images: one per binary, for every platform, as one index each.
+IMAGES    := proxy-server proxy-agent servercount
+PLATFORMS := linux/amd64 linux/arm64
+REGISTRY  ?= ghcr.io/servercount
+IMAGE_TAG ?= $(VERSION)
+OCI_DIR   := $(BIN)/images
+# buildah's storage driver: vfs works everywhere, overlay is faster where
+# the kernel allows it.
+STORAGE_DRIVER ?= vfs
+BUILDAH := buildah --storage-driver=$(STORAGE_DRIVER)
+# docker only with an engine and buildx; else buildah.
+CONTAINER_TOOL ?= $(shell docker info >/dev/null 2>&1 && docker buildx version >/dev/null 2>&1 && echo docker || echo buildah)
+
+## cross: static binaries for every image platform, into bin/linux_<arch>/
+cross:
+	@set -e; for p in $(PLATFORMS); do \
+		arch=$${p#linux/}; \
+		echo "build $$p"; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/linux_$$arch/ ./cmd/...; \
+	done
+
+## images: the images, with docker (buildx) or buildah, one OCI archive each
+## in bin/images; the same commit gives the same digests
+images: cross
+	@mkdir -p $(OCI_DIR)
+	@set -e; for img in $(IMAGES); do \
+		name=$(REGISTRY)/$$img:$(IMAGE_TAG); \
+		if [ "$(CONTAINER_TOOL)" = docker ]; then \
+			SOURCE_DATE_EPOCH=0 docker buildx build --target $$img --platform $$(echo $(PLATFORMS) | tr ' ' ,) \
+				--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $$name \
+				--output type=oci,dest=$(OCI_DIR)/$$img.oci.tar,rewrite-timestamp=true . ; \
+		else \
+			$(BUILDAH) manifest rm $$name >/dev/null 2>&1 || true; \
+			$(BUILDAH) manifest create $$name >/dev/null; \
+			for p in $(PLATFORMS); do \
+				$(BUILDAH) bud --quiet --timestamp 0 --manifest $$name --platform $$p --target $$img \
+					--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) . >/dev/null; \
+			done; \
+			rm -f $(OCI_DIR)/$$img.oci.tar; \
+			$(BUILDAH) manifest push --all --quiet --digestfile $(OCI_DIR)/$$img.digest $$name oci-archive:$(OCI_DIR)/$$img.oci.tar; \
+			echo "$$name $$(cat $(OCI_DIR)/$$img.digest)"; \
+		fi; \
+	done
+
+## push: the images to REGISTRY (make push REGISTRY=registry.example.com/me)
+push: images
+	@set -e; for img in $(IMAGES); do \
+		name=$(REGISTRY)/$$img:$(IMAGE_TAG); \
+		if [ "$(CONTAINER_TOOL)" = docker ]; then \
+			docker buildx build --target $$img --platform $$(echo $(PLATFORMS) | tr ' ' ,) \
+				--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $$name --push . ; \
+		else \
+			$(BUILDAH) manifest push --all $$name docker://$$name; \
+		fi; \
+	done
+
+## image-test: build the images twice (same digests), then run them with podman
+image-test:
+	bash .ci/image-test
 
 ## soak: the binaries under thousands of normal, slow, vanishing and hostile
 ## peers for SOAK_DURATION (default 2m); then every resource must come back
