@@ -107,6 +107,10 @@ push: images
 		fi; \
 	done
 
+## rules-test: promtool checks and unit-tests the Prometheus rules
+rules-test:
+	cd examples/prometheus && promtool check rules servercount-rules.yaml && promtool test rules servercount-rules_test.yaml
+
 ## image-test: build the images twice (same digests), then run them with podman
 image-test:
 	bash .ci/image-test
