@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -24,6 +25,8 @@ import (
 	"k8s.io/apiserver/pkg/server/egressselector"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
 
 // defaultManifestsDir holds the manifests an operator applies;
@@ -51,12 +54,7 @@ func TestManifestsApply(t *testing.T) {
 	}))
 	require.NotEmpty(t, files, "%s exists but holds no YAML file", manifestsDir)
 
-	dc, err := discovery.NewDiscoveryClientForConfig(the.cluster.REST)
-	require.NoError(t, err)
-	groups, err := restmapper.GetAPIGroupResources(dc)
-	require.NoError(t, err)
-	mapper := restmapper.NewDiscoveryRESTMapper(groups)
-
+	mapper := restMapper(t)
 	applied := 0
 	for _, file := range files {
 		rel, _ := filepath.Rel(manifestsDir, file)
@@ -77,6 +75,9 @@ func TestManifestsApply(t *testing.T) {
 			}
 			gvk := obj.GroupVersionKind()
 			where := rel + " " + gvk.Kind + " " + obj.GetName()
+			if gvk.Group == "kustomize.config.k8s.io" {
+				continue // built and applied by TestKustomizeBuildApplies
+			}
 			if gvk.Group == "apiserver.k8s.io" && gvk.Kind == "EgressSelectorConfiguration" {
 				// kube-apiserver configuration, not an API object: load it as
 				// --egress-selector-config-file does.
@@ -88,23 +89,7 @@ func TestManifestsApply(t *testing.T) {
 				}
 				continue
 			}
-			mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-			if !assert.NoError(t, err, "%s: the API server does not serve %s", where, gvk) {
-				continue
-			}
-			ri := the.cluster.Dynamic.Resource(mapping.Resource)
-			opts := metav1.ApplyOptions{FieldManager: "servercount-e2e", DryRun: []string{metav1.DryRunAll}, Force: true}
-			if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
-				ns := obj.GetNamespace()
-				if ns == "" {
-					ns = "default"
-				}
-				ensureNamespace(t, ns)
-				_, err = ri.Namespace(ns).Apply(t.Context(), obj.GetName(), &obj, opts)
-			} else {
-				_, err = ri.Apply(t.Context(), obj.GetName(), &obj, opts)
-			}
-			if assert.NoError(t, err, "%s: server-side apply (dry run)", where) {
+			if assert.NoError(t, dryRunApply(t, mapper, &obj), "%s: server-side apply (dry run)", where) {
 				applied++
 				t.Logf("%s: accepted (dry run)", where)
 			}
@@ -113,6 +98,73 @@ func TestManifestsApply(t *testing.T) {
 	}
 	assert.Positive(t, applied, "no API object found in %s", manifestsDir)
 	t.Logf("%d objects accepted from %d files", applied, len(files))
+}
+
+// TestKustomizeBuildApplies builds examples/kubernetes as kubectl apply -k
+// does (the kustomize library kubectl embeds) and applies the result, dry
+// run, to the real API server; the same objects with a misspelled field
+// are refused, so the check can fail.
+func TestKustomizeBuildApplies(t *testing.T) {
+	resources, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), defaultManifestsDir)
+	require.NoError(t, err, "kustomize build %s", defaultManifestsDir)
+	mapper := restMapper(t)
+	var images []string
+	for _, r := range resources.Resources() {
+		b, err := r.AsYAML()
+		require.NoError(t, err)
+		obj := &unstructured.Unstructured{}
+		require.NoError(t, yaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096).Decode(&obj.Object))
+		where := "kustomize " + obj.GetKind() + " " + obj.GetName()
+		require.NoError(t, dryRunApply(t, mapper, obj), "%s: server-side apply (dry run)", where)
+		containers, _, _ := unstructured.NestedSlice(obj.Object, "spec", "template", "spec", "containers")
+		for _, c := range containers {
+			if image, ok := c.(map[string]any)["image"].(string); ok {
+				images = append(images, image)
+			}
+		}
+		if obj.GetKind() == "Deployment" {
+			require.NoError(t, unstructured.SetNestedField(obj.Object, int64(3), "spec", "replicass"))
+			err := dryRunApply(t, mapper, obj)
+			require.Error(t, err, "%s: a misspelled field must be refused", where)
+			assert.Contains(t, err.Error(), "replicass")
+		}
+	}
+	assert.ElementsMatch(t, []string{"ghcr.io/servercount/proxy-server:v0.1.0", "ghcr.io/servercount/proxy-agent:v0.1.0"}, images)
+	t.Logf("kustomize build: %d objects accepted (dry run), images %v", resources.Size(), images)
+}
+
+// restMapper maps kinds to the resources the API server serves.
+func restMapper(t *testing.T) meta.RESTMapper {
+	t.Helper()
+	dc, err := discovery.NewDiscoveryClientForConfig(the.cluster.REST)
+	require.NoError(t, err)
+	groups, err := restmapper.GetAPIGroupResources(dc)
+	require.NoError(t, err)
+	return restmapper.NewDiscoveryRESTMapper(groups)
+}
+
+// dryRunApply applies obj to the API server, server side, as a dry run:
+// schema, unknown fields, validation and admission.
+func dryRunApply(t *testing.T, mapper meta.RESTMapper, obj *unstructured.Unstructured) error {
+	t.Helper()
+	gvk := obj.GroupVersionKind()
+	mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return fmt.Errorf("the API server does not serve %s: %w", gvk, err)
+	}
+	ri := the.cluster.Dynamic.Resource(mapping.Resource)
+	opts := metav1.ApplyOptions{FieldManager: "servercount-e2e", DryRun: []string{metav1.DryRunAll}, Force: true}
+	if mapping.Scope.Name() != meta.RESTScopeNameNamespace {
+		_, err = ri.Apply(t.Context(), obj.GetName(), obj, opts)
+		return err
+	}
+	ns := obj.GetNamespace()
+	if ns == "" {
+		ns = "default"
+	}
+	ensureNamespace(t, ns)
+	_, err = ri.Namespace(ns).Apply(t.Context(), obj.GetName(), obj, opts)
+	return err
 }
 
 // checkContainerFlags runs our binary for each container of a workload that
