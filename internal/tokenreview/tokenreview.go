@@ -2,18 +2,37 @@
 // agent presents a service-account token, and the proxy-server asks the
 // API server whether it is valid, for the expected audience and service
 // account (a TokenReview). It implements server.TokenAuthenticator.
+//
+// Reviews are cached, as kube-apiserver caches its webhook token reviews:
+// an agent reconnects with the same token, and a fleet of agents that
+// reconnect together after a server rollout must not cost one review per
+// stream. An accepted token is trusted for CacheTTL or until its own
+// expiry, whichever is first; a refused one is refused again for
+// DenialTTL without asking; concurrent reviews of one token are one
+// request; and at most MaxInFlight reviews run at once.
 package tokenreview
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/servercount/servercount/pkg/servercounter"
 )
 
 // Config says which tokens are accepted.
@@ -27,7 +46,35 @@ type Config struct {
 	// Namespace and ServiceAccount name the only service account whose
 	// tokens are accepted (--agent-namespace, --agent-service-account).
 	Namespace, ServiceAccount string
+	// Client reaches the API server; nil means one built from Kubeconfig.
+	Client kubernetes.Interface
+
+	// CacheTTL bounds how long an accepted token is trusted without a new
+	// review; default DefaultCacheTTL.
+	CacheTTL time.Duration
+	// DenialTTL is how long a refused token is refused without a new
+	// review; default DefaultDenialTTL.
+	DenialTTL time.Duration
+	// MaxEntries bounds the cache, which tokens from anyone can fill;
+	// default DefaultMaxEntries.
+	MaxEntries int
+	// MaxInFlight bounds the reviews sent at once; default
+	// DefaultMaxInFlight.
+	MaxInFlight int
+	// Registerer receives the review metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Clock tells when cached verdicts expire; nil means the real clock.
+	Clock servercounter.Clock
 }
+
+// Cache defaults: kube-apiserver's webhook token cache keeps successes 2
+// minutes and failures 10 seconds.
+const (
+	DefaultCacheTTL    = 2 * time.Minute
+	DefaultDenialTTL   = 10 * time.Second
+	DefaultMaxEntries  = 10000
+	DefaultMaxInFlight = 32
+)
 
 // Authenticator checks agent tokens with TokenReviews. It is safe for
 // concurrent use.
@@ -35,6 +82,20 @@ type Authenticator struct {
 	client   kubernetes.Interface
 	audience string
 	username string
+	cfg      Config
+	metrics  *metrics
+
+	flight   singleflight.Group
+	inFlight chan struct{} // a token per review sent
+
+	mu    sync.Mutex // guards cache
+	cache map[[sha256.Size]byte]verdict
+}
+
+// verdict is a cached review: err is nil for an accepted token.
+type verdict struct {
+	err   error
+	until time.Time
 }
 
 // New returns an Authenticator for cfg.
@@ -42,24 +103,150 @@ func New(cfg Config) (*Authenticator, error) {
 	if cfg.Namespace == "" || cfg.ServiceAccount == "" {
 		return nil, errors.New("token review needs the agents' service account: set --agent-namespace and --agent-service-account")
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("build API server client (--kubeconfig %q): %w", cfg.Kubeconfig, err)
+	client := cfg.Client
+	if client == nil {
+		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("build API server client (--kubeconfig %q): %w", cfg.Kubeconfig, err)
+		}
+		if client, err = kubernetes.NewForConfig(rc); err != nil {
+			return nil, fmt.Errorf("build API server client: %w", err)
+		}
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	setDefault(&cfg.CacheTTL, DefaultCacheTTL)
+	setDefault(&cfg.DenialTTL, DefaultDenialTTL)
+	setDefault(&cfg.MaxEntries, DefaultMaxEntries)
+	setDefault(&cfg.MaxInFlight, DefaultMaxInFlight)
+	if cfg.Clock == nil {
+		cfg.Clock = servercounter.RealClock{}
+	}
+	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
-		return nil, fmt.Errorf("build API server client: %w", err)
+		return nil, err
 	}
 	return &Authenticator{
 		client:   client,
 		audience: cfg.Audience,
 		username: "system:serviceaccount:" + cfg.Namespace + ":" + cfg.ServiceAccount,
+		cfg:      cfg,
+		metrics:  m,
+		inFlight: make(chan struct{}, cfg.MaxInFlight),
+		cache:    map[[sha256.Size]byte]verdict{},
 	}, nil
 }
 
-// AuthenticateToken accepts token if the API server says it is valid, for
-// the audience, and of the agents' service account.
+func setDefault[T time.Duration | int](p *T, def T) {
+	if *p <= 0 {
+		*p = def
+	}
+}
+
+// AuthenticateToken accepts token if the API server says, or said
+// recently, that it is valid, for the audience, and of the agents' service
+// account.
 func (a *Authenticator) AuthenticateToken(ctx context.Context, token string) error {
+	key := sha256.Sum256([]byte(token))
+	if v, ok := a.cached(key); ok {
+		a.metrics.hits.Inc()
+		return v.err
+	}
+	// Callers that share a review do not share a context: the review runs
+	// on its own, bounded by reviewTimeout, and each caller waits for it
+	// as long as its own context lets it.
+	ch := a.flight.DoChan(string(key[:]), func() (any, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
+		defer cancel()
+		err := a.review(rctx, token)
+		a.remember(key, token, err)
+		return nil, err
+	})
+	select {
+	case r := <-ch:
+		return r.Err
+	case <-ctx.Done():
+		return fmt.Errorf("review agent token: %w", ctx.Err())
+	}
+}
+
+// reviewTimeout bounds one TokenReview.
+const reviewTimeout = 10 * time.Second
+
+// cached returns the cached verdict on key, if one is still valid.
+func (a *Authenticator) cached(key [sha256.Size]byte) (verdict, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	v, ok := a.cache[key]
+	if ok && !a.cfg.Clock.Now().Before(v.until) {
+		delete(a.cache, key)
+		a.metrics.entries.Set(float64(len(a.cache)))
+		return verdict{}, false
+	}
+	return v, ok
+}
+
+// remember caches the verdict err on token: an acceptance until CacheTTL
+// or the token's expiry, a refusal for DenialTTL. An API server error is
+// not a verdict and is not cached.
+func (a *Authenticator) remember(key [sha256.Size]byte, token string, err error) {
+	now := a.cfg.Clock.Now()
+	var until time.Time
+	switch {
+	case err == nil:
+		until = now.Add(a.cfg.CacheTTL)
+		if exp, ok := expiry(token); ok && exp.Before(until) {
+			until = exp
+		}
+	case errors.Is(err, errDenied):
+		until = now.Add(a.cfg.DenialTTL)
+	default:
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.cache) >= a.cfg.MaxEntries {
+		for k, v := range a.cache {
+			if !now.Before(v.until) {
+				delete(a.cache, k)
+			}
+		}
+		if len(a.cache) >= a.cfg.MaxEntries {
+			return // full of live verdicts: review again rather than grow
+		}
+	}
+	a.cache[key] = verdict{err: err, until: until}
+	a.metrics.entries.Set(float64(len(a.cache)))
+}
+
+// review asks the API server about token, at most MaxInFlight at once.
+func (a *Authenticator) review(ctx context.Context, token string) error {
+	select {
+	case a.inFlight <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("wait to review agent token: %w", ctx.Err())
+	}
+	defer func() { <-a.inFlight }()
+	a.metrics.inFlight.Inc()
+	defer a.metrics.inFlight.Dec()
+	start := time.Now()
+	err := a.ask(ctx, token)
+	a.metrics.latency.Observe(time.Since(start).Seconds())
+	switch {
+	case err == nil:
+		a.metrics.reviews.WithLabelValues("accepted").Inc()
+	case errors.Is(err, errDenied):
+		a.metrics.reviews.WithLabelValues("refused").Inc()
+	default:
+		a.metrics.reviews.WithLabelValues("error").Inc()
+	}
+	return err
+}
+
+// errDenied marks a verdict of the API server against a token, as opposed
+// to a failure to ask.
+var errDenied = errors.New("agent token refused")
+
+// ask sends one TokenReview.
+func (a *Authenticator) ask(ctx context.Context, token string) error {
 	review := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}
 	if a.audience != "" {
 		review.Spec.Audiences = []string{a.audience}
@@ -71,13 +258,77 @@ func (a *Authenticator) AuthenticateToken(ctx context.Context, token string) err
 	st := res.Status
 	switch {
 	case !st.Authenticated:
-		return fmt.Errorf("agent token not valid: %s", orNone(st.Error))
+		return fmt.Errorf("%w: agent token not valid: %s", errDenied, orNone(st.Error))
 	case a.audience != "" && !slices.Contains(st.Audiences, a.audience):
-		return fmt.Errorf("agent token not for audience %q (it is for %v): set the agents' token audience to %q", a.audience, st.Audiences, a.audience)
+		return fmt.Errorf("%w: agent token not for audience %q (it is for %v): set the agents' token audience to %q", errDenied, a.audience, st.Audiences, a.audience)
 	case st.User.Username != a.username:
-		return fmt.Errorf("agent token is %s's, not %s's", st.User.Username, a.username)
+		return fmt.Errorf("%w: agent token is %s's, not %s's", errDenied, st.User.Username, a.username)
 	}
 	return nil
+}
+
+// expiry reads the exp claim of a JWT without checking it (the API server
+// did): a cached acceptance must not outlive the token.
+func expiry(token string) (time.Time, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}, false
+	}
+	var claims struct {
+		Exp *int64 `json:"exp"`
+	}
+	if json.Unmarshal(payload, &claims) != nil || claims.Exp == nil {
+		return time.Time{}, false
+	}
+	return time.Unix(*claims.Exp, 0), true
+}
+
+// metrics of the reviews.
+type metrics struct {
+	reviews  *prometheus.CounterVec
+	hits     prometheus.Counter
+	entries  prometheus.Gauge
+	inFlight prometheus.Gauge
+	latency  prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns, sub = "servercount", "server"
+	m := &metrics{
+		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "token_reviews_total",
+			Help: "TokenReviews sent to the API server for agent tokens, by result: accepted, refused, error.",
+		}, []string{"result"}),
+		hits: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "token_review_cache_hits_total",
+			Help: "Agent tokens judged from the review cache, without a TokenReview.",
+		}),
+		entries: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "token_review_cache_entries",
+			Help: "Verdicts in the review cache.",
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "token_reviews_in_flight",
+			Help: "TokenReviews sent and not yet answered.",
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "token_review_duration_seconds",
+			Help:    "Time for the API server to answer a TokenReview.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.reviews, m.hits, m.entries, m.inFlight, m.latency} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register token review metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
 }
 
 func orNone(s string) string {
