@@ -24,6 +24,7 @@ import (
 type suite struct {
 	cluster *harness.Cluster
 	bin     harness.OurBinaries
+	kubectl string
 	// nextNet hands each test its own 127.0.<n>.0/24 for servers.
 	nextNet atomic.Int32
 }
@@ -74,7 +75,7 @@ func run(m *testing.M) int {
 		}
 		fmt.Fprintf(os.Stderr, "e2e: binaries ready in %s\n", time.Since(start).Round(time.Millisecond))
 		code, err := harness.RunInNetNS("TMPDIR="+tmpDir, "E2E_CLUSTER_DIR="+clusterDir,
-			"E2E_ETCD="+bins.Etcd, "E2E_KUBE_APISERVER="+bins.KubeAPIServer, "E2E_COREDNS="+bins.CoreDNS,
+			"E2E_ETCD="+bins.Etcd, "E2E_KUBE_APISERVER="+bins.KubeAPIServer, "E2E_KUBECTL="+bins.Kubectl, "E2E_COREDNS="+bins.CoreDNS,
 			"E2E_PROXY_SERVER="+ours.Server, "E2E_PROXY_AGENT="+ours.Agent, "E2E_PROBE="+ours.Probe)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -85,7 +86,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	bins := harness.Binaries{Etcd: os.Getenv("E2E_ETCD"), KubeAPIServer: os.Getenv("E2E_KUBE_APISERVER"), CoreDNS: os.Getenv("E2E_COREDNS")}
+	bins := harness.Binaries{Etcd: os.Getenv("E2E_ETCD"), KubeAPIServer: os.Getenv("E2E_KUBE_APISERVER"), Kubectl: os.Getenv("E2E_KUBECTL"), CoreDNS: os.Getenv("E2E_COREDNS")}
 	ours := harness.OurBinaries{Server: os.Getenv("E2E_PROXY_SERVER"), Agent: os.Getenv("E2E_PROXY_AGENT"), Probe: os.Getenv("E2E_PROBE")}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -97,7 +98,7 @@ func run(m *testing.M) int {
 	defer cluster.Close()
 	fmt.Fprintf(os.Stderr, "e2e: control plane (etcd, kube-apiserver %s, CoreDNS %s) ready in %s, in a network namespace with %s on lo\n",
 		cluster.APIServerURL, cluster.DNS.Addr, time.Since(start).Round(time.Millisecond), harness.PodCIDR)
-	the = &suite{cluster: cluster, bin: ours}
+	the = &suite{cluster: cluster, bin: ours, kubectl: bins.Kubectl}
 	code := m.Run()
 	if code != 0 {
 		fmt.Fprintf(os.Stderr, "e2e: control plane logs:\n%s\n", cluster.Logs(3000))

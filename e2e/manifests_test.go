@@ -131,6 +131,13 @@ func TestKustomizeBuildApplies(t *testing.T) {
 	}
 	assert.ElementsMatch(t, []string{"ghcr.io/servercount/proxy-server:v0.1.0", "ghcr.io/servercount/proxy-agent:v0.1.0"}, images)
 	t.Logf("kustomize build: %d objects accepted (dry run), images %v", resources.Size(), images)
+
+	// And as an operator types it.
+	ensureNamespace(t, "kube-system")
+	out, err := exec.CommandContext(t.Context(), the.kubectl, "--kubeconfig", the.cluster.Kubeconfig,
+		"apply", "-k", defaultManifestsDir, "--dry-run=server").CombinedOutput()
+	require.NoError(t, err, "kubectl apply -k --dry-run=server:\n%s", out)
+	t.Logf("kubectl apply -k %s --dry-run=server:\n%s", defaultManifestsDir, out)
 }
 
 // restMapper maps kinds to the resources the API server serves.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds (once) and caches the real programs the e2e suite runs:
-# kube-apiserver and CoreDNS, from the Go module proxy; etcd comes from
+# kube-apiserver, kubectl and CoreDNS, from the Go module proxy; etcd comes from
 # Debian (etcd-server). Prints the cache directory.
 #
 # kube-apiserver cannot be `go install`ed (k8s.io/kubernetes replaces its
@@ -53,10 +53,27 @@ if [ ! -x "$apiserver" ]; then
 
 package tools
 
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
 GO
   (cd "$work" && GOFLAGS=-mod=mod go mod tidy >&2 && go build -o "$apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver >&2)
   mv "$apiserver.tmp" "$apiserver"
+fi
+
+# kubectl, from the same wrapper module: the manifests test runs
+# kubectl apply -k against the API server as an operator would.
+kubectl=$bin/kubectl-$KUBE_VERSION
+if [ ! -x "$kubectl" ]; then
+  log "building kubectl $KUBE_VERSION (about 2 minutes on 2 cores after kube-apiserver, once)"
+  work=$CACHE/build/kube-apiserver-$KUBE_VERSION
+  if ! grep -q cmd/kubectl "$work/tools.go"; then
+    printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' > "$work/tools.go"
+    (cd "$work" && GOFLAGS=-mod=mod go mod tidy >&2)
+  fi
+  (cd "$work" && go build -o "$kubectl.tmp" k8s.io/kubernetes/cmd/kubectl >&2)
+  mv "$kubectl.tmp" "$kubectl"
 fi
 
 coredns=$bin/coredns-$COREDNS_VERSION

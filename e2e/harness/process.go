@@ -178,11 +178,11 @@ func FreePorts(ip string, n int) ([]int, error) {
 
 // Binaries are the programs of the control plane.
 type Binaries struct {
-	Etcd, KubeAPIServer, CoreDNS string
+	Etcd, KubeAPIServer, Kubectl, CoreDNS string
 }
 
 // FindBinaries runs script (e2e/hack/binaries.sh), which builds and caches
-// kube-apiserver and CoreDNS once and prints the cache directory, and
+// kube-apiserver, kubectl and CoreDNS once and prints the cache directory, and
 // returns their paths. Versions come from KUBE_VERSION and COREDNS_VERSION
 // as in the script.
 func FindBinaries(script string) (Binaries, error) {
@@ -207,9 +207,10 @@ func FindBinaries(script string) (Binaries, error) {
 	b := Binaries{
 		Etcd:          etcd,
 		KubeAPIServer: filepath.Join(cache, "bin", "kube-apiserver-"+kube),
+		Kubectl:       filepath.Join(cache, "bin", "kubectl-"+kube),
 		CoreDNS:       filepath.Join(cache, "bin", "coredns-"+dns),
 	}
-	for _, f := range []string{b.KubeAPIServer, b.CoreDNS} {
+	for _, f := range []string{b.KubeAPIServer, b.Kubectl, b.CoreDNS} {
 		if _, err := os.Stat(f); err != nil {
 			return Binaries{}, fmt.Errorf("%s did not leave %s: %w", script, f, err)
 		}
