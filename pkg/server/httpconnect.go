@@ -73,26 +73,31 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	select {
 	case t.be.peer.out <- req:
 	case <-t.be.peer.done:
-		s.cancelDial(ht, t.random)
+		s.closeFromFrontend(t)
 		http.Error(w, "sending the dial request to the agent failed: agent stream closed", http.StatusBadGateway)
 		return
 	case <-timeout:
-		s.cancelDial(ht, t.random)
+		s.closeFromFrontend(t)
 		http.Error(w, "sending the dial request to the agent timed out", http.StatusGatewayTimeout)
 		return
 	case <-r.Context().Done():
-		s.cancelDial(ht, t.random)
+		s.closeFromFrontend(t)
 		return
 	case <-s.quit:
 		http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
 		return
 	}
 
+	// From here on the agent's DIAL_RSP may have established the tunnel
+	// by the time the client's disconnect is handled, even when the
+	// disconnect was seen first: closeFromFrontend drops the dial if it
+	// is still pending and otherwise sends CLOSE_REQ, where dropping the
+	// pending dial alone would leave an established tunnel open forever.
 	var rsp *client.DialResponse
 	select {
 	case rsp = <-ht.dialed:
 	case <-r.Context().Done():
-		s.cancelDial(ht, t.random)
+		s.closeFromFrontend(t)
 		return
 	case <-s.quit:
 		http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
