@@ -3,9 +3,11 @@ package server
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -41,6 +43,14 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "only the CONNECT method is supported", http.StatusMethodNotAllowed)
 		return
 	}
+	if err := checkConnectTarget(r.Host); err != nil {
+		// A target the agent could not dial would cost a DIAL_REQ, a
+		// pending dial and an agent's dial attempt for a certain failure:
+		// answer it here.
+		s.log.V(2).Info("Refused invalid CONNECT target", "address", capQuote(r.Host), "err", err)
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	ht := &httpTunnel{s: s, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{})}
 	t, err := s.startDial(ht, r.Host, 0)
 	switch {
@@ -63,26 +73,31 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	select {
 	case t.be.peer.out <- req:
 	case <-t.be.peer.done:
-		s.cancelDial(ht, t.random)
+		s.closeFromFrontend(t)
 		http.Error(w, "sending the dial request to the agent failed: agent stream closed", http.StatusBadGateway)
 		return
 	case <-timeout:
-		s.cancelDial(ht, t.random)
+		s.closeFromFrontend(t)
 		http.Error(w, "sending the dial request to the agent timed out", http.StatusGatewayTimeout)
 		return
 	case <-r.Context().Done():
-		s.cancelDial(ht, t.random)
+		s.closeFromFrontend(t)
 		return
 	case <-s.quit:
 		http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
 		return
 	}
 
+	// From here on the agent's DIAL_RSP may have established the tunnel
+	// by the time the client's disconnect is handled, even when the
+	// disconnect was seen first: closeFromFrontend drops the dial if it
+	// is still pending and otherwise sends CLOSE_REQ, where dropping the
+	// pending dial alone would leave an established tunnel open forever.
 	var rsp *client.DialResponse
 	select {
 	case rsp = <-ht.dialed:
 	case <-r.Context().Done():
-		s.cancelDial(ht, t.random)
+		s.closeFromFrontend(t)
 		return
 	case <-s.quit:
 		http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
@@ -246,6 +261,23 @@ func (ht *httpTunnel) deliver(pkt *client.Packet) {
 func (ht *httpTunnel) track(*tunnel)            {}
 func (ht *httpTunnel) established(*tunnel) bool { return true }
 func (ht *httpTunnel) forget(*tunnel)           {}
+
+// checkConnectTarget accepts host:port with a non-empty host and a port
+// from 1 to 65535, the only form of CONNECT target an agent can dial
+// (RFC 9110, section 9.3.6: the target is the authority-form).
+func checkConnectTarget(target string) error {
+	host, port, err := net.SplitHostPort(target)
+	if err != nil {
+		return fmt.Errorf("invalid CONNECT target %s: want host:port", capQuote(target))
+	}
+	if host == "" {
+		return fmt.Errorf("invalid CONNECT target %s: the host is empty", capQuote(target))
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("invalid CONNECT target %s: want a port from 1 to 65535", capQuote(target))
+	}
+	return nil
+}
 
 // dialErrorStatus maps an agent's dial error to the HTTP status of the
 // CONNECT response, as upstream does.

@@ -1,0 +1,128 @@
+package server_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/server"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// rawConnect sends a CONNECT request with the given request target and
+// Host header to the HTTP CONNECT frontend and returns the status.
+func rawConnect(t *testing.T, e *env, target, host string) int {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", e.connectAddr, waitFor)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, host)
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// Issue 10, item 10: a CONNECT target the agent cannot dial is answered
+// 400 by the server, and no DIAL_REQ reaches the agent.
+func TestHTTPConnectRefusesInvalidTargets(t *testing.T) {
+	t.Parallel()
+	e := startEnv(t, server.Config{})
+	a := startAgent(t, e, agentOpts{id: "a1"})
+	waitBackends(t, e, 1)
+	tests := []struct {
+		name, target, host string
+	}{
+		{name: "empty", target: "", host: ""},
+		{name: "slash", target: "/", host: "/"},
+		{name: "host without port", target: "127.0.0.1", host: "127.0.0.1"},
+		{name: "port without host", target: ":80", host: ":80"},
+		{name: "port zero", target: "127.0.0.1:0", host: "127.0.0.1:0"},
+		{name: "port too large", target: "127.0.0.1:65536", host: "127.0.0.1:65536"},
+		{name: "named port", target: "127.0.0.1:http", host: "127.0.0.1:http"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, http.StatusBadRequest, rawConnect(t, e, tc.target, tc.host))
+		})
+	}
+	assert.Zero(t, a.dials.Load(), "dial requests that reached the agent")
+}
+
+// Issue 10, item 1: an HTTP CONNECT client that disconnects while its
+// dial is in flight leaves nothing open, whichever of its disconnect and
+// the agent's DIAL_RSP the server handles first. The race is run many
+// times at once: the agent closes the client's connection and answers
+// the dial at the same moment. Every connection the agent opened must
+// get a CLOSE_REQ, and established_connections must return to 0.
+func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
+	t.Parallel()
+	const clients = 400
+	reg := prometheus.NewPedanticRegistry()
+	e := startEnv(t, server.Config{Registerer: reg})
+	a, err := connectAgent(t, e, agentOpts{id: "racer"})
+	require.NoError(t, err)
+	waitBackends(t, e, 1)
+
+	// Client i asks for port i+1; the agent closes client i's connection
+	// when its DIAL_REQ arrives and answers it with connectID i+1.
+	conns := make([]net.Conn, clients)
+	for i := range conns {
+		conns[i], err = net.DialTimeout("tcp", e.connectAddr, waitFor)
+		require.NoError(t, err)
+		defer conns[i].Close()
+	}
+	closed := make(chan int64, 2*clients)
+	agentDone := make(chan struct{})
+	go func() {
+		defer close(agentDone)
+		for {
+			pkt, err := a.stream.Recv()
+			if err != nil {
+				return
+			}
+			switch pkt.GetType() {
+			case client.PacketType_DIAL_REQ:
+				req := pkt.GetDialRequest()
+				_, portText, _ := net.SplitHostPort(req.GetAddress())
+				port, _ := strconv.Atoi(portText)
+				conns[port-1].Close()
+				a.send(wire.DialRsp(req.GetRandom(), int64(port), ""))
+			case client.PacketType_CLOSE_REQ:
+				id := pkt.GetCloseRequest().GetConnectID()
+				closed <- id
+				a.send(wire.CloseRsp(id, ""))
+			}
+		}
+	}()
+	t.Cleanup(func() { a.cancel(); <-agentDone; a.cc.Close() })
+	for i, c := range conns {
+		_, _ = fmt.Fprintf(c, "CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n", i+1, i+1)
+	}
+
+	got := map[int64]bool{}
+	deadline := time.After(waitFor)
+	for len(got) < clients {
+		select {
+		case id := <-closed:
+			got[id] = true
+		case <-deadline:
+			t.Fatalf("%d of %d connections got no CLOSE_REQ; established_connections = %v", clients-len(got), clients,
+				metricValue(t, reg, "konnectivity_network_proxy_server_established_connections", nil))
+		}
+	}
+	require.Eventually(t, func() bool {
+		return metricValue(t, reg, "konnectivity_network_proxy_server_established_connections", nil) == 0
+	}, waitFor, 5*time.Millisecond, "established_connections did not return to 0")
+	assert.Equal(t, 0.0, metricValue(t, reg, "konnectivity_network_proxy_server_pending_backend_dials", nil))
+}
