@@ -81,7 +81,8 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 		cfg:     cfg,
 		metrics: m,
 		policy: &targetPolicy{
-			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown, now: now,
+			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown,
+			maxCount: cfg.ServerCountMax, now: now,
 		},
 		clients:   make(map[string]*client),
 		lastCount: servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},

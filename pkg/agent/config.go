@@ -35,6 +35,10 @@ const (
 	// DefaultReceivedWindow is how many received serverCount headers the
 	// agent remembers; it aims for the largest.
 	DefaultReceivedWindow = 5
+	// DefaultServerCountMax caps every server count, received or counted:
+	// a hostile or broken server must not make the agent open thousands
+	// of connections (the same default as --server-count-max).
+	DefaultServerCountMax = 100
 )
 
 // syncBackoffMultiplier is how much the wait grows after each failed or
@@ -112,6 +116,10 @@ type Config struct {
 	// HoldDown is how long a lower count must persist before the target
 	// drops to it; default DefaultHoldDown. Increases apply at once.
 	HoldDown time.Duration
+	// ServerCountMax caps every count the target is taken from, whatever
+	// the TargetPolicy: the serverCount headers servers send as well as
+	// the Counter's count. Default DefaultServerCountMax.
+	ServerCountMax int
 	// DialMode says where to dial servers; default DialLoadBalancer. In
 	// DialResolved mode, a result that lists no address (a static count,
 	// a cache's fallback) makes the agent dial ServerAddress; an address
@@ -133,6 +141,7 @@ func DefaultConfig() Config {
 		HandshakeTimeout: DefaultHandshakeTimeout,
 		HoldDown:         DefaultHoldDown,
 		ReceivedWindow:   DefaultReceivedWindow,
+		ServerCountMax:   DefaultServerCountMax,
 		DialMode:         DialLoadBalancer,
 	}
 }
@@ -150,6 +159,9 @@ func (cfg Config) withDefaults() Config {
 	setDefault(&cfg.HoldDown, DefaultHoldDown)
 	if cfg.ReceivedWindow == 0 {
 		cfg.ReceivedWindow = DefaultReceivedWindow
+	}
+	if cfg.ServerCountMax == 0 {
+		cfg.ServerCountMax = DefaultServerCountMax
 	}
 	if cfg.DialMode == "" {
 		cfg.DialMode = DialLoadBalancer
@@ -205,6 +217,9 @@ func (cfg Config) validate() error {
 	}
 	if cfg.ReceivedWindow < 0 {
 		errs = append(errs, fmt.Errorf("ReceivedWindow is %d: want a positive number, or 0 for the default", cfg.ReceivedWindow))
+	}
+	if cfg.ServerCountMax < 0 {
+		errs = append(errs, fmt.Errorf("ServerCountMax is %d: want a positive number, or 0 for the default", cfg.ServerCountMax))
 	}
 	return errors.Join(errs...)
 }

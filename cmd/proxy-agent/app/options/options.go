@@ -208,6 +208,10 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 	cfg.SyncForever = o.SyncForever
 	cfg.HoldDown = o.ServerCountHoldDown
 	cfg.DialMode = o.ServerDialMode
+	// Every count is capped, received ones included and whatever the
+	// source: a server's serverCount header is not to be trusted more
+	// than DNS is.
+	cfg.ServerCountMax = o.DNS.Max
 	cfg.Registerer = reg
 	cfg.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
 	if o.InsecurePlaintext {

@@ -116,12 +116,15 @@ func TestConfig(t *testing.T) {
 		wantPolicy agent.TargetPolicy
 		wantMode   agent.DialMode
 		wantDNS    bool
+		// wantMax is the cap on every count; 0 means the default.
+		wantMax int
 	}{
 		{name: "upstream default", args: nil, wantPolicy: agent.TargetReceived, wantMode: agent.DialLoadBalancer},
 		{name: "max without dns", args: []string{"--server-count-source=max"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer},
 		{name: "dns", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"}, wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantDNS: true},
 		{name: "dns resolved max", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1", "--server-dial-mode=resolved", "--server-count-source=max"},
 			wantPolicy: agent.TargetMax, wantMode: agent.DialResolved, wantDNS: true},
+		{name: "max caps received counts", args: []string{"--server-count-source=max", "--server-count-max=7"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer, wantMax: 7},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -137,6 +140,11 @@ func TestConfig(t *testing.T) {
 			assert.Equal(t, "127.0.0.1:8091", cfg.ServerAddress)
 			assert.Equal(t, "host=node-1", cfg.Identifiers.String())
 			assert.True(t, cfg.Insecure)
+			wantMax := tc.wantMax
+			if wantMax == 0 {
+				wantMax = agent.DefaultServerCountMax
+			}
+			assert.Equal(t, wantMax, cfg.ServerCountMax, "--server-count-max caps every source")
 			if tc.wantDNS {
 				assert.NotNil(t, cfg.CountChanged, "a DNS count wakes the agent on changes")
 				assert.IsType(t, &servercounter.CachedServerCounter{}, cfg.Counter)
