@@ -56,7 +56,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet, withFallback bool) {
 	if withFallback {
 		fs.IntVar(&o.Fallback, "fallback-server-count", o.Fallback, "server count to use until DNS has answered")
 	}
-	fs.IntVar(&o.Max, "server-count-max", o.Max, "never count more servers than this, whatever DNS says")
+	fs.IntVar(&o.Max, "server-count-max", o.Max, "never count more servers than this, whatever DNS says (a proxy-agent caps the counts proxy-servers report too)")
 }
 
 // parseRecordType parses --server-count-dns-type.

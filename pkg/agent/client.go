@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,11 @@ type client struct {
 
 	// drained makes DRAIN go out once.
 	drained atomic.Bool
+
+	// slots counts this stream's tunnels, dials in flight included,
+	// bounded by MaxTunnelsPerServer: taken by admitDial on DIAL_REQ,
+	// given back by releaseSlot when the dial fails or the tunnel ends.
+	slots atomic.Int64
 
 	// mu guards the fields below it.
 	mu sync.Mutex
@@ -154,6 +160,14 @@ func (c *client) receive(ctx context.Context) error {
 		case pb.PacketType_DIAL_REQ:
 			req := p.GetDialRequest()
 			logger.V(4).Info("Received DIAL_REQ", "protocol", req.GetProtocol(), "address", req.GetAddress(), "dialID", req.GetRandom())
+			// Refused here, in the receive loop, before any goroutine or
+			// socket: a server flooding DIAL_REQs costs one reply each.
+			if reason, errText := c.admitDial(); reason != "" {
+				c.cs.metrics.endpointDialFailed(reason)
+				logger.V(2).Info("Refused DIAL_REQ", "reason", string(reason), "dialID", req.GetRandom())
+				_ = c.sendDialRsp(req.GetRandom(), 0, errText) // a failed send ends the stream: Recv reports it
+				continue
+			}
 			c.wg.Go(func() { c.dial(ctx, req) })
 		case pb.PacketType_DATA:
 			d := p.GetData()
@@ -182,6 +196,29 @@ func (c *client) receive(ctx context.Context) error {
 			logger.V(4).Info("Ignored unexpected packet", "type", p.GetType().String())
 		}
 	}
+}
+
+// admitDial takes a tunnel slot of this stream and a dial slot of the
+// agent for one DIAL_REQ. When either bound is reached it takes neither
+// and returns the reason and the DIAL_RSP error text.
+func (c *client) admitDial() (dialFailureReason, string) {
+	limit := c.cs.cfg.MaxTunnelsPerServer
+	if c.slots.Add(1) > int64(limit) {
+		c.slots.Add(-1)
+		return dialFailureTunnelLimit, fmt.Sprintf("proxy-agent refused the dial: %d tunnels open on this server stream, the most --max-tunnels-per-server allows", limit)
+	}
+	c.cs.tunnels.Add(1)
+	if !c.cs.tryStartDial() {
+		c.releaseSlot()
+		return dialFailureDialLimit, fmt.Sprintf("proxy-agent refused the dial: %d endpoint dials in flight, the most --max-concurrent-dials allows; try again", c.cs.cfg.MaxConcurrentDials)
+	}
+	return "", ""
+}
+
+// releaseSlot gives back a tunnel slot taken by admitDial.
+func (c *client) releaseSlot() {
+	c.slots.Add(-1)
+	c.cs.tunnels.Add(-1)
 }
 
 // tunnel returns the open tunnel with connectID id, or nil.

@@ -29,6 +29,13 @@ type ClientSet struct {
 	// Counter lists without one.
 	serverPort int
 
+	// dials counts the endpoint dials in flight, bounded by
+	// cfg.MaxConcurrentDials; see tryStartDial.
+	dials atomic.Int64
+	// tunnels counts the tunnels of every stream, dials in flight
+	// included.
+	tunnels atomic.Int64
+
 	// running is true while Run runs; read by the health handler.
 	running atomic.Bool
 	// started makes Run run once.
@@ -68,25 +75,26 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("invalid agent config: %w", err)
 	}
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, err
-	}
 	now := time.Now
 	if cfg.Clock != nil {
 		now = cfg.Clock.Now
 	}
 	_, port, _ := net.SplitHostPort(cfg.ServerAddress) // checked by validate
 	cs := &ClientSet{
-		cfg:     cfg,
-		metrics: m,
+		cfg: cfg,
 		policy: &targetPolicy{
-			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown, now: now,
+			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown,
+			maxCount: cfg.ServerCountMax, now: now,
 		},
 		clients:   make(map[string]*client),
 		lastCount: servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},
 	}
 	cs.serverPort, _ = strconv.Atoi(port) // checked by validate
+	m, err := newMetrics(cfg.Registerer, cs.busiestServerTunnels)
+	if err != nil {
+		return nil, err
+	}
+	cs.metrics = m
 	m.setOpenServerConnections(0)
 	cs.Target() // export the first target
 	return cs, nil
@@ -97,6 +105,39 @@ func (cs *ClientSet) Connected() int {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	return len(cs.clients)
+}
+
+// OpenTunnels returns the number of tunnels open on every stream, dials in
+// flight included.
+func (cs *ClientSet) OpenTunnels() int { return int(cs.tunnels.Load()) }
+
+// busiestServerTunnels returns the most tunnels open on one stream, for
+// the busiest_server_tunnels gauge.
+func (cs *ClientSet) busiestServerTunnels() float64 {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	var most int64
+	for _, c := range cs.clients {
+		most = max(most, c.slots.Load())
+	}
+	return float64(most)
+}
+
+// tryStartDial takes one of the MaxConcurrentDials dial slots, or reports
+// that none is free. endDial gives it back.
+func (cs *ClientSet) tryStartDial() bool {
+	if cs.dials.Add(1) > int64(cs.cfg.MaxConcurrentDials) {
+		cs.dials.Add(-1)
+		return false
+	}
+	cs.metrics.dialStarted()
+	return true
+}
+
+// endDial gives back a slot taken by tryStartDial.
+func (cs *ClientSet) endDial() {
+	cs.dials.Add(-1)
+	cs.metrics.dialEnded()
 }
 
 // Ready reports whether at least one server is connected.

@@ -35,6 +35,22 @@ const (
 	// DefaultReceivedWindow is how many received serverCount headers the
 	// agent remembers; it aims for the largest.
 	DefaultReceivedWindow = 5
+	// DefaultServerCountMax caps every server count, received or counted:
+	// a hostile or broken server must not make the agent open thousands
+	// of connections (the same default as --server-count-max).
+	DefaultServerCountMax = 100
+	// DefaultMaxConcurrentDials bounds the endpoint dials in flight across
+	// every server stream. A dial holds a goroutine and a socket for up to
+	// DialTimeout; a healthy dial takes milliseconds, so 500 at once is
+	// thousands of tunnels a second, while a server flooding DIAL_REQs to
+	// addresses that hang holds at most 500 sockets.
+	DefaultMaxConcurrentDials = 500
+	// DefaultMaxTunnelsPerServer bounds the tunnels (dials in flight
+	// included) one server stream may hold open. Each is a socket: 5000
+	// per stream is more than one kube-apiserver of a 5000-node cluster
+	// keeps through one agent (logs, exec, port-forward, webhooks), and
+	// far below the file limit of a container.
+	DefaultMaxTunnelsPerServer = 5000
 )
 
 // syncBackoffMultiplier is how much the wait grows after each failed or
@@ -98,6 +114,15 @@ type Config struct {
 	SyncForever bool
 	// DialTimeout bounds one endpoint dial; default 5s.
 	DialTimeout time.Duration
+	// MaxConcurrentDials bounds the endpoint dials in flight, across every
+	// server stream: a DIAL_REQ over it is refused at once with a DIAL_RSP
+	// error, before any goroutine or socket. Default
+	// DefaultMaxConcurrentDials.
+	MaxConcurrentDials int
+	// MaxTunnelsPerServer bounds the tunnels open on one server stream,
+	// dials in flight included: a DIAL_REQ over it is refused at once with
+	// a DIAL_RSP error. Default DefaultMaxTunnelsPerServer.
+	MaxTunnelsPerServer int
 	// HandshakeTimeout bounds one server dial, until the server's response
 	// headers arrive; default 30s.
 	HandshakeTimeout time.Duration
@@ -112,6 +137,10 @@ type Config struct {
 	// HoldDown is how long a lower count must persist before the target
 	// drops to it; default DefaultHoldDown. Increases apply at once.
 	HoldDown time.Duration
+	// ServerCountMax caps every count the target is taken from, whatever
+	// the TargetPolicy: the serverCount headers servers send as well as
+	// the Counter's count. Default DefaultServerCountMax.
+	ServerCountMax int
 	// DialMode says where to dial servers; default DialLoadBalancer. In
 	// DialResolved mode, a result that lists no address (a static count,
 	// a cache's fallback) makes the agent dial ServerAddress; an address
@@ -133,7 +162,11 @@ func DefaultConfig() Config {
 		HandshakeTimeout: DefaultHandshakeTimeout,
 		HoldDown:         DefaultHoldDown,
 		ReceivedWindow:   DefaultReceivedWindow,
+		ServerCountMax:   DefaultServerCountMax,
 		DialMode:         DialLoadBalancer,
+
+		MaxConcurrentDials:  DefaultMaxConcurrentDials,
+		MaxTunnelsPerServer: DefaultMaxTunnelsPerServer,
 	}
 }
 
@@ -150,6 +183,15 @@ func (cfg Config) withDefaults() Config {
 	setDefault(&cfg.HoldDown, DefaultHoldDown)
 	if cfg.ReceivedWindow == 0 {
 		cfg.ReceivedWindow = DefaultReceivedWindow
+	}
+	if cfg.ServerCountMax == 0 {
+		cfg.ServerCountMax = DefaultServerCountMax
+	}
+	if cfg.MaxConcurrentDials == 0 {
+		cfg.MaxConcurrentDials = DefaultMaxConcurrentDials
+	}
+	if cfg.MaxTunnelsPerServer == 0 {
+		cfg.MaxTunnelsPerServer = DefaultMaxTunnelsPerServer
 	}
 	if cfg.DialMode == "" {
 		cfg.DialMode = DialLoadBalancer
@@ -205,6 +247,18 @@ func (cfg Config) validate() error {
 	}
 	if cfg.ReceivedWindow < 0 {
 		errs = append(errs, fmt.Errorf("ReceivedWindow is %d: want a positive number, or 0 for the default", cfg.ReceivedWindow))
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{
+		{"ServerCountMax", cfg.ServerCountMax},
+		{"MaxConcurrentDials", cfg.MaxConcurrentDials},
+		{"MaxTunnelsPerServer", cfg.MaxTunnelsPerServer},
+	} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("%s is %d: want a positive number, or 0 for the default", n.name, n.v))
+		}
 	}
 	return errors.Join(errs...)
 }

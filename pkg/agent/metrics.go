@@ -15,11 +15,13 @@ import (
 //	|-------------------------------------------------------------------|---------|---------------------------------|----------------------------------------------------------|
 //	| konnectivity_network_proxy_agent_open_server_connections          | gauge   | -                               | servers connected (distinct serverIDs); 0 from start-up   |
 //	| konnectivity_network_proxy_agent_known_server_count               | gauge   | -                               | the server count the agent aims for (its target)         |
-//	| konnectivity_network_proxy_agent_endpoint_dial_failure_total      | counter | reason=timeout|unknown          | failed endpoint dials                                    |
+//	| konnectivity_network_proxy_agent_endpoint_dial_failure_total      | counter | reason=timeout|unknown|dial_limit|tunnel_limit | failed endpoint dials, and DIAL_REQs refused over a bound |
 //	| konnectivity_network_proxy_agent_open_endpoint_connections        | gauge   | -                               | open endpoint (tunnel) connections                       |
 //	| servercount_agent_server_dials_total                              | counter | result=ok|duplicate|error       | server dials by outcome                                  |
 //	| servercount_agent_target_server_count                             | gauge   | source=static|dns|fallback|received | the target, labelled by the source that decided it; one series at a time |
 //	| servercount_agent_sync_rounds_total                               | counter | -                               | rounds of the sync loop, dialing or not                  |
+//	| servercount_agent_endpoint_dials_in_flight                        | gauge   | -                               | endpoint dials in flight; bounded by MaxConcurrentDials   |
+//	| servercount_agent_busiest_server_tunnels                          | gauge   | -                               | tunnels (dials included) on the server stream that has most; bounded by MaxTunnelsPerServer |
 const (
 	upstreamNamespace = "konnectivity_network_proxy"
 	upstreamSubsystem = "agent"
@@ -34,6 +36,12 @@ type dialFailureReason string
 const (
 	dialFailureTimeout dialFailureReason = "timeout"
 	dialFailureUnknown dialFailureReason = "unknown"
+	// dialFailureDialLimit: refused, MaxConcurrentDials dials were in
+	// flight. Ours: upstream has no bound.
+	dialFailureDialLimit dialFailureReason = "dial_limit"
+	// dialFailureTunnelLimit: refused, the server stream had
+	// MaxTunnelsPerServer tunnels open. Ours: upstream has no bound.
+	dialFailureTunnelLimit dialFailureReason = "tunnel_limit"
 )
 
 // dialResult labels server_dials_total.
@@ -61,11 +69,14 @@ type metrics struct {
 	serverDials       *prometheus.CounterVec
 	targetCount       *prometheus.GaugeVec
 	syncRounds        prometheus.Counter
+	dialsInFlight     prometheus.Gauge
+	busiestServer     prometheus.GaugeFunc
 }
 
 // newMetrics builds the collectors and registers them on reg, unless reg
-// is nil.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// is nil. busiest returns the tunnels of the busiest server stream, read
+// at each scrape.
+func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, error) {
 	m := &metrics{
 		openServerConns: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
@@ -102,9 +113,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sync_rounds_total",
 			Help: "Number of rounds of the agent's sync loop, whether it dialed or not.",
 		}),
+		dialsInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ourNamespace, Subsystem: ourSubsystem,
+			Name: "endpoint_dials_in_flight",
+			Help: "Endpoint dials in flight, across every server stream; DIAL_REQs over --max-concurrent-dials are refused.",
+		}),
+		busiestServer: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: ourNamespace, Subsystem: ourSubsystem,
+			Name: "busiest_server_tunnels",
+			Help: "Tunnels, dials in flight included, on the server stream that has the most; DIAL_REQs over --max-tunnels-per-server are refused.",
+		}, busiest),
 	}
 	// Create the labelled series up front so that they exist at 0.
-	for _, r := range []dialFailureReason{dialFailureTimeout, dialFailureUnknown} {
+	for _, r := range []dialFailureReason{dialFailureTimeout, dialFailureUnknown, dialFailureDialLimit, dialFailureTunnelLimit} {
 		m.endpointDialFails.WithLabelValues(string(r))
 	}
 	for _, r := range []dialResult{dialOK, dialDuplicate, dialError} {
@@ -128,7 +149,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.openServerConns, m.knownServerCount, m.endpointDialFails, m.openEndpointConns,
-		m.serverDials, m.targetCount, m.syncRounds,
+		m.serverDials, m.targetCount, m.syncRounds, m.dialsInFlight, m.busiestServer,
 	}
 }
 
@@ -153,6 +174,10 @@ func (m *metrics) endpointDialFailed(r dialFailureReason) {
 // endpointOpened and endpointClosed track open endpoint connections.
 func (m *metrics) endpointOpened() { m.openEndpointConns.Inc() }
 func (m *metrics) endpointClosed() { m.openEndpointConns.Dec() }
+
+// dialStarted and dialEnded track endpoint dials in flight.
+func (m *metrics) dialStarted() { m.dialsInFlight.Inc() }
+func (m *metrics) dialEnded()   { m.dialsInFlight.Dec() }
 
 // serverDialed counts one server dial by its result.
 func (m *metrics) serverDialed(r dialResult) { m.serverDials.WithLabelValues(string(r)).Inc() }

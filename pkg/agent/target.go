@@ -82,11 +82,16 @@ const sourceReceived = "received"
 // decrease is taken only once lower counts have been seen for holdDown,
 // and then to the largest of them, so that a single short or empty answer
 // (NXDOMAIN for a moment during a rollout, an old server reporting an old
-// count) never drops the target. The target is never below 1.
+// count) never drops the target. The target is never below 1 and never
+// above maxCount.
 type targetPolicy struct {
 	policy   TargetPolicy
 	window   int
 	holdDown time.Duration
+	// maxCount caps every count, received or counted, before the policy
+	// weighs them: a serverCount header is whatever a peer sends, and
+	// TargetMax would otherwise let it override the cap.
+	maxCount int
 	now      func() time.Time
 
 	mu sync.Mutex // guards the fields below
@@ -105,7 +110,7 @@ type targetPolicy struct {
 func (p *targetPolicy) observeReceived(n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.received = append(p.received, n)
+	p.received = append(p.received, p.clamp(n))
 	if len(p.received) > p.window {
 		p.received = p.received[len(p.received)-p.window:]
 	}
@@ -126,7 +131,7 @@ func (p *targetPolicy) target(counted servercounter.Result) (int, string) {
 		p.policy == TargetReceived && received >= 0:
 		want, src = received, sourceReceived
 	}
-	want = max(want, 1)
+	want = max(p.clamp(want), 1)
 
 	now := p.now()
 	switch {
@@ -141,4 +146,12 @@ func (p *targetPolicy) target(counted servercounter.Result) (int, string) {
 		p.current, p.lowerSince = p.lower, time.Time{}
 	}
 	return p.current, src
+}
+
+// clamp caps n at maxCount; a maxCount of 0 or less means no cap.
+func (p *targetPolicy) clamp(n int) int {
+	if p.maxCount > 0 {
+		return min(n, p.maxCount)
+	}
+	return n
 }

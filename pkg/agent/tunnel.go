@@ -52,11 +52,15 @@ type tunnel struct {
 
 // dial serves one DIAL_REQ: it dials the endpoint, answers DIAL_RSP and,
 // on success, relays the endpoint's data to the server until the endpoint
-// closes. It runs in its own goroutine, counted in c.wg.
+// closes. It runs in its own goroutine, counted in c.wg, holding the
+// tunnel and dial slots admitDial took: the dial slot until the dial
+// returns, the tunnel slot until the tunnel ends.
 func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
 	logger := klog.FromContext(ctx).WithValues("address", req.GetAddress(), "dialID", req.GetRandom())
 	conn, err := c.dialEndpoint(ctx, req.GetProtocol(), req.GetAddress())
+	c.cs.endDial()
 	if err != nil {
+		c.releaseSlot()
 		reason := dialFailureUnknown
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 			reason = dialFailureTimeout
@@ -71,6 +75,7 @@ func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
 	if c.closed {
 		c.mu.Unlock()
 		_ = conn.Close() // the stream is gone: nobody to relay for
+		c.releaseSlot()
 		return
 	}
 	c.lastID++
@@ -209,6 +214,7 @@ func (t *tunnel) finish(sendRsp bool) {
 		close(t.closed)
 		_ = t.conn.Close() // a close error changes nothing for the tunnel
 		t.c.cs.metrics.endpointClosed()
+		t.c.releaseSlot()
 		if sendRsp {
 			t.c.sendCloseRsp(t.connectID, "")
 		}

@@ -54,6 +54,11 @@ type Options struct {
 	ServerCountHoldDown time.Duration
 	// ServerDialMode is lb or resolved.
 	ServerDialMode agent.DialMode
+	// MaxConcurrentDials bounds the endpoint dials in flight, and
+	// MaxTunnelsPerServer the tunnels of one server stream: DIAL_REQs over
+	// either are refused.
+	MaxConcurrentDials  int
+	MaxTunnelsPerServer int
 
 	HealthServerHost         string
 	HealthServerPort         int
@@ -95,6 +100,8 @@ func NewOptions() *Options {
 		DNS:                 dnscount.NewOptions(),
 		ServerCountHoldDown: agent.DefaultHoldDown,
 		ServerDialMode:      agent.DialLoadBalancer,
+		MaxConcurrentDials:  agent.DefaultMaxConcurrentDials,
+		MaxTunnelsPerServer: agent.DefaultMaxTunnelsPerServer,
 	}
 }
 
@@ -120,6 +127,8 @@ func (o *Options) Flags() *pflag.FlagSet {
 	o.DNS.AddFlags(fs, true)
 	fs.DurationVar(&o.ServerCountHoldDown, "server-count-hold-down", o.ServerCountHoldDown, "how long a lower server count must persist before the agent aims for it (increases apply at once)")
 	serve.ParsedVar(fs, &o.ServerDialMode, "server-dial-mode", string(o.ServerDialMode), agent.ParseDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
+	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "most endpoint dials in flight at once, across every proxy-server; a dial request over it is refused at once")
+	fs.IntVar(&o.MaxTunnelsPerServer, "max-tunnels-per-server", o.MaxTunnelsPerServer, "most tunnels (dials in flight included) one proxy-server connection may hold open; a dial request over it is refused at once")
 	fs.StringVar(&o.HealthServerHost, "health-server-host", o.HealthServerHost, "address for the health port (empty: all)")
 	fs.IntVar(&o.HealthServerPort, "health-server-port", o.HealthServerPort, "port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.AdminBindAddress, "admin-bind-address", o.AdminBindAddress, "address for the admin port")
@@ -170,6 +179,12 @@ func (o *Options) Validate() []error {
 	if o.ServerDialMode == agent.DialResolved && !o.DNS.Enabled() {
 		errs = append(errs, errors.New("--server-dial-mode=resolved needs --server-count-dns: the addresses to dial come from it"))
 	}
+	if o.MaxConcurrentDials < 1 {
+		errs = append(errs, fmt.Errorf("invalid --max-concurrent-dials %d: must be at least 1", o.MaxConcurrentDials))
+	}
+	if o.MaxTunnelsPerServer < 1 {
+		errs = append(errs, fmt.Errorf("invalid --max-tunnels-per-server %d: must be at least 1", o.MaxTunnelsPerServer))
+	}
 	if o.CountServerLeases {
 		errs = append(errs, errors.New("--count-server-leases is not supported: this agent does not read the Kubernetes API; count servers from the proxy-servers' headers (the default) instead"))
 	}
@@ -208,6 +223,11 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 	cfg.SyncForever = o.SyncForever
 	cfg.HoldDown = o.ServerCountHoldDown
 	cfg.DialMode = o.ServerDialMode
+	// Every count is capped, received ones included and whatever the
+	// source: a server's serverCount header is not to be trusted more
+	// than DNS is.
+	cfg.ServerCountMax = o.DNS.Max
+	cfg.MaxConcurrentDials, cfg.MaxTunnelsPerServer = o.MaxConcurrentDials, o.MaxTunnelsPerServer
 	cfg.Registerer = reg
 	cfg.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
 	if o.InsecurePlaintext {

@@ -67,6 +67,8 @@ func TestValidate(t *testing.T) {
 		{name: "resolved needs dns", args: []string{"--server-dial-mode=resolved"}, wantErr: []string{"--server-dial-mode=resolved needs --server-count-dns"}},
 		{name: "bad dial mode", args: []string{"--server-dial-mode=nearest"}, wantParseErr: `invalid argument "nearest" for "--server-dial-mode" flag: unknown server dial mode`},
 		{name: "bad dns type", args: []string{"--server-count-dns=x.example", "--server-count-dns-type=mx"}, wantParseErr: `invalid argument "mx" for "--server-count-dns-type" flag: use auto, srv, a, aaaa or ip`},
+		{name: "dial bounds", args: []string{"--max-concurrent-dials=0", "--max-tunnels-per-server=-1"},
+			wantErr: []string{"invalid --max-concurrent-dials 0: must be at least 1", "invalid --max-tunnels-per-server -1: must be at least 1"}},
 		{name: "negative hold-down", args: []string{"--server-count-hold-down=-1s"}, wantErr: []string{"invalid --server-count-hold-down"}},
 		{name: "every problem at once", args: []string{"--agent-id=", "--proxy-server-host=", "--probe-interval=0s"},
 			wantErr: []string{"--agent-id must not be empty", "--proxy-server-host must not be empty", "must be positive"}},
@@ -116,12 +118,15 @@ func TestConfig(t *testing.T) {
 		wantPolicy agent.TargetPolicy
 		wantMode   agent.DialMode
 		wantDNS    bool
+		// wantMax is the cap on every count; 0 means the default.
+		wantMax int
 	}{
 		{name: "upstream default", args: nil, wantPolicy: agent.TargetReceived, wantMode: agent.DialLoadBalancer},
 		{name: "max without dns", args: []string{"--server-count-source=max"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer},
 		{name: "dns", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"}, wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantDNS: true},
 		{name: "dns resolved max", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1", "--server-dial-mode=resolved", "--server-count-source=max"},
 			wantPolicy: agent.TargetMax, wantMode: agent.DialResolved, wantDNS: true},
+		{name: "max caps received counts", args: []string{"--server-count-source=max", "--server-count-max=7"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer, wantMax: 7},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -137,6 +142,13 @@ func TestConfig(t *testing.T) {
 			assert.Equal(t, "127.0.0.1:8091", cfg.ServerAddress)
 			assert.Equal(t, "host=node-1", cfg.Identifiers.String())
 			assert.True(t, cfg.Insecure)
+			wantMax := tc.wantMax
+			if wantMax == 0 {
+				wantMax = agent.DefaultServerCountMax
+			}
+			assert.Equal(t, wantMax, cfg.ServerCountMax, "--server-count-max caps every source")
+			assert.Equal(t, agent.DefaultMaxConcurrentDials, cfg.MaxConcurrentDials)
+			assert.Equal(t, agent.DefaultMaxTunnelsPerServer, cfg.MaxTunnelsPerServer)
 			if tc.wantDNS {
 				assert.NotNil(t, cfg.CountChanged, "a DNS count wakes the agent on changes")
 				assert.IsType(t, &servercounter.CachedServerCounter{}, cfg.Counter)

@@ -1,0 +1,40 @@
+package agent
+
+import (
+	"errors"
+	"net"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// blackhole returns a loopback address whose TCP connects hang: a socket
+// listening with a backlog of 0 that never accepts, whose accept queue is
+// filled at once. Linux drops the SYNs of further connects, so they wait
+// until their own timeout, without a packet leaving the machine.
+func blackhole(t testing.TB) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	require.NoError(t, syscall.Listen(fd, 0))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+	// Fill the accept queue until a connect times out.
+	for range 8 {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err != nil {
+			var ne net.Error
+			require.True(t, errors.As(err, &ne) && ne.Timeout(), "filling the accept queue of %s: %v", addr, err)
+			return addr
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	t.Fatalf("connects to %s never hung: cannot make a blackhole address", addr)
+	return ""
+}

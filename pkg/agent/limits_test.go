@@ -1,0 +1,121 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/servercounter"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// A serverCount header is whatever a peer sends: 1e9 must not become the
+// target under any policy, TargetMax included (issue 10, item 5).
+func TestReceivedCountClampedByServerCountMax(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy TargetPolicy
+		max    int
+		want   int
+	}{
+		{name: "received", policy: TargetReceived, max: 3, want: 3},
+		{name: "max", policy: TargetMax, max: 3, want: 3},
+		{name: "counted ignores it", policy: TargetCounted, max: 3, want: 2},
+		{name: "default cap", policy: TargetMax, want: DefaultServerCountMax},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tt := newTestTLS(t)
+			srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1000000000"})
+			cfg := testConfig(tt, srv.addr)
+			cfg.Counter = servercounter.StaticServerCounter(2)
+			cfg.TargetPolicy = tc.policy
+			cfg.ServerCountMax = tc.max
+			a := startAgent(t, cfg)
+			srv.nextStream(t)
+			require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
+			assert.Equal(t, tc.want, a.Target())
+			v, _ := a.metric(t, "konnectivity_network_proxy_agent_known_server_count")
+			assert.Equal(t, float64(tc.want), v)
+		})
+	}
+}
+
+// The Counter's count is capped as well: a static count or a Counter
+// without a clamp of its own cannot exceed ServerCountMax either.
+func TestCountedCountClampedByServerCountMax(t *testing.T) {
+	p := &targetPolicy{policy: TargetCounted, window: 3, maxCount: 4, now: time.Now}
+	n, _ := p.target(servercounter.Result{Count: 1 << 40, Source: servercounter.SourceStatic})
+	assert.Equal(t, 4, n)
+}
+
+// A server stream holds at most MaxTunnelsPerServer tunnels: a DIAL_REQ
+// over it is answered at once with a DIAL_RSP error and no dial (issue
+// 10, item 4), and a closed tunnel frees its slot.
+func TestDialReqOverTunnelLimitIsRefused(t *testing.T) {
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
+	cfg := testConfig(tt, srv.addr)
+	cfg.MaxTunnelsPerServer = 2
+	a := startAgent(t, cfg)
+	st := srv.nextStream(t)
+	target := newTestTarget(t, false)
+
+	first := st.dialOK(t, target.addr, 1)
+	target.accepted(t)
+	st.dialOK(t, target.addr, 2)
+	target.accepted(t)
+	v, _ := a.metric(t, "servercount_agent_busiest_server_tunnels")
+	assert.Equal(t, 2.0, v)
+
+	st.send(t, wire.DialReq("tcp", target.addr, 3))
+	rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+	assert.Equal(t, int64(3), rsp.GetRandom())
+	assert.Zero(t, rsp.GetConnectID())
+	assert.Contains(t, rsp.GetError(), "--max-tunnels-per-server")
+	v, _ = a.metric(t, "konnectivity_network_proxy_agent_endpoint_dial_failure_total", "reason", "tunnel_limit")
+	assert.Equal(t, 1.0, v)
+	v, _ = a.metric(t, "konnectivity_network_proxy_agent_open_endpoint_connections")
+	assert.Equal(t, 2.0, v, "the refused DIAL_REQ opened no connection")
+
+	// Closing a tunnel frees its slot for the next dial.
+	st.send(t, wire.CloseReq(first))
+	assert.Equal(t, first, st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
+	require.Eventually(t, func() bool { return a.OpenTunnels() == 1 }, waitFor, tick)
+	st.dialOK(t, target.addr, 4)
+	target.accepted(t)
+	assert.Equal(t, 2, a.OpenTunnels())
+}
+
+// At most MaxConcurrentDials endpoint dials are in flight: one more
+// DIAL_REQ is refused at once, without waiting for the hung dials.
+func TestDialReqOverConcurrentDialLimitIsRefused(t *testing.T) {
+	hang := blackhole(t)
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
+	cfg := testConfig(tt, srv.addr)
+	cfg.MaxConcurrentDials = 2
+	cfg.DialTimeout = time.Minute // the hung dials end with the stream, at cleanup
+	a := startAgent(t, cfg)
+	st := srv.nextStream(t)
+
+	st.send(t, wire.DialReq("tcp", hang, 1))
+	st.send(t, wire.DialReq("tcp", hang, 2))
+	require.Eventually(t, func() bool {
+		v, _ := a.metric(t, "servercount_agent_endpoint_dials_in_flight")
+		return v == 2
+	}, waitFor, tick)
+
+	target := newTestTarget(t, false)
+	st.send(t, wire.DialReq("tcp", target.addr, 3))
+	rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+	assert.Equal(t, int64(3), rsp.GetRandom(), "the refusal comes before the hung dials' answers")
+	assert.Zero(t, rsp.GetConnectID())
+	assert.Contains(t, rsp.GetError(), "--max-concurrent-dials")
+	v, _ := a.metric(t, "konnectivity_network_proxy_agent_endpoint_dial_failure_total", "reason", "dial_limit")
+	assert.Equal(t, 1.0, v)
+	assert.Equal(t, 2, a.OpenTunnels(), "the refused dial holds no slot")
+}
