@@ -18,7 +18,7 @@ import (
 //	| konnectivity_network_proxy_agent_endpoint_dial_failure_total      | counter | reason=timeout|unknown|dial_limit|tunnel_limit | failed endpoint dials, and DIAL_REQs refused over a bound |
 //	| konnectivity_network_proxy_agent_open_endpoint_connections        | gauge   | -                               | open endpoint (tunnel) connections                       |
 //	| servercount_agent_server_dials_total                              | counter | result=ok|duplicate|error       | server dials by outcome                                  |
-//	| servercount_agent_target_server_count                             | gauge   | source=static|dns|fallback|received | the target, labelled by the source that decided it; one series at a time |
+//	| servercount_agent_target_server_count                             | gauge   | source=static|dns|leases|fallback|received | the target, labelled by the source that decided it; one series at a time |
 //	| servercount_agent_sync_rounds_total                               | counter | -                               | rounds of the sync loop, dialing or not                  |
 //	| servercount_agent_endpoint_dials_in_flight                        | gauge   | -                               | endpoint dials in flight; bounded by MaxConcurrentDials   |
 //	| servercount_agent_busiest_server_tunnels                          | gauge   | -                               | tunnels (dials included) on the server stream that has most; bounded by MaxTunnelsPerServer |
@@ -106,7 +106,7 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 		targetCount: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ourNamespace, Subsystem: ourSubsystem,
 			Name: "target_server_count",
-			Help: "Server count the agent aims for, labelled by the source that decided it (static, dns, fallback, received).",
+			Help: "Server count the agent aims for, labelled by the source that decided it (static, dns, leases, fallback, received).",
 		}, []string{"source"}),
 		syncRounds: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ourNamespace, Subsystem: ourSubsystem,

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -18,8 +19,11 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/kubeclient"
+	"github.com/servercount/servercount/internal/leasecount"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/agent"
+	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -67,15 +71,13 @@ type Options struct {
 	EnableProfiling          bool
 	EnableContentionProfiler bool
 
-	// Accepted for compatibility with upstream manifests. Lease counting
-	// needs the Kubernetes API, which this agent does not use: asking for it
-	// fails validation; the rest only tune it and are ignored.
-	CountServerLeases  bool
-	Kubeconfig         string
-	KubeAPIContentType string
-	LeaseLabel         string
-	LeaseLabelSelector string
-	LeaseNamespace     string
+	// Leases counts servers by their Kubernetes Leases
+	// (--count-server-leases), through the API client of Kube.
+	Leases *leasecount.Options
+	Kube   kubeclient.Options
+
+	// Accepted for compatibility with upstream manifests; they tune what
+	// this agent does otherwise, and are ignored.
 	WarnOnChannelLimit bool
 	XfrChannelSize     int
 }
@@ -93,9 +95,8 @@ func NewOptions() *Options {
 		HealthServerPort:    8093,
 		AdminBindAddress:    "127.0.0.1",
 		AdminServerPort:     8094,
-		KubeAPIContentType:  "application/vnd.kubernetes.protobuf",
-		LeaseLabelSelector:  "k8s-app=konnectivity-server",
-		LeaseNamespace:      "kube-system",
+		Leases:              leasecount.NewOptions(),
+		Kube:                kubeclient.Options{ContentType: kubeclient.DefaultContentType},
 		XfrChannelSize:      150,
 		DNS:                 dnscount.NewOptions(),
 		ServerCountHoldDown: agent.DefaultHoldDown,
@@ -135,13 +136,9 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.IntVar(&o.AdminServerPort, "admin-server-port", o.AdminServerPort, "port for /metrics and, with --enable-profiling, /debug/pprof")
 	fs.BoolVar(&o.EnableProfiling, "enable-profiling", o.EnableProfiling, "serve pprof on the admin port")
 	fs.BoolVar(&o.EnableContentionProfiler, "enable-contention-profiling", o.EnableContentionProfiler, "accepted for compatibility; ignored")
-	fs.BoolVar(&o.CountServerLeases, "count-server-leases", o.CountServerLeases, "not supported: this agent does not read the Kubernetes API")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "accepted for compatibility; ignored")
-	fs.StringVar(&o.KubeAPIContentType, "kube-api-content-type", o.KubeAPIContentType, "accepted for compatibility; ignored")
-	fs.StringVar(&o.LeaseLabel, "lease-label", o.LeaseLabel, "accepted for compatibility; ignored")
-	_ = fs.MarkDeprecated("lease-label", "use --lease-label-selector")
-	fs.StringVar(&o.LeaseLabelSelector, "lease-label-selector", o.LeaseLabelSelector, "accepted for compatibility; ignored")
-	fs.StringVar(&o.LeaseNamespace, "lease-namespace", o.LeaseNamespace, "accepted for compatibility; ignored")
+	o.Leases.AddFlags(fs)
+	fs.StringVar(&o.Kube.Kubeconfig, "kubeconfig", o.Kube.Kubeconfig, "kubeconfig to reach the API server with --count-server-leases (empty: in-cluster)")
+	fs.StringVar(&o.Kube.ContentType, "kube-api-content-type", o.Kube.ContentType, "content type of requests to the API server")
 	fs.BoolVar(&o.WarnOnChannelLimit, "warn-on-channel-limit", o.WarnOnChannelLimit, "accepted for compatibility; ignored")
 	fs.IntVar(&o.XfrChannelSize, "xfr-channel-size", o.XfrChannelSize, "accepted for compatibility; ignored")
 	return fs
@@ -185,9 +182,7 @@ func (o *Options) Validate() []error {
 	if o.MaxTunnelsPerServer < 1 {
 		errs = append(errs, fmt.Errorf("invalid --max-tunnels-per-server %d: must be at least 1", o.MaxTunnelsPerServer))
 	}
-	if o.CountServerLeases {
-		errs = append(errs, errors.New("--count-server-leases is not supported: this agent does not read the Kubernetes API; count servers from the proxy-servers' headers (the default) instead"))
-	}
+	errs = append(errs, o.Leases.Validate()...)
 	return errs
 }
 
@@ -242,16 +237,49 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 	}
 
 	// Upstream's default: the counts servers report. A count of our own
-	// (DNS) replaces them, unless --server-count-source=max weighs both.
+	// (DNS, leases, or the larger of the two) replaces them, unless
+	// --server-count-source=max weighs them all.
 	cfg.TargetPolicy = agent.TargetReceived
-	stop = func() {}
+	// A source counts servers, signals changes, and is closed at the end.
+	type source interface {
+		servercounter.Counter
+		servercounter.Notifier
+		Close() error
+	}
+	var sources []source
+	stop = func() {
+		for _, s := range slices.Backward(sources) {
+			_ = s.Close() // the counters' Close does not fail
+		}
+	}
 	if o.DNS.Enabled() {
 		cache, err := o.DNS.Build(reg, "agent", o.DNS.Fallback)
 		if err != nil {
 			return cfg, nil, err
 		}
-		stop = func() { _ = cache.Close() } // Close does not fail
-		cfg.Counter, cfg.CountChanged, cfg.TargetPolicy = cache, cache, agent.TargetCounted
+		sources = append(sources, cache)
+	}
+	if o.Leases.Enabled {
+		client, err := kubeclient.New(o.Kube)
+		if err != nil {
+			stop()
+			return cfg, nil, fmt.Errorf("--count-server-leases: %w", err)
+		}
+		leases, err := o.Leases.Build(client, reg)
+		if err != nil {
+			stop()
+			return cfg, nil, err
+		}
+		sources = append(sources, leases)
+	}
+	switch len(sources) {
+	case 0:
+	case 1:
+		cfg.Counter, cfg.CountChanged, cfg.TargetPolicy = sources[0], sources[0], agent.TargetCounted
+	default:
+		both := servercounter.NewMaxCounter(sources[0], sources[1])
+		sources = append(sources, both)
+		cfg.Counter, cfg.CountChanged, cfg.TargetPolicy = both, both, agent.TargetCounted
 	}
 	if o.CountSourceMax {
 		cfg.TargetPolicy = agent.TargetMax
@@ -276,7 +304,7 @@ func (o *Options) ALPN() []string {
 // for a log line at start-up.
 func (o *Options) Ignored(fs *pflag.FlagSet) []string {
 	var names []string
-	for _, n := range []string{"enable-contention-profiling", "kubeconfig", "kube-api-content-type", "lease-label", "lease-label-selector", "lease-namespace", "warn-on-channel-limit", "xfr-channel-size"} {
+	for _, n := range []string{"enable-contention-profiling", "warn-on-channel-limit", "xfr-channel-size"} {
 		if fs.Changed(n) {
 			names = append(names, "--"+n)
 		}

@@ -1,6 +1,8 @@
 package options_test
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
 	"github.com/servercount/servercount/pkg/agent"
+	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -57,7 +60,8 @@ func TestValidate(t *testing.T) {
 	}{
 		{name: "defaults", args: nil},
 		{name: "insecure", args: []string{"--insecure-plaintext"}},
-		{name: "leases not supported", args: []string{"--count-server-leases"}, wantErr: []string{"--count-server-leases is not supported"}},
+		{name: "leases", args: []string{"--count-server-leases", "--lease-namespace=ns", "--lease-label-selector=app=proxy"}},
+		{name: "leases with a bad selector", args: []string{"--count-server-leases", "--lease-label-selector=a b"}, wantErr: []string{`invalid --lease-label-selector "a b"`}},
 		{name: "cert without key", args: []string{"--agent-cert=/c/a.crt"}, wantErr: []string{"--agent-cert and --agent-key go together"}},
 		{name: "cap below interval", args: []string{"--sync-interval=5s", "--sync-interval-cap=1s"}, wantErr: []string{"--sync-interval-cap 1s must be at least --sync-interval 5s"}},
 		{name: "bad source", args: []string{"--server-count-source=leases"}, wantParseErr: `invalid argument "leases" for "--server-count-source" flag: use default or max`},
@@ -104,28 +108,42 @@ func TestIgnoredFlagsAreReported(t *testing.T) {
 	t.Parallel()
 	o := options.NewOptions()
 	fs := o.Flags()
-	require.NoError(t, fs.Parse([]string{"--kubeconfig=/k", "--xfr-channel-size=10"}))
-	assert.Equal(t, []string{"--kubeconfig", "--xfr-channel-size"}, o.Ignored(fs))
+	require.NoError(t, fs.Parse([]string{"--kubeconfig=/k", "--warn-on-channel-limit", "--xfr-channel-size=10"}))
+	assert.Equal(t, []string{"--warn-on-channel-limit", "--xfr-channel-size"}, o.Ignored(fs))
 }
 
 // Config turns the flags into the agent's configuration once, with the
 // target policy the flags mean.
 func TestConfig(t *testing.T) {
 	t.Parallel()
+	// An API server that is not there: the lease counter starts and keeps
+	// trying, which is all Config needs.
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+contexts: [{name: x, context: {cluster: c}}]
+current-context: x
+`), 0o600))
 	tests := []struct {
 		name       string
 		args       []string
 		wantPolicy agent.TargetPolicy
 		wantMode   agent.DialMode
-		wantDNS    bool
+		// wantCounter is the type of the Counter; nil means the static 1.
+		wantCounter servercounter.Counter
 		// wantMax is the cap on every count; 0 means the default.
 		wantMax int
 	}{
 		{name: "upstream default", args: nil, wantPolicy: agent.TargetReceived, wantMode: agent.DialLoadBalancer},
 		{name: "max without dns", args: []string{"--server-count-source=max"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer},
-		{name: "dns", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"}, wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantDNS: true},
+		{name: "dns", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"}, wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantCounter: &servercounter.CachedServerCounter{}},
 		{name: "dns resolved max", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1", "--server-dial-mode=resolved", "--server-count-source=max"},
-			wantPolicy: agent.TargetMax, wantMode: agent.DialResolved, wantDNS: true},
+			wantPolicy: agent.TargetMax, wantMode: agent.DialResolved, wantCounter: &servercounter.CachedServerCounter{}},
+		{name: "leases", args: []string{"--count-server-leases", "--kubeconfig=" + kubeconfig},
+			wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantCounter: &lease.Counter{}},
+		{name: "dns and leases", args: []string{"--count-server-leases", "--kubeconfig=" + kubeconfig, "--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"},
+			wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantCounter: &servercounter.MaxCounter{}},
 		{name: "max caps received counts", args: []string{"--server-count-source=max", "--server-count-max=7"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer, wantMax: 7},
 	}
 	for _, tc := range tests {
@@ -149,9 +167,9 @@ func TestConfig(t *testing.T) {
 			assert.Equal(t, wantMax, cfg.ServerCountMax, "--server-count-max caps every source")
 			assert.Equal(t, agent.DefaultMaxConcurrentDials, cfg.MaxConcurrentDials)
 			assert.Equal(t, agent.DefaultMaxTunnelsPerServer, cfg.MaxTunnelsPerServer)
-			if tc.wantDNS {
-				assert.NotNil(t, cfg.CountChanged, "a DNS count wakes the agent on changes")
-				assert.IsType(t, &servercounter.CachedServerCounter{}, cfg.Counter)
+			if tc.wantCounter != nil {
+				assert.NotNil(t, cfg.CountChanged, "a count of our own wakes the agent on changes")
+				assert.IsType(t, tc.wantCounter, cfg.Counter)
 			} else {
 				assert.Nil(t, cfg.CountChanged)
 				assert.Equal(t, servercounter.StaticServerCounter(1), cfg.Counter)
