@@ -18,7 +18,9 @@ func TestMaxCounter(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
 	cache, _ := newCache(t, newCounter(t, srv, svc), servercounter.CacheConfig{Expiry: time.Minute})
-	failing := counterFunc(func(context.Context) (servercounter.Result, error) { return servercounter.Result{}, errors.New("API server down") })
+	failing := counterFunc(func(context.Context) (servercounter.Result, error) {
+		return servercounter.Result{}, errors.New("API server down")
+	})
 
 	m := servercounter.NewMaxCounter(servercounter.StaticServerCounter(3), cache, failing)
 	defer m.Close()
