@@ -28,12 +28,12 @@ import (
 func Run(ctx context.Context, o *options.Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
-	cfg, stopCounter, err := o.Config(reg)
+	setup, err := o.Config(reg)
 	if err != nil {
 		return err
 	}
-	defer stopCounter()
-	srv, err := server.New(cfg)
+	defer setup.Stop()
+	srv, err := server.New(setup.Server)
 	if err != nil {
 		return err
 	}
@@ -52,6 +52,7 @@ func Run(ctx context.Context, o *options.Options) error {
 		if err != nil {
 			return fmt.Errorf("agent port: %w", err)
 		}
+		o.TLS.Apply(tlsCfg)
 		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(tlsCfg, "agent")))
 	}
 	agentGRPC := grpc.NewServer(agentOpts...)
@@ -98,6 +99,16 @@ func Run(ctx context.Context, o *options.Options) error {
 	}
 	g.HTTP("admin server", adl, serve.AdminMux(reg, o.EnableProfiling))
 
+	// The lease: published once the ports serve, deleted on the way out
+	// so that agents drop this server at once.
+	if setup.Leases != nil {
+		lctx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
+		g.Go("lease publisher", func() error {
+			_ = setup.Leases.Run(lctx) // it logs its own failures
+			return nil
+		}, func(context.Context) { stopLeases() })
+	}
+
 	// Ending the tunnels first lets the gRPC servers stop gracefully at
 	// once instead of waiting out the grace period for streams that never
 	// end by themselves.
@@ -129,7 +140,10 @@ func frontendListener(o *options.Options) (net.Listener, *tls.Config, error) {
 	var tlsCfg *tls.Config
 	if !o.InsecurePlaintext {
 		var err error
-		if tlsCfg, err = serve.ServerTLS(o.ServerCert, o.ServerKey, o.ServerCACert); err != nil {
+		if tlsCfg, err = serve.ServerTLS(o.ServerCert, o.ServerKey, o.ServerCACert); err == nil {
+			o.TLS.Apply(tlsCfg)
+		}
+		if err != nil {
 			return nil, nil, fmt.Errorf("frontend port: %w", err)
 		}
 	}

@@ -10,10 +10,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/kubeclient"
+	"github.com/servercount/servercount/internal/leasepublish"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tokenreview"
+	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -71,7 +75,18 @@ type Options struct {
 	AgentNamespace         string
 	AgentServiceAccount    string
 	AuthenticationAudience string
-	Kubeconfig             string
+
+	// Leases publishes this server's Lease (--enable-lease-controller).
+	Leases *leasepublish.Options
+	// Kube is the API client of TokenReviews and leases.
+	Kube kubeclient.Options
+
+	// TLS is --cipher-suites and --tls-min-version, for every TLS port.
+	TLS serve.TLSPolicy
+
+	// XfrChannelSize is accepted for compatibility; the server's queues
+	// have bounds of their own.
+	XfrChannelSize int
 }
 
 // NewOptions returns the defaults: upstream's, so that an existing manifest
@@ -91,6 +106,8 @@ func NewOptions() *Options {
 		FrontendKeepaliveTime:   time.Hour,
 		GracefulShutdownTimeout: 15 * time.Second,
 		DNS:                     dnscount.NewOptions(),
+		Leases:                  leasepublish.NewOptions(),
+		Kube:                    kubeclient.Options{ContentType: kubeclient.DefaultContentType},
 	}
 }
 
@@ -129,7 +146,14 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "namespace of the agents' service account; with --agent-service-account, agents must present its token, checked with a TokenReview")
 	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", o.AgentServiceAccount, "the agents' service account")
 	fs.StringVar(&o.AuthenticationAudience, "authentication-audience", o.AuthenticationAudience, "audience agents' tokens must have (empty: the API server's default)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig to reach the API server for TokenReviews (empty: in-cluster)")
+	fs.StringVar(&o.Kube.Kubeconfig, "kubeconfig", o.Kube.Kubeconfig, "kubeconfig to reach the API server for TokenReviews and leases (empty: in-cluster)")
+	fs.StringVar(&o.Kube.ContentType, "kube-api-content-type", o.Kube.ContentType, "content type of requests to the API server")
+	fs.Float32Var(&o.Kube.QPS, "kubeconfig-qps", o.Kube.QPS, "most requests per second to the API server (0: client-go's default)")
+	fs.IntVar(&o.Kube.Burst, "kubeconfig-burst", o.Kube.Burst, "most requests in a burst to the API server (0: client-go's default)")
+	o.Leases.AddFlags(fs)
+	serve.ParsedVar(fs, &o.TLS.CipherSuites, "cipher-suites", "", serve.ParseCipherSuites, "comma-separated IANA names of the TLS 1.2 cipher suites every TLS port allows (empty: Go's defaults; TLS 1.3 suites are fixed)")
+	serve.ParsedVar(fs, &o.TLS.MinVersion, "tls-min-version", "", serve.ParseTLSVersion, "lowest TLS version every TLS port accepts: VersionTLS12 (default) or VersionTLS13")
+	fs.IntVar(&o.XfrChannelSize, "xfr-channel-size", o.XfrChannelSize, "accepted for compatibility; ignored")
 	return fs
 }
 
@@ -164,22 +188,53 @@ func (o *Options) Validate() []error {
 	if o.AgentNamespace != "" && o.AgentTokenFile != "" {
 		errs = append(errs, errors.New("--agent-token-file and --agent-service-account exclude each other: pick one way to check agents' tokens"))
 	}
-	if o.AgentNamespace == "" && (o.AuthenticationAudience != "" || o.Kubeconfig != "") {
-		errs = append(errs, errors.New("--authentication-audience and --kubeconfig need --agent-namespace and --agent-service-account"))
+	if o.AgentNamespace == "" && o.AuthenticationAudience != "" {
+		errs = append(errs, errors.New("--authentication-audience needs --agent-namespace and --agent-service-account"))
 	}
+	if o.AgentNamespace == "" && !o.Leases.Enabled && o.Kube.Kubeconfig != "" {
+		errs = append(errs, errors.New("--kubeconfig needs --agent-namespace and --agent-service-account, or --enable-lease-controller"))
+	}
+	errs = append(errs, o.Leases.Validate()...)
 	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 {
 		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
 	}
 	return errs
 }
 
-// Config turns the options into the server's configuration, once: with
+// Setup is what the flags make: the server's configuration and what runs
+// beside it.
+type Setup struct {
+	Server server.Config
+	// Leases publishes and renews this server's lease; nil without
+	// --enable-lease-controller.
+	Leases *lease.Publisher
+	// Stop releases what Config built (the DNS counter); call it once the
+	// server has stopped.
+	Stop func()
+}
+
+// Config turns the options into the server's setup, once: with
 // --server-count-dns it builds the DNS counter (its metrics registered on
-// reg, --server-count its fallback), and it reads the agent token file or
-// sets up TokenReviews. Call stop once the server has stopped: it stops
-// the DNS counter.
-func (o *Options) Config(reg prometheus.Registerer) (cfg server.Config, stop func(), err error) {
-	cfg = server.Config{
+// reg, --server-count its fallback), it reads the agent token file or
+// sets up TokenReviews, and with --enable-lease-controller it makes the
+// lease publisher.
+func (o *Options) Config(reg prometheus.Registerer) (Setup, error) {
+	st, err := o.config(reg)
+	if err != nil && st.Stop != nil {
+		st.Stop()
+	}
+	return st, err
+}
+
+func (o *Options) config(reg prometheus.Registerer) (st Setup, err error) {
+	st.Stop = func() {}
+	var client kubernetes.Interface
+	if o.AgentNamespace != "" || o.Leases.Enabled {
+		if client, err = kubeclient.New(o.Kube); err != nil {
+			return st, err
+		}
+	}
+	cfg := server.Config{
 		ServerID:           o.ServerID,
 		Counter:            servercounter.StaticServerCounter(o.ServerCount),
 		Strategies:         o.ProxyStrategies,
@@ -189,23 +244,29 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg server.Config, stop fun
 	switch {
 	case o.AgentTokenFile != "":
 		if cfg.Authenticator, err = server.NewTokenFileAuthenticator(o.AgentTokenFile); err != nil {
-			return cfg, nil, err
+			return st, err
 		}
 	case o.AgentNamespace != "":
 		if cfg.Authenticator, err = tokenreview.New(tokenreview.Config{
-			Kubeconfig: o.Kubeconfig, Audience: o.AuthenticationAudience,
+			Client: client, Audience: o.AuthenticationAudience,
 			Namespace: o.AgentNamespace, ServiceAccount: o.AgentServiceAccount,
+			Registerer: reg,
 		}); err != nil {
-			return cfg, nil, err
+			return st, err
 		}
 	}
-	stop = func() {}
+	if o.Leases.Enabled {
+		if st.Leases, err = o.Leases.Build(client, o.ServerID, reg); err != nil {
+			return st, err
+		}
+	}
 	if o.DNS.Enabled() {
 		cache, err := o.DNS.Build(reg, "server", o.ServerCount)
 		if err != nil {
-			return cfg, nil, err
+			return st, err
 		}
-		cfg.Counter, stop = cache, func() { _ = cache.Close() } // Close does not fail
+		cfg.Counter, st.Stop = cache, func() { _ = cache.Close() } // Close does not fail
 	}
-	return cfg, stop, nil
+	st.Server = cfg
+	return st, nil
 }

@@ -42,7 +42,13 @@ func TestValidate(t *testing.T) {
 		{name: "token review", args: append([]string{"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=system:konnectivity-server"}, tlsFlags...)},
 		{name: "service account alone", args: append([]string{"--agent-service-account=konnectivity-agent"}, tlsFlags...), wantErr: []string{"--agent-namespace and --agent-service-account go together"}},
 		{name: "two token checks", args: append([]string{"--agent-namespace=a", "--agent-service-account=b", "--agent-token-file=/t"}, tlsFlags...), wantErr: []string{"--agent-token-file and --agent-service-account exclude each other"}},
-		{name: "audience without service account", args: append([]string{"--authentication-audience=x"}, tlsFlags...), wantErr: []string{"--authentication-audience and --kubeconfig need --agent-namespace"}},
+		{name: "audience without service account", args: append([]string{"--authentication-audience=x"}, tlsFlags...), wantErr: []string{"--authentication-audience needs --agent-namespace"}},
+		{name: "kubeconfig for nothing", args: append([]string{"--kubeconfig=/k"}, tlsFlags...), wantErr: []string{"--kubeconfig needs --agent-namespace and --agent-service-account, or --enable-lease-controller"}},
+		{name: "leases", args: append([]string{"--enable-lease-controller", "--kubeconfig=/k", "--lease-namespace=ns", "--lease-label=app=proxy,tier=cp"}, tlsFlags...)},
+		{name: "bad lease label", args: append([]string{"--enable-lease-controller", "--lease-label=app"}, tlsFlags...), wantErr: []string{`invalid --lease-label "app"`}},
+		{name: "tls policy", args: append([]string{"--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "--tls-min-version=VersionTLS13"}, tlsFlags...)},
+		{name: "bad cipher suite", args: append([]string{"--cipher-suites=TLS_NULL"}, tlsFlags...), wantParseErr: `invalid argument "TLS_NULL" for "--cipher-suites" flag: unknown cipher suite "TLS_NULL"`},
+		{name: "bad tls version", args: append([]string{"--tls-min-version=1.3"}, tlsFlags...), wantParseErr: `invalid argument "1.3" for "--tls-min-version" flag: unknown TLS version "1.3"`},
 		{name: "bad port", args: append([]string{"--agent-port=99999"}, tlsFlags...), wantErr: []string{"invalid --agent-port 99999"}},
 	}
 	for _, tc := range tests {
