@@ -201,16 +201,17 @@ func (s *Server) Get(url string) (string, error) {
 type AgentConfig struct {
 	// Name names the agent in logs; it is also its --agent-id.
 	Name string
-	// DNSName is --server-count-dns.
+	// DNSName is --server-count-dns; empty counts no servers through DNS.
 	DNSName string
 	// DNSServer is --server-count-dns-server.
 	DNSServer string
-	// DialMode is lb or resolved.
+	// DialMode is lb or resolved; empty means the default, lb.
 	DialMode string
 	// ServerAddr is the host:port to dial in lb mode (a load balancer);
 	// empty means localhost and the fleet's agent port.
 	ServerAddr string
-	// Extra are more flags, after the defaults (a later flag wins).
+	// Extra are more flags, after the defaults (a later flag wins, but
+	// the DNS and dial mode flags come after them).
 	Extra []string
 }
 
@@ -247,10 +248,15 @@ func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 		"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ports[0]),
 		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(ports[1]),
 		"--sync-interval=200ms", "--sync-interval-cap=1s",
-		"--server-count-dns=" + cfg.DNSName, "--server-count-dns-server=" + cfg.DNSServer,
-		"--server-count-cache-ttl=500ms", "--server-count-cache-ttl-min=200ms",
-		"--server-count-hold-down=2s", "--server-dial-mode=" + cfg.DialMode, "--v=2",
+		"--server-count-hold-down=2s", "--v=2",
 	}, cfg.Extra...)
+	if cfg.DNSName != "" {
+		args = append(args, "--server-count-dns="+cfg.DNSName, "--server-count-dns-server="+cfg.DNSServer,
+			"--server-count-cache-ttl=500ms", "--server-count-cache-ttl-min=200ms")
+	}
+	if cfg.DialMode != "" {
+		args = append(args, "--server-dial-mode="+cfg.DialMode)
+	}
 	p, err := StartProcess(cfg.Name, filepath.Join(f.Dir, cfg.Name+".log"), f.Bin.Agent, args...)
 	if err != nil {
 		t.Fatal(err)
