@@ -5,13 +5,18 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/pkg/server"
@@ -125,4 +130,49 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 		return metricValue(t, reg, "konnectivity_network_proxy_server_established_connections", nil) == 0
 	}, waitFor, 5*time.Millisecond, "established_connections did not return to 0")
 	assert.Equal(t, 0.0, metricValue(t, reg, "konnectivity_network_proxy_server_pending_backend_dials", nil))
+}
+
+// Issue 10, item 3: a rejected agent's metadata is logged cut to a few
+// hundred bytes, however large the agentID it sent (up to the header
+// limit).
+func TestRejectedAgentIDIsLoggedCapped(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(path, []byte("s3cret\n"), 0o600))
+	auth, err := server.NewTokenFileAuthenticator(path)
+	require.NoError(t, err)
+	e := startEnv(t, server.Config{Authenticator: auth})
+	log := logs.capture(t)
+
+	marker := "huge-agent-" + strconv.Itoa(int(time.Now().UnixNano())) // this test's lines only
+	agentID := marker + strings.Repeat("x", 48<<10)
+	_, err = connectAgent(t, e, agentOpts{id: agentID, token: "guess"})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "err: %v", err)
+
+	var line string
+	require.Eventually(t, func() bool {
+		for _, l := range strings.Split(log.String(), "\n") {
+			if strings.Contains(l, "Rejected agent stream") && strings.Contains(l, marker) {
+				line = l
+				return true
+			}
+		}
+		return false
+	}, waitFor, 5*time.Millisecond, "no rejection logged")
+	assert.Less(t, len(line), 2<<10, "log line of %d bytes", len(line))
+	assert.Contains(t, line, fmt.Sprintf("(%d bytes)", len(agentID)), "the cut value notes the length sent")
+}
+
+// Issue 10, item 3: metadata beyond server.GRPCMaxHeaderListSize is
+// refused by the gRPC transport, before the handler runs, instead of
+// gRPC's 16 MiB default.
+func TestOversizedHandshakeHeadersAreRefused(t *testing.T) {
+	t.Parallel()
+	e := startEnv(t, server.Config{})
+	_, err := connectAgent(t, e, agentOpts{id: strings.Repeat("a", server.GRPCMaxHeaderListSize)})
+	require.Error(t, err)
+	assert.Zero(t, e.srv.Backends())
+	// An agent with ordinary headers still connects.
+	startAgent(t, e, agentOpts{id: "ok", identifiers: "host=node-1&ipv4=10.0.0.1"})
+	waitBackends(t, e, 1)
 }

@@ -124,7 +124,7 @@ func (s *Server) dialTimedOut(t *tunnel) {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	s.log.V(2).Info("Backend dial timed out", "agentID", t.be.agentID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
+	s.log.V(2).Info("Backend dial timed out", "agentID", t.be.logID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
 	t.fe.deliver(wire.DialRsp(t.random, 0, errTextDialTimeout))
 }
 
@@ -145,7 +145,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	t := be.pending[rsp.GetRandom()]
 	if t == nil {
 		s.mu.Unlock()
-		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.agentID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
+		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
 		if rsp.GetConnectID() != 0 {
 			be.peer.send(wire.CloseReq(rsp.GetConnectID()), s.quit)
 		}
@@ -183,7 +183,7 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 	t := be.conns[id]
 	s.mu.Unlock()
 	if t == nil {
-		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.agentID, "connectionID", id)
+		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.logID, "connectionID", id)
 		be.peer.send(wire.CloseReq(id), s.quit)
 		return
 	}
