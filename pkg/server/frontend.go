@@ -89,8 +89,9 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 		return
 	}
 	f.s.log.V(4).Info("Forwarded dial to agent", "agentID", t.be.logID, "address", capPeer(req.GetAddress()), "dialID", req.GetRandom())
-	// If the agent stream has ended, backendGone answers the dial.
-	t.be.peer.send(pkt, f.s.quit)
+	// If the agent stream has ended, backendGone answers the dial; if
+	// this frontend has, gone drops it.
+	f.s.sendToAgent(t.be, pkt, f.peer.done)
 }
 
 // forward sends DATA or CLOSE_REQ for connectID to its agent, or answers
@@ -108,8 +109,7 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 		}
 		return
 	}
-	// Wait for room in the agent's queue: back-pressure on this frontend.
-	t.be.peer.send(pkt, f.s.quit)
+	f.s.sendToAgent(t.be, pkt, f.peer.done)
 }
 
 // gone drops the frontend's pending dials and closes its connections at

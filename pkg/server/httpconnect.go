@@ -169,13 +169,7 @@ func (ht *httpTunnel) readLoop(t *tunnel, r *bufio.Reader) {
 		if n > 0 {
 			// The packet is sent later by another goroutine: copy.
 			pkt := wire.Data(t.connectID, append([]byte(nil), buf[:n]...))
-			select {
-			case t.be.peer.out <- pkt:
-			case <-t.be.peer.done:
-				return
-			case <-ht.closed:
-				return
-			case <-ht.s.quit:
+			if !ht.s.sendToAgent(t.be, pkt, ht.closed) {
 				return
 			}
 		}

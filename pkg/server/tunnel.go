@@ -229,8 +229,32 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 	}
 	s.mu.Unlock()
 	if established {
-		t.be.peer.send(wire.CloseReq(t.connectID), s.quit)
+		t.be.peer.sendLate(wire.CloseReq(t.connectID))
 	}
+}
+
+// sendToAgent queues pkt, from a frontend that ends when feDone closes,
+// on agent stream be. While be's queue is full it waits (back-pressure on
+// that frontend), counted as waiting for the agent, until there is room,
+// be ends, the frontend ends or the Server closes: a frontend must never
+// outlive its own end because its agent does not read. It reports whether
+// pkt was queued.
+func (s *Server) sendToAgent(be *backend, pkt *client.Packet, feDone <-chan struct{}) bool {
+	select {
+	case be.peer.out <- pkt:
+		return true
+	default:
+	}
+	s.metrics.addWaitingForAgent(1)
+	defer s.metrics.addWaitingForAgent(-1)
+	select {
+	case be.peer.out <- pkt:
+		return true
+	case <-be.peer.done:
+	case <-feDone:
+	case <-s.quit:
+	}
+	return false
 }
 
 // backendGone unregisters agent stream be and tells every frontend with a
