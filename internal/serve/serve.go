@@ -152,10 +152,63 @@ func (g *Group) GRPC(name string, l net.Listener, s *grpc.Server) {
 	})
 }
 
-// HTTP runs an HTTP server on l.
+// HTTP runs an HTTP server for h on l, with the default [HTTPLimits].
 func (g *Group) HTTP(name string, l net.Listener, h http.Handler) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := NewHTTPServer(h, HTTPLimits{})
 	g.Go(name, func() error { return srv.Serve(l) }, func(ctx context.Context) { _ = srv.Shutdown(ctx) })
+}
+
+// The default HTTP limits. Every port the binaries serve over HTTP
+// (health, admin, HTTP CONNECT) is reachable by peers we do not trust, and
+// net/http's zero values mean no limit: an idle keep-alive connection was
+// held for ever, a client could take as long as it liked to send its
+// headers, and headers could reach 1 MiB.
+const (
+	// DefaultHTTPReadHeaderTimeout bounds the wait for a request's
+	// headers: a slow-loris client is cut after it.
+	DefaultHTTPReadHeaderTimeout = 10 * time.Second
+	// DefaultHTTPIdleTimeout closes a keep-alive connection with no
+	// request for this long. It is longer than a 60 s scrape interval,
+	// so that a scraper keeps reusing its connection, and matches the
+	// 90 s for which Go's http.Transport keeps idle connections.
+	DefaultHTTPIdleTimeout = 90 * time.Second
+	// DefaultHTTPMaxHeaderBytes bounds a request's headers. Health checks,
+	// scrapes, pprof and CONNECT requests send a few hundred bytes; the
+	// proxy-server's gRPC ports allow the same 64 KiB.
+	DefaultHTTPMaxHeaderBytes = 64 << 10
+)
+
+// HTTPLimits bound what one client may make an HTTP server hold. The zero
+// value of each field means its Default.
+type HTTPLimits struct {
+	// ReadHeaderTimeout bounds the time to read a request's headers.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout bounds the wait for the next request on a keep-alive
+	// connection. A hijacked connection (an HTTP CONNECT tunnel) is no
+	// longer the server's, and is not affected.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds the size of a request's headers; larger
+	// requests are answered 431.
+	MaxHeaderBytes int
+}
+
+// NewHTTPServer returns an http.Server for h with lim's limits.
+func NewHTTPServer(h http.Handler, lim HTTPLimits) *http.Server {
+	if lim.ReadHeaderTimeout <= 0 {
+		lim.ReadHeaderTimeout = DefaultHTTPReadHeaderTimeout
+	}
+	if lim.IdleTimeout <= 0 {
+		lim.IdleTimeout = DefaultHTTPIdleTimeout
+	}
+	if lim.MaxHeaderBytes <= 0 {
+		lim.MaxHeaderBytes = DefaultHTTPMaxHeaderBytes
+	}
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
+	}
 }
 
 // Wait blocks until ctx ends or a server fails, then stops every server
