@@ -49,13 +49,13 @@ func Run(ctx context.Context, o *options.Options) error {
 	if !o.InsecurePlaintext {
 		tlsCfg, err := serve.ServerTLS(o.ClusterCert, o.ClusterKey, o.ClusterCACert)
 		if err != nil {
-			return fmt.Errorf("agent port: %w", err)
+			return fmt.Errorf("agent port (--cluster-cert, --cluster-key, --cluster-ca-cert): %w", err)
 		}
 		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(tlsCfg, "agent")))
 	}
 	agentGRPC := grpc.NewServer(agentOpts...)
 	wire.RegisterAgentServiceServer(agentGRPC, srv)
-	al, err := serve.Listen("agents", o.AgentBindAddress, o.AgentPort)
+	al, err := serve.Listen("agents", o.AgentListenHost(), o.AgentPort)
 	if err != nil {
 		return err
 	}
@@ -129,9 +129,9 @@ func frontendListener(o *options.Options) (net.Listener, *tls.Config, error) {
 	if !o.InsecurePlaintext {
 		var err error
 		if tlsCfg, err = serve.ServerTLS(o.ServerCert, o.ServerKey, o.ServerCACert); err != nil {
-			return nil, nil, fmt.Errorf("frontend port: %w", err)
+			return nil, nil, fmt.Errorf("frontend port (--server-cert, --server-key, --server-ca-cert): %w", err)
 		}
 	}
-	l, err := serve.Listen("frontends", o.ServerBindAddress, o.ServerPort)
+	l, err := serve.Listen("frontends", o.ServerListenHost(), o.ServerPort)
 	return l, tlsCfg, err
 }
