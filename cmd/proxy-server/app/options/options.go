@@ -152,6 +152,7 @@ func (o *Options) Validate() []error {
 	}
 	errs = append(errs, serve.CheckPorts(map[string]int{"--server-port": o.ServerPort, "--agent-port": o.AgentPort, "--health-port": o.HealthPort, "--admin-port": o.AdminPort})...)
 	errs = append(errs, o.validateTLS()...)
+	errs = append(errs, checkFiles(fileFlag{"--agent-token-file", o.AgentTokenFile}, fileFlag{"--kubeconfig", o.Kubeconfig})...)
 	if o.KeepaliveTime <= 0 || o.FrontendKeepaliveTime <= 0 {
 		errs = append(errs, errors.New("--keepalive-time and --frontend-keepalive-time must be positive"))
 	}
@@ -186,8 +187,7 @@ type fileFlag struct{ name, path string }
 // set (they would be ignored, and a typo in them unnoticed); without it,
 // the agent port needs a certificate and key, the frontend port (unless
 // on --uds-name) a certificate, key and client CA, each error naming the
-// missing flags, and every file given must be readable, each error naming
-// its flag.
+// missing flags, and every file given must exist.
 func (o *Options) validateTLS() []error {
 	var errs []error
 	if o.InsecurePlaintext {
@@ -210,7 +210,14 @@ func (o *Options) validateTLS() []error {
 			errs = append(errs, fmt.Errorf("the frontend port needs mTLS: set %s, or serve it on --uds-name (or --insecure-plaintext for local use)", missing))
 		}
 	}
-	for _, f := range o.tlsFiles() {
+	return append(errs, checkFiles(o.tlsFiles()...)...)
+}
+
+// checkFiles returns an error naming the flag for each file given that
+// cannot be found, so that a typo is reported before anything starts.
+func checkFiles(fs ...fileFlag) []error {
+	var errs []error
+	for _, f := range fs {
 		if f.path == "" {
 			continue
 		}

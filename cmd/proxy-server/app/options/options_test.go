@@ -67,7 +67,8 @@ func TestValidate(t *testing.T) {
 		{name: "bad strategy", args: append([]string{"--proxy-strategies=destHost,nearest"}, tlsFlags...), wantParseErr: `invalid argument "destHost,nearest" for "--proxy-strategies" flag: unknown proxy strategy "nearest"`},
 		{name: "token review", args: append([]string{"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=system:konnectivity-server"}, tlsFlags...)},
 		{name: "service account alone", args: append([]string{"--agent-service-account=konnectivity-agent"}, tlsFlags...), wantErr: []string{"--agent-namespace and --agent-service-account go together"}},
-		{name: "two token checks", args: append([]string{"--agent-namespace=a", "--agent-service-account=b", "--agent-token-file=/t"}, tlsFlags...), wantErr: []string{"--agent-token-file and --agent-service-account exclude each other"}},
+		{name: "two token checks", args: append([]string{"--agent-namespace=a", "--agent-service-account=b", "--agent-token-file=" + tlsFile("s.key")}, tlsFlags...), wantErr: []string{"--agent-token-file and --agent-service-account exclude each other"}},
+		{name: "missing token file", args: append([]string{"--agent-token-file=/nonexistent/tokens"}, tlsFlags...), wantErr: []string{"--agent-token-file: stat /nonexistent/tokens: no such file or directory"}},
 		{name: "audience without service account", args: append([]string{"--authentication-audience=x"}, tlsFlags...), wantErr: []string{"--authentication-audience and --kubeconfig need --agent-namespace"}},
 		{name: "bad port", args: append([]string{"--agent-port=99999"}, tlsFlags...), wantErr: []string{"invalid --agent-port 99999"}},
 	}
