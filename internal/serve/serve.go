@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,7 +109,26 @@ type Group struct {
 	errc  chan error
 	n     int
 	stops []func(context.Context)
+	// conns, if set, counts the open connections of each HTTP server;
+	// see CountHTTPConnections.
+	conns *prometheus.GaugeVec
 }
+
+// NewHTTPConnectionsGauge returns the gauge for
+// [Group.CountHTTPConnections], named <namespace>_<subsystem>_http_open_connections,
+// with a "server" label.
+func NewHTTPConnectionsGauge(namespace, subsystem string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: "http_open_connections",
+		Help: "Number of open client connections of each HTTP server (health, admin, HTTP CONNECT frontend), idle keep-alive ones included; an HTTP CONNECT tunnel leaves it once established.",
+	}, []string{"server"})
+}
+
+// CountHTTPConnections makes the HTTP servers the group runs from now on
+// count their open connections in v (made by [NewHTTPConnectionsGauge]),
+// labelled with the server's name less its " server" suffix: each is a
+// client holding a socket and a goroutine, bounded by HTTPLimits.
+func (g *Group) CountHTTPConnections(v *prometheus.GaugeVec) { g.conns = v }
 
 // NewGroup returns an empty group.
 func NewGroup() *Group { return &Group{errc: make(chan error, 16)} }
@@ -155,6 +175,17 @@ func (g *Group) GRPC(name string, l net.Listener, s *grpc.Server) {
 // HTTP runs an HTTP server for h on l, with the default [HTTPLimits].
 func (g *Group) HTTP(name string, l net.Listener, h http.Handler) {
 	srv := NewHTTPServer(h, HTTPLimits{})
+	if g.conns != nil {
+		open := g.conns.WithLabelValues(strings.TrimSuffix(name, " server"))
+		srv.ConnState = func(_ net.Conn, st http.ConnState) {
+			switch st {
+			case http.StateNew:
+				open.Inc()
+			case http.StateClosed, http.StateHijacked:
+				open.Dec()
+			}
+		}
+	}
 	g.Go(name, func() error { return srv.Serve(l) }, func(ctx context.Context) { _ = srv.Shutdown(ctx) })
 }
 

@@ -2,6 +2,7 @@ package serve_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -11,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/serve"
 )
 
@@ -110,4 +113,35 @@ func TestHTTPLargeHeadersAreRefused(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
+}
+
+// The connections each HTTP server of a Group holds, idle keep-alive ones
+// included, are counted by server.
+func TestGroupCountsHTTPConnections(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	conns := serve.NewHTTPConnectionsGauge("test", "group")
+	require.NoError(t, reg.Register(conns))
+	open := func() float64 {
+		v, _ := metricstest.Value(reg, "test_group_http_open_connections", "server", "health")
+		return v
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	g := serve.NewGroup()
+	g.CountHTTPConnections(conns)
+	g.HTTP("health server", lis, http.NotFoundHandler())
+	ctx, cancel := context.WithCancel(t.Context())
+	waitDone := make(chan error, 1)
+	go func() { waitDone <- g.Wait(ctx, waitFor) }()
+	defer func() {
+		cancel()
+		assert.NoError(t, <-waitDone)
+	}()
+
+	c, err := net.DialTimeout("tcp", lis.Addr().String(), waitFor)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return open() == 1 }, waitFor, 5*time.Millisecond, "the idle connection is not counted")
+	require.NoError(t, c.Close())
+	require.Eventually(t, func() bool { return open() == 0 }, waitFor, 5*time.Millisecond, "the closed connection is still counted")
 }

@@ -38,6 +38,11 @@ func Run(ctx context.Context, o *options.Options) error {
 	}
 
 	g := serve.NewGroup()
+	httpConns := serve.NewHTTPConnectionsGauge("servercount", "server")
+	if err := reg.Register(httpConns); err != nil {
+		return fmt.Errorf("register HTTP connection metrics: %w", err)
+	}
+	g.CountHTTPConnections(httpConns)
 	defer func() {
 		if err != nil {
 			srv.Close()
