@@ -6,14 +6,9 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/servercount/servercount/internal/serve"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
 
 // klog's flags are taken in both spellings, as upstream's binaries take
 // them; so are ours.

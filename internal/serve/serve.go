@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,7 +109,26 @@ type Group struct {
 	errc  chan error
 	n     int
 	stops []func(context.Context)
+	// conns, if set, counts the open connections of each HTTP server;
+	// see CountHTTPConnections.
+	conns *prometheus.GaugeVec
 }
+
+// NewHTTPConnectionsGauge returns the gauge for
+// [Group.CountHTTPConnections], named <namespace>_<subsystem>_http_open_connections,
+// with a "server" label.
+func NewHTTPConnectionsGauge(namespace, subsystem string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: "http_open_connections",
+		Help: "Number of open client connections of each HTTP server (health, admin, HTTP CONNECT frontend), idle keep-alive ones included; an HTTP CONNECT tunnel leaves it once established.",
+	}, []string{"server"})
+}
+
+// CountHTTPConnections makes the HTTP servers the group runs from now on
+// count their open connections in v (made by [NewHTTPConnectionsGauge]),
+// labelled with the server's name less its " server" suffix: each is a
+// client holding a socket and a goroutine, bounded by HTTPLimits.
+func (g *Group) CountHTTPConnections(v *prometheus.GaugeVec) { g.conns = v }
 
 // NewGroup returns an empty group.
 func NewGroup() *Group { return &Group{errc: make(chan error, 16)} }
@@ -152,10 +172,74 @@ func (g *Group) GRPC(name string, l net.Listener, s *grpc.Server) {
 	})
 }
 
-// HTTP runs an HTTP server on l.
+// HTTP runs an HTTP server for h on l, with the default [HTTPLimits].
 func (g *Group) HTTP(name string, l net.Listener, h http.Handler) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := NewHTTPServer(h, HTTPLimits{})
+	if g.conns != nil {
+		open := g.conns.WithLabelValues(strings.TrimSuffix(name, " server"))
+		srv.ConnState = func(_ net.Conn, st http.ConnState) {
+			switch st {
+			case http.StateNew:
+				open.Inc()
+			case http.StateClosed, http.StateHijacked:
+				open.Dec()
+			}
+		}
+	}
 	g.Go(name, func() error { return srv.Serve(l) }, func(ctx context.Context) { _ = srv.Shutdown(ctx) })
+}
+
+// The default HTTP limits. Every port the binaries serve over HTTP
+// (health, admin, HTTP CONNECT) is reachable by peers we do not trust, and
+// net/http's zero values mean no limit: an idle keep-alive connection was
+// held for ever, a client could take as long as it liked to send its
+// headers, and headers could reach 1 MiB.
+const (
+	// DefaultHTTPReadHeaderTimeout bounds the wait for a request's
+	// headers: a slow-loris client is cut after it.
+	DefaultHTTPReadHeaderTimeout = 10 * time.Second
+	// DefaultHTTPIdleTimeout closes a keep-alive connection with no
+	// request for this long. It is longer than a 60 s scrape interval,
+	// so that a scraper keeps reusing its connection, and matches the
+	// 90 s for which Go's http.Transport keeps idle connections.
+	DefaultHTTPIdleTimeout = 90 * time.Second
+	// DefaultHTTPMaxHeaderBytes bounds a request's headers. Health checks,
+	// scrapes, pprof and CONNECT requests send a few hundred bytes; the
+	// proxy-server's gRPC ports allow the same 64 KiB.
+	DefaultHTTPMaxHeaderBytes = 64 << 10
+)
+
+// HTTPLimits bound what one client may make an HTTP server hold. The zero
+// value of each field means its Default.
+type HTTPLimits struct {
+	// ReadHeaderTimeout bounds the time to read a request's headers.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout bounds the wait for the next request on a keep-alive
+	// connection. A hijacked connection (an HTTP CONNECT tunnel) is no
+	// longer the server's, and is not affected.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds the size of a request's headers; larger
+	// requests are answered 431.
+	MaxHeaderBytes int
+}
+
+// NewHTTPServer returns an http.Server for h with lim's limits.
+func NewHTTPServer(h http.Handler, lim HTTPLimits) *http.Server {
+	if lim.ReadHeaderTimeout <= 0 {
+		lim.ReadHeaderTimeout = DefaultHTTPReadHeaderTimeout
+	}
+	if lim.IdleTimeout <= 0 {
+		lim.IdleTimeout = DefaultHTTPIdleTimeout
+	}
+	if lim.MaxHeaderBytes <= 0 {
+		lim.MaxHeaderBytes = DefaultHTTPMaxHeaderBytes
+	}
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
+	}
 }
 
 // Wait blocks until ctx ends or a server fails, then stops every server

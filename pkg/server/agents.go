@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -22,6 +23,7 @@ import (
 // backend is one agent Connect stream.
 type backend struct {
 	agentID string
+	logID   string // agentID cut for logs by capPeer
 	ids     wire.Identifiers
 	peer    *peer
 	seq     uint64 // connection order: lower is older
@@ -59,32 +61,47 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	count := s.cfg.Counter.CountServers()
 	hdr := metadata.Pairs(wire.HeaderServerID, s.cfg.ServerID, wire.HeaderServerCount, strconv.Itoa(count))
 	if err := stream.SendHeader(hdr); err != nil {
-		return fmt.Errorf("send handshake headers to agent %q: %w", agentID, err)
+		return fmt.Errorf("send handshake headers to agent %q: %w", capPeer(agentID), err)
 	}
 	s.metrics.setReportedServerCount(count)
 
-	be := &backend{agentID: agentID, ids: ids, peer: newPeer(stream), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}}
+	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, peer: newPeer(stream), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}}
 	if !s.addBackend(be) {
 		s.metrics.observeAgentRejection(RejectShuttingDown)
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
-	s.log.V(2).Info("Agent connected", "agentID", agentID, "identifiers", ids.String(), "serverCount", count, "remote", remoteAddr(ctx))
+	s.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
 	return s.waitStream(be.peer)
 }
 
 // handshake checks the agent's metadata and returns its ID and identifiers,
-// or a gRPC status error. Every rejection is logged once.
+// or a gRPC status error. Every rejection is logged once, with what the
+// agent sent cut by capPeer.
+//
+// The token is checked first, and a refused one is answered only
+// "authentication failed": why it was refused (which may name a token
+// file or carry a TokenReview's error) is logged, never sent to a peer
+// that has not proven who it is. The metadata checks come after, so their
+// detailed answers reach only agents the server accepts.
 func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	reject := func(agentID string, reason RejectReason, code codes.Code, err error) (string, wire.Identifiers, error) {
-		s.metrics.observeAgentRejection(reason)
-		s.log.Error(err, "Rejected agent stream", "agentID", agentID, "reason", reason, "remote", remoteAddr(ctx))
-		return "", wire.Identifiers{}, status.Error(code, err.Error())
-	}
 	agentIDs := md.Get(wire.HeaderAgentID)
+	reject := func(reason RejectReason, code codes.Code, sent string, err error) (string, wire.Identifiers, error) {
+		s.metrics.observeAgentRejection(reason)
+		// err may quote what the agent sent: cut it as a whole.
+		s.log.Error(errors.New(capPeer(err.Error())), "Rejected agent stream", "agentID", capPeer(strings.Join(agentIDs, ",")), "reason", reason, "remote", remoteAddr(ctx))
+		return "", wire.Identifiers{}, status.Error(code, sent)
+	}
+	if s.cfg.Authenticator != nil {
+		if err := s.authenticate(ctx, md); err != nil {
+			return reject(RejectUnauthenticated, codes.Unauthenticated, errTextUnauthenticated, err)
+		}
+	}
+	invalid := func(err error) (string, wire.Identifiers, error) {
+		return reject(RejectInvalidMetadata, codes.InvalidArgument, capPeer(err.Error()), err)
+	}
 	if len(agentIDs) != 1 || agentIDs[0] == "" {
-		return reject(strings.Join(agentIDs, ","), RejectInvalidMetadata, codes.InvalidArgument,
-			fmt.Errorf("want exactly one non-empty %s metadata value, got %d", wire.HeaderAgentID, len(agentIDs)))
+		return invalid(fmt.Errorf("want exactly one non-empty %s metadata value, got %d", wire.HeaderAgentID, len(agentIDs)))
 	}
 	agentID := agentIDs[0]
 	var ids wire.Identifiers
@@ -93,28 +110,32 @@ func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error
 	case 1:
 		var err error
 		if ids, err = wire.ParseIdentifiers(v[0]); err != nil {
-			return reject(agentID, RejectInvalidMetadata, codes.InvalidArgument, err)
+			return invalid(err)
 		}
 	default:
-		return reject(agentID, RejectInvalidMetadata, codes.InvalidArgument,
-			fmt.Errorf("want at most one %s metadata value, got %d", wire.HeaderAgentIdentifiers, len(v)))
-	}
-	if s.cfg.Authenticator != nil {
-		auth := md.Get(wire.HeaderAuthorization)
-		if len(auth) != 1 {
-			return reject(agentID, RejectUnauthenticated, codes.Unauthenticated,
-				fmt.Errorf("want exactly one %s metadata value \"Bearer <token>\", got %d", wire.HeaderAuthorization, len(auth)))
-		}
-		scheme, token, ok := strings.Cut(auth[0], " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") {
-			return reject(agentID, RejectUnauthenticated, codes.Unauthenticated,
-				fmt.Errorf("%s metadata is not of the form \"Bearer <token>\"", wire.HeaderAuthorization))
-		}
-		if err := s.cfg.Authenticator.AuthenticateToken(ctx, strings.TrimSpace(token)); err != nil {
-			return reject(agentID, RejectUnauthenticated, codes.Unauthenticated, fmt.Errorf("agent token rejected: %w", err))
-		}
+		return invalid(fmt.Errorf("want at most one %s metadata value, got %d", wire.HeaderAgentIdentifiers, len(v)))
 	}
 	return agentID, ids, nil
+}
+
+// errTextUnauthenticated is all an agent learns about a refused token.
+const errTextUnauthenticated = "authentication failed"
+
+// authenticate checks the bearer token in md with Config.Authenticator.
+// The error says why it was refused, for the log only.
+func (s *Server) authenticate(ctx context.Context, md metadata.MD) error {
+	auth := md.Get(wire.HeaderAuthorization)
+	if len(auth) != 1 {
+		return fmt.Errorf("want exactly one %s metadata value \"Bearer <token>\", got %d", wire.HeaderAuthorization, len(auth))
+	}
+	scheme, token, ok := strings.Cut(auth[0], " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return fmt.Errorf("%s metadata is not of the form \"Bearer <token>\"", wire.HeaderAuthorization)
+	}
+	if err := s.cfg.Authenticator.AuthenticateToken(ctx, strings.TrimSpace(token)); err != nil {
+		return fmt.Errorf("agent token rejected: %w", err)
+	}
+	return nil
 }
 
 // addBackend registers be and starts its goroutines, unless the Server is
@@ -169,11 +190,11 @@ func (s *Server) serveAgent(be *backend) {
 		pkt, err := be.peer.stream.Recv()
 		if err != nil {
 			be.peer.end(err)
-			s.log.V(2).Info("Agent disconnected", "agentID", be.agentID, "err", err)
+			s.log.V(2).Info("Agent disconnected", "agentID", be.logID, "err", err)
 			s.backendGone(be)
 			return
 		}
-		s.log.V(4).Info("Received packet from agent", "agentID", be.agentID, "type", pkt.GetType())
+		s.log.V(4).Info("Received packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_RSP:
 			s.onDialResponse(be, pkt)
@@ -183,10 +204,10 @@ func (s *Server) serveAgent(be *backend) {
 			s.onAgentCloseResponse(be, pkt)
 		case client.PacketType_DRAIN:
 			if !be.draining.Swap(true) {
-				s.log.V(2).Info("Agent is draining", "agentID", be.agentID)
+				s.log.V(2).Info("Agent is draining", "agentID", be.logID)
 			}
 		default:
-			s.log.V(2).Info("Ignored unexpected packet from agent", "agentID", be.agentID, "type", pkt.GetType())
+			s.log.V(2).Info("Ignored unexpected packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		}
 	}
 }

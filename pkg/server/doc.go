@@ -29,7 +29,10 @@
 // Every gRPC stream has one writer goroutine fed by a bounded queue, so
 // sends on a stream are serialised and no lock is held while sending.
 // Packets from a frontend to an agent wait for room in the agent's queue
-// (back-pressure on that frontend only). Packets from an agent to a
+// (back-pressure on that frontend only), but never past the frontend's
+// own end: a frontend that goes away is freed at once, and its CLOSE_REQs
+// are queued behind what the agent has yet to read without waiting for
+// room. Packets from an agent to a
 // frontend wait at most [Config.FrontendWriteTimeout] for room in the
 // frontend's queue; a frontend that stays full for that long is torn down
 // (a gRPC frontend stream is ended, an HTTP CONNECT connection is closed,

@@ -76,21 +76,22 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 	// (0, or no dial request in the packet) no answer could reach it,
 	// and a forwarded dial would hang. Refuse it at once.
 	if req.GetRandom() == 0 || req.GetAddress() == "" {
-		f.s.log.V(2).Info("Refused malformed dial request", "address", req.GetAddress(), "dialID", req.GetRandom())
+		f.s.log.V(2).Info("Refused malformed dial request", "address", capPeer(req.GetAddress()), "dialID", req.GetRandom())
 		f.peer.send(wire.DialRsp(req.GetRandom(), 0, "invalid dial request: it needs an address and a non-zero random"), f.s.quit)
 		return
 	}
 	t, err := f.s.startDial(f, req.GetAddress(), req.GetRandom())
 	if err != nil {
-		f.s.log.V(2).Info("Dial refused", "address", req.GetAddress(), "dialID", req.GetRandom(), "err", err)
+		f.s.log.V(2).Info("Dial refused", "address", capPeer(req.GetAddress()), "dialID", req.GetRandom(), "err", err)
 		if !errors.Is(err, errShuttingDown) {
 			f.peer.send(wire.DialRsp(req.GetRandom(), 0, err.Error()), f.s.quit)
 		}
 		return
 	}
-	f.s.log.V(4).Info("Forwarded dial to agent", "agentID", t.be.agentID, "address", req.GetAddress(), "dialID", req.GetRandom())
-	// If the agent stream has ended, backendGone answers the dial.
-	t.be.peer.send(pkt, f.s.quit)
+	f.s.log.V(4).Info("Forwarded dial to agent", "agentID", t.be.logID, "address", capPeer(req.GetAddress()), "dialID", req.GetRandom())
+	// If the agent stream has ended, backendGone answers the dial; if
+	// this frontend has, gone drops it.
+	f.s.sendToAgent(t.be, pkt, f.peer.done)
 }
 
 // forward sends DATA or CLOSE_REQ for connectID to its agent, or answers
@@ -108,8 +109,7 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 		}
 		return
 	}
-	// Wait for room in the agent's queue: back-pressure on this frontend.
-	t.be.peer.send(pkt, f.s.quit)
+	f.s.sendToAgent(t.be, pkt, f.peer.done)
 }
 
 // gone drops the frontend's pending dials and closes its connections at

@@ -13,9 +13,19 @@ import (
 // often are dropped ("too many pings").
 const grpcMinPingInterval = 30 * time.Second
 
+// GRPCMaxHeaderListSize bounds the headers of one gRPC stream, agent or
+// frontend. An agent's handshake is an agentID (a UUID), agentIdentifiers
+// (a few addresses and names) and a bearer token (a service-account JWT,
+// one or two KiB); a frontend sends only gRPC's own headers. 64 KiB is ten
+// times the largest of these, where gRPC's default of 16 MiB would let
+// each stream of an unauthenticated peer make the server hold, parse and
+// log 16 MiB before the handshake is checked.
+const GRPCMaxHeaderListSize = 64 << 10
+
 // GRPCServerOptions returns the transport options that the agent and
 // frontend gRPC servers should use with a Server (add credentials to
-// them): large flow-control windows, a 16 MiB message limit, and
+// them): large flow-control windows, a 16 MiB message limit, a
+// [GRPCMaxHeaderListSize] header limit, and
 // upstream's keepalive enforcement (pings no more often than every 30 s,
 // allowed without an active stream).
 func GRPCServerOptions() []grpc.ServerOption {
@@ -23,6 +33,7 @@ func GRPCServerOptions() []grpc.ServerOption {
 		grpc.InitialWindowSize(wire.StreamWindow),
 		grpc.InitialConnWindowSize(wire.ConnWindow),
 		grpc.MaxRecvMsgSize(wire.MaxMessageSize),
+		grpc.MaxHeaderListSize(GRPCMaxHeaderListSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             grpcMinPingInterval,
 			PermitWithoutStream: true,

@@ -2,16 +2,25 @@ package server_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/pkg/server"
@@ -125,4 +134,142 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 		return metricValue(t, reg, "konnectivity_network_proxy_server_established_connections", nil) == 0
 	}, waitFor, 5*time.Millisecond, "established_connections did not return to 0")
 	assert.Equal(t, 0.0, metricValue(t, reg, "konnectivity_network_proxy_server_pending_backend_dials", nil))
+}
+
+// Issue 10, item 3: a rejected agent's metadata is logged cut to a few
+// hundred bytes, however large the agentID it sent (up to the header
+// limit).
+func TestRejectedAgentIDIsLoggedCapped(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(path, []byte("s3cret\n"), 0o600))
+	auth, err := server.NewTokenFileAuthenticator(path)
+	require.NoError(t, err)
+	e := startEnv(t, server.Config{Authenticator: auth})
+	log := logs.capture(t)
+
+	marker := "huge-agent-" + strconv.Itoa(int(time.Now().UnixNano())) // this test's lines only
+	agentID := marker + strings.Repeat("x", 48<<10)
+	_, err = connectAgent(t, e, agentOpts{id: agentID, token: "guess"})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "err: %v", err)
+
+	var line string
+	require.Eventually(t, func() bool {
+		for _, l := range strings.Split(log.String(), "\n") {
+			if strings.Contains(l, "Rejected agent stream") && strings.Contains(l, marker) {
+				line = l
+				return true
+			}
+		}
+		return false
+	}, waitFor, 5*time.Millisecond, "no rejection logged")
+	assert.Less(t, len(line), 2<<10, "log line of %d bytes", len(line))
+	assert.Contains(t, line, fmt.Sprintf("(%d bytes)", len(agentID)), "the cut value notes the length sent")
+}
+
+// Issue 10, item 3: metadata beyond server.GRPCMaxHeaderListSize is
+// refused by the gRPC transport, before the handler runs, instead of
+// gRPC's 16 MiB default.
+func TestOversizedHandshakeHeadersAreRefused(t *testing.T) {
+	t.Parallel()
+	e := startEnv(t, server.Config{})
+	_, err := connectAgent(t, e, agentOpts{id: strings.Repeat("a", server.GRPCMaxHeaderListSize)})
+	require.Error(t, err)
+	assert.Zero(t, e.srv.Backends())
+	// An agent with ordinary headers still connects.
+	startAgent(t, e, agentOpts{id: "ok", identifiers: "host=node-1&ipv4=10.0.0.1"})
+	waitBackends(t, e, 1)
+}
+
+// Issue 10, item 2: a gRPC frontend whose client cancels is freed at once
+// although its receive loop is waiting for room in the queue of an agent
+// that does not read, and its connection is closed at that agent (the
+// CLOSE_REQ is queued behind what the agent has not read, without
+// waiting).
+func TestGRPCFrontendCancelFreedWhileAgentDoesNotRead(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	e := startEnv(t, server.Config{Registerer: reg})
+	gauge := func(name string, labels map[string]string) func() float64 {
+		return func() float64 { return metricValue(t, reg, name, labels) }
+	}
+	waiting := gauge("servercount_server_frontends_waiting_for_agent", nil)
+	frontends := gauge("konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "ProxyService/Proxy"})
+	established := gauge("konnectivity_network_proxy_server_established_connections", nil)
+
+	// The agent answers one dial, then never reads again.
+	a, err := connectAgent(t, e, agentOpts{id: "deaf"})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.cancel(); a.cc.Close() })
+	waitBackends(t, e, 1)
+
+	cc, err := grpc.NewClient(e.frontAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.frontTLS)))
+	require.NoError(t, err)
+	defer cc.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	stream, err := client.NewProxyServiceClient(cc).Proxy(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(wire.DialReq("tcp", "127.0.0.1:9", 7)))
+	req, err := a.stream.Recv()
+	require.NoError(t, err)
+	a.send(wire.DialRsp(req.GetDialRequest().GetRandom(), 1, ""))
+	rsp, err := stream.Recv()
+	require.NoError(t, err)
+	require.Empty(t, rsp.GetDialResponse().GetError())
+
+	// Send until the server's receive loop for this frontend waits for
+	// room in the agent's queue; Send blocks once the server stops
+	// receiving, and fails when the stream is cancelled.
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		chunk := make([]byte, 1<<20)
+		for stream.Send(wire.Data(1, chunk)) == nil {
+		}
+	}()
+	require.Eventually(t, func() bool { return waiting() == 1 }, waitFor, 5*time.Millisecond, "the frontend never waited for the agent")
+
+	cancel()
+	<-sendDone
+	require.Eventually(t, func() bool { return frontends() == 0 && waiting() == 0 && established() == 0 },
+		waitFor, 5*time.Millisecond, "the frontend was not freed")
+	assert.Equal(t, 1, e.srv.Backends(), "the deaf agent stays connected")
+}
+
+// The CLOSE_REQ of a frontend that has gone is queued without waiting,
+// but never overtakes the DATA queued before it: a client that writes and
+// then closes has every byte delivered to the target.
+func TestCloseAfterDataDeliversEveryByte(t *testing.T) {
+	t.Parallel()
+	const size = 4 << 20
+	e := startEnv(t, server.Config{})
+	startAgent(t, e, agentOpts{id: "a1"})
+	waitBackends(t, e, 1)
+
+	lis := listen(t)
+	received := make(chan int, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			received <- -1
+			return
+		}
+		defer c.Close()
+		n, _ := io.Copy(io.Discard, c)
+		received <- int(n)
+	}()
+	t.Cleanup(func() { lis.Close() })
+
+	c, _, code := connectVia(t, e, http.MethodConnect, lis.Addr().String())
+	require.Equal(t, http.StatusOK, code)
+	_, err := c.Write(make([]byte, size))
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	select {
+	case n := <-received:
+		assert.Equal(t, size, n, "bytes the target received before the close")
+	case <-time.After(waitFor):
+		t.Fatal("the target's connection was not closed")
+	}
 }

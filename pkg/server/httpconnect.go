@@ -47,7 +47,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		// A target the agent could not dial would cost a DIAL_REQ, a
 		// pending dial and an agent's dial attempt for a certain failure:
 		// answer it here.
-		s.log.V(2).Info("Refused invalid CONNECT target", "address", capQuote(r.Host), "err", err)
+		s.log.V(2).Info("Refused invalid CONNECT target", "address", capPeer(r.Host), "err", err)
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
@@ -61,7 +61,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	log := s.log.WithValues("address", r.Host, "agentID", t.be.agentID, "dialID", t.random)
+	log := s.log.WithValues("address", capPeer(r.Host), "agentID", t.be.logID, "dialID", t.random)
 
 	var timeout <-chan time.Time
 	if d := s.cfg.BackendDialTimeout; d > 0 {
@@ -105,7 +105,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	if rsp.GetError() != "" {
 		code := dialErrorStatus(rsp.GetError())
-		log.V(2).Info("Dial through the agent failed", "err", rsp.GetError(), "status", code)
+		log.V(2).Info("Dial through the agent failed", "err", capPeer(rsp.GetError()), "status", code)
 		http.Error(w, rsp.GetError(), code)
 		return
 	}
@@ -169,13 +169,7 @@ func (ht *httpTunnel) readLoop(t *tunnel, r *bufio.Reader) {
 		if n > 0 {
 			// The packet is sent later by another goroutine: copy.
 			pkt := wire.Data(t.connectID, append([]byte(nil), buf[:n]...))
-			select {
-			case t.be.peer.out <- pkt:
-			case <-t.be.peer.done:
-				return
-			case <-ht.closed:
-				return
-			case <-ht.s.quit:
+			if !ht.s.sendToAgent(t.be, pkt, ht.closed) {
 				return
 			}
 		}
@@ -268,13 +262,13 @@ func (ht *httpTunnel) forget(*tunnel)           {}
 func checkConnectTarget(target string) error {
 	host, port, err := net.SplitHostPort(target)
 	if err != nil {
-		return fmt.Errorf("invalid CONNECT target %s: want host:port", capQuote(target))
+		return fmt.Errorf("invalid CONNECT target %q: want host:port", capPeer(target))
 	}
 	if host == "" {
-		return fmt.Errorf("invalid CONNECT target %s: the host is empty", capQuote(target))
+		return fmt.Errorf("invalid CONNECT target %q: the host is empty", capPeer(target))
 	}
 	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-		return fmt.Errorf("invalid CONNECT target %s: want a port from 1 to 65535", capQuote(target))
+		return fmt.Errorf("invalid CONNECT target %q: want a port from 1 to 65535", capPeer(target))
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 //	| konnectivity_network_proxy_server_dial_failure_total          | counter | reason         | dials that failed, by [DialFailureReason]                      |
 //	| servercount_server_reported_server_count                      | gauge   |                | the last serverCount sent to an agent                          |
 //	| servercount_server_agent_rejections_total                     | counter | reason         | agent streams refused at the handshake, by [RejectReason]      |
+//	| servercount_server_frontends_waiting_for_agent                | gauge   |                | frontends whose next packet waits for room in an agent's queue |
 const (
 	metricsNamespace = "konnectivity_network_proxy"
 	metricsSubsystem = "server"
@@ -85,14 +86,15 @@ const (
 // metrics holds the server's collectors behind typed methods. Its fields
 // are set once in newMetrics; the collectors are safe for concurrent use.
 type metrics struct {
-	backends       prometheus.Gauge
-	grpcConns      *prometheus.GaugeVec
-	httpConns      prometheus.Gauge
-	pendingDials   prometheus.Gauge
-	established    prometheus.Gauge
-	dialFailures   *prometheus.CounterVec
-	reportedCount  prometheus.Gauge
-	agentRejection *prometheus.CounterVec
+	backends        prometheus.Gauge
+	grpcConns       *prometheus.GaugeVec
+	httpConns       prometheus.Gauge
+	pendingDials    prometheus.Gauge
+	established     prometheus.Gauge
+	dialFailures    *prometheus.CounterVec
+	reportedCount   prometheus.Gauge
+	agentRejection  *prometheus.CounterVec
+	waitingForAgent prometheus.Gauge
 }
 
 // newMetrics builds the collectors and registers them on reg, if not nil.
@@ -130,6 +132,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "agent_rejections_total",
 			Help: "Number of agent streams refused at the handshake, by reason.",
 		}, []string{"reason"}),
+		waitingForAgent: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "frontends_waiting_for_agent",
+			Help: "Number of frontends (gRPC streams and HTTP CONNECT tunnels) whose next packet waits for room in an agent stream's send queue: an agent that does not read holds them.",
+		}),
 	}
 	// Make every label value exist from the start, so that dashboards and
 	// alerts see zeros instead of missing series.
@@ -146,7 +152,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection} {
+	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -171,3 +177,4 @@ func (m *metrics) setReportedServerCount(n int) { m.reportedCount.Set(float64(n)
 func (m *metrics) observeAgentRejection(r RejectReason) {
 	m.agentRejection.WithLabelValues(string(r)).Inc()
 }
+func (m *metrics) addWaitingForAgent(n int) { m.waitingForAgent.Add(float64(n)) }

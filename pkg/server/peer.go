@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -35,10 +36,26 @@ type peer struct {
 	done   chan struct{}       // closed by end, once
 	once   sync.Once
 	reason error // why the stream ended; written in once before done closes, read after
+
+	// dequeued counts the packets writeLoop has taken from out; see
+	// sendLate.
+	dequeued atomic.Uint64
+	// lateReady wakes writeLoop when sendLate adds a packet; buffer of 1.
+	lateReady chan struct{}
+	lateMu    sync.Mutex
+	// late holds the packets of sendLate with the value of dequeued
+	// after which each may go. Guarded by lateMu.
+	late []latePacket
+}
+
+// latePacket is a packet of sendLate, due once dequeued reaches due.
+type latePacket struct {
+	pkt *client.Packet
+	due uint64
 }
 
 func newPeer(stream packetStream) *peer {
-	return &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{})}
+	return &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), lateReady: make(chan struct{}, 1)}
 }
 
 // end marks the stream as ended for reason; the first reason wins.
@@ -89,17 +106,59 @@ func (p *peer) sendWithin(pkt *client.Packet, d time.Duration, quit <-chan struc
 	}
 }
 
+// sendLate queues pkt without waiting: it goes after every packet queued
+// on out before the call, so it never overtakes them, but waits for no
+// room. It is for the CLOSE_REQ of a frontend that has gone: the frontend
+// cannot wait for an agent that does not read (its goroutines would stay
+// for as long as the agent does), and there is at most one such packet
+// per connection of the agent stream, so the list is bounded by them.
+func (p *peer) sendLate(pkt *client.Packet) {
+	// len(out) before dequeued: a packet dequeued between the two reads
+	// makes due later, never earlier.
+	queued := uint64(len(p.out))
+	due := p.dequeued.Load() + queued
+	p.lateMu.Lock()
+	p.late = append(p.late, latePacket{pkt: pkt, due: due})
+	p.lateMu.Unlock()
+	select {
+	case p.lateReady <- struct{}{}:
+	default: // writeLoop is woken already
+	}
+}
+
+// nextLate removes and returns a packet of sendLate that is due, or nil.
+func (p *peer) nextLate() *client.Packet {
+	p.lateMu.Lock()
+	defer p.lateMu.Unlock()
+	n := p.dequeued.Load()
+	for i, lp := range p.late {
+		if lp.due <= n {
+			p.late = append(p.late[:i:i], p.late[i+1:]...)
+			return lp.pkt
+		}
+	}
+	return nil
+}
+
 // writeLoop sends queued packets until the stream ends or a send fails.
 func (p *peer) writeLoop() {
 	for {
-		select {
-		case <-p.done:
-			return
-		case pkt := <-p.out:
-			if err := p.stream.Send(pkt); err != nil {
-				p.end(err)
+		pkt := p.nextLate()
+		if pkt == nil {
+			select {
+			case <-p.done:
 				return
+			case pkt = <-p.out:
+				p.dequeued.Add(1)
+			case <-p.lateReady:
+				// A late packet not yet due waits for out to drain to
+				// it; each dequeue brings us back here.
+				continue
 			}
+		}
+		if err := p.stream.Send(pkt); err != nil {
+			p.end(err)
+			return
 		}
 	}
 }

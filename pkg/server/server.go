@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -119,14 +120,18 @@ func (s *Server) goStream(p *peer, recv func()) {
 	}()
 }
 
-// waitStream blocks the gRPC handler until p ends or the Server closes,
-// and returns the handler's status. Returning cancels the stream's
-// context, which ends p's receive loop and writer even when they are
-// blocked in Recv or Send: that is why neither runs on the handler's
-// goroutine.
+// waitStream blocks the gRPC handler until p ends, its client goes away
+// or the Server closes, and returns the handler's status. Returning
+// cancels the stream's context, which ends p's receive loop and writer
+// even when they are blocked in Recv or Send: that is why neither runs on
+// the handler's goroutine. The client's going away is watched here, not
+// only through Recv, because the receive loop may be waiting for room in
+// an agent's queue instead of receiving.
 func (s *Server) waitStream(p *peer) error {
 	select {
 	case <-p.done:
+	case <-p.stream.Context().Done():
+		p.end(p.stream.Context().Err())
 	case <-s.quit:
 		p.end(errShuttingDown)
 	}
@@ -137,6 +142,8 @@ func (s *Server) waitStream(p *peer) error {
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, errSlowFrontend):
 		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
 	default:
 		if _, ok := status.FromError(err); ok {
 			return err

@@ -124,7 +124,7 @@ func (s *Server) dialTimedOut(t *tunnel) {
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	s.log.V(2).Info("Backend dial timed out", "agentID", t.be.agentID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
+	s.log.V(2).Info("Backend dial timed out", "agentID", t.be.logID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
 	t.fe.deliver(wire.DialRsp(t.random, 0, errTextDialTimeout))
 }
 
@@ -145,7 +145,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	t := be.pending[rsp.GetRandom()]
 	if t == nil {
 		s.mu.Unlock()
-		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.agentID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
+		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
 		if rsp.GetConnectID() != 0 {
 			be.peer.send(wire.CloseReq(rsp.GetConnectID()), s.quit)
 		}
@@ -183,7 +183,7 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 	t := be.conns[id]
 	s.mu.Unlock()
 	if t == nil {
-		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.agentID, "connectionID", id)
+		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.logID, "connectionID", id)
 		be.peer.send(wire.CloseReq(id), s.quit)
 		return
 	}
@@ -229,8 +229,32 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 	}
 	s.mu.Unlock()
 	if established {
-		t.be.peer.send(wire.CloseReq(t.connectID), s.quit)
+		t.be.peer.sendLate(wire.CloseReq(t.connectID))
 	}
+}
+
+// sendToAgent queues pkt, from a frontend that ends when feDone closes,
+// on agent stream be. While be's queue is full it waits (back-pressure on
+// that frontend), counted as waiting for the agent, until there is room,
+// be ends, the frontend ends or the Server closes: a frontend must never
+// outlive its own end because its agent does not read. It reports whether
+// pkt was queued.
+func (s *Server) sendToAgent(be *backend, pkt *client.Packet, feDone <-chan struct{}) bool {
+	select {
+	case be.peer.out <- pkt:
+		return true
+	default:
+	}
+	s.metrics.addWaitingForAgent(1)
+	defer s.metrics.addWaitingForAgent(-1)
+	select {
+	case be.peer.out <- pkt:
+		return true
+	case <-be.peer.done:
+	case <-feDone:
+	case <-s.quit:
+	}
+	return false
 }
 
 // backendGone unregisters agent stream be and tells every frontend with a

@@ -39,6 +39,11 @@ func Run(ctx context.Context, o *options.Options) error {
 	}
 
 	g := serve.NewGroup()
+	httpConns := serve.NewHTTPConnectionsGauge("servercount", "server")
+	if err := reg.Register(httpConns); err != nil {
+		return fmt.Errorf("register HTTP connection metrics: %w", err)
+	}
+	g.CountHTTPConnections(httpConns)
 	defer func() {
 		if err != nil {
 			srv.Close()
@@ -50,14 +55,14 @@ func Run(ctx context.Context, o *options.Options) error {
 	if !o.InsecurePlaintext {
 		tlsCfg, err := serve.ServerTLS(o.ClusterCert, o.ClusterKey, o.ClusterCACert)
 		if err != nil {
-			return fmt.Errorf("agent port: %w", err)
+			return fmt.Errorf("agent port (--cluster-cert, --cluster-key, --cluster-ca-cert): %w", err)
 		}
 		o.TLS.Apply(tlsCfg)
 		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(tlsCfg, "agent")))
 	}
 	agentGRPC := grpc.NewServer(agentOpts...)
 	wire.RegisterAgentServiceServer(agentGRPC, srv)
-	al, err := serve.Listen("agents", o.AgentBindAddress, o.AgentPort)
+	al, err := serve.Listen("agents", o.AgentListenHost(), o.AgentPort)
 	if err != nil {
 		return err
 	}
@@ -140,13 +145,11 @@ func frontendListener(o *options.Options) (net.Listener, *tls.Config, error) {
 	var tlsCfg *tls.Config
 	if !o.InsecurePlaintext {
 		var err error
-		if tlsCfg, err = serve.ServerTLS(o.ServerCert, o.ServerKey, o.ServerCACert); err == nil {
-			o.TLS.Apply(tlsCfg)
+		if tlsCfg, err = serve.ServerTLS(o.ServerCert, o.ServerKey, o.ServerCACert); err != nil {
+			return nil, nil, fmt.Errorf("frontend port (--server-cert, --server-key, --server-ca-cert): %w", err)
 		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("frontend port: %w", err)
-		}
+		o.TLS.Apply(tlsCfg)
 	}
-	l, err := serve.Listen("frontends", o.ServerBindAddress, o.ServerPort)
+	l, err := serve.Listen("frontends", o.ServerListenHost(), o.ServerPort)
 	return l, tlsCfg, err
 }

@@ -6,6 +6,8 @@ package options
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -115,22 +117,25 @@ func NewOptions() *Options {
 func (o *Options) Flags() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("proxy-server", pflag.ContinueOnError)
 	fs.StringVar(&o.ServerID, "server-id", o.ServerID, "unique ID of this server, sent to agents (default: random)")
+	// The default is drawn anew for every process: --help shows
+	// "random" from the usage text rather than this process's draw.
+	fs.Lookup("server-id").DefValue = ""
 	fs.IntVar(&o.ServerCount, "server-count", o.ServerCount, "number of proxy-server replicas, sent to agents so that they connect to each; with --server-count-dns, the count until DNS answers")
 	fs.StringVar(&o.Mode, "mode", o.Mode, "frontend protocol: grpc or http-connect")
 	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "serve the frontend on this Unix socket instead of --server-port")
 	fs.BoolVar(&o.DeleteExistingUDSFile, "delete-existing-uds-file", o.DeleteExistingUDSFile, "remove an existing file at --uds-name before listening")
-	fs.StringVar(&o.ServerBindAddress, "server-bind-address", o.ServerBindAddress, "address for the frontend port (empty: all)")
+	fs.StringVar(&o.ServerBindAddress, "server-bind-address", o.ServerBindAddress, "address for the frontend port (empty: all interfaces, or loopback with --insecure-plaintext)")
 	fs.IntVar(&o.ServerPort, "server-port", o.ServerPort, "frontend port, for kube-apiserver (mTLS)")
 	fs.StringVar(&o.ServerCert, "server-cert", o.ServerCert, "frontend TLS certificate")
 	fs.StringVar(&o.ServerKey, "server-key", o.ServerKey, "frontend TLS key")
 	fs.StringVar(&o.ServerCACert, "server-ca-cert", o.ServerCACert, "CA that signs frontend client certificates")
-	fs.StringVar(&o.AgentBindAddress, "agent-bind-address", o.AgentBindAddress, "address for the agent port (empty: all)")
+	fs.StringVar(&o.AgentBindAddress, "agent-bind-address", o.AgentBindAddress, "address for the agent port (empty: all interfaces, or loopback with --insecure-plaintext)")
 	fs.IntVar(&o.AgentPort, "agent-port", o.AgentPort, "port agents connect to")
 	fs.StringVar(&o.ClusterCert, "cluster-cert", o.ClusterCert, "agent-facing TLS certificate")
 	fs.StringVar(&o.ClusterKey, "cluster-key", o.ClusterKey, "agent-facing TLS key")
 	fs.StringVar(&o.ClusterCACert, "cluster-ca-cert", o.ClusterCACert, "CA that signs agent client certificates (empty: agents need no certificate)")
 	fs.StringVar(&o.AgentTokenFile, "agent-token-file", o.AgentTokenFile, "file of bearer tokens agents must present, one per line (empty: no token needed)")
-	fs.BoolVar(&o.InsecurePlaintext, "insecure-plaintext", o.InsecurePlaintext, "serve agent and frontend ports without TLS; for local use only")
+	fs.BoolVar(&o.InsecurePlaintext, "insecure-plaintext", o.InsecurePlaintext, "serve agent and frontend ports without TLS, on loopback unless --agent-bind-address/--server-bind-address say otherwise; for local use only")
 	fs.StringVar(&o.HealthBindAddress, "health-bind-address", o.HealthBindAddress, "address for the health port (empty: all)")
 	fs.IntVar(&o.HealthPort, "health-port", o.HealthPort, "port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.AdminBindAddress, "admin-bind-address", o.AdminBindAddress, "address for the admin port")
@@ -170,14 +175,8 @@ func (o *Options) Validate() []error {
 		errs = append(errs, fmt.Errorf("invalid --mode %q: use grpc or http-connect", o.Mode))
 	}
 	errs = append(errs, serve.CheckPorts(map[string]int{"--server-port": o.ServerPort, "--agent-port": o.AgentPort, "--health-port": o.HealthPort, "--admin-port": o.AdminPort})...)
-	if !o.InsecurePlaintext {
-		if o.ClusterCert == "" || o.ClusterKey == "" {
-			errs = append(errs, errors.New("agents need TLS: set --cluster-cert and --cluster-key (or --insecure-plaintext for local use)"))
-		}
-		if o.UDSName == "" && (o.ServerCert == "" || o.ServerKey == "" || o.ServerCACert == "") {
-			errs = append(errs, errors.New("the frontend port needs mTLS: set --server-cert, --server-key and --server-ca-cert, or serve it on --uds-name (or --insecure-plaintext for local use)"))
-		}
-	}
+	errs = append(errs, o.validateTLS()...)
+	errs = append(errs, checkFiles(fileFlag{"--agent-token-file", o.AgentTokenFile}, fileFlag{"--kubeconfig", o.Kube.Kubeconfig})...)
 	if o.KeepaliveTime <= 0 || o.FrontendKeepaliveTime <= 0 {
 		errs = append(errs, errors.New("--keepalive-time and --frontend-keepalive-time must be positive"))
 	}
@@ -199,6 +198,109 @@ func (o *Options) Validate() []error {
 		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
 	}
 	return errs
+}
+
+// tlsFiles returns the TLS file flags and their values, in --help order.
+func (o *Options) tlsFiles() []fileFlag {
+	return []fileFlag{
+		{"--server-cert", o.ServerCert}, {"--server-key", o.ServerKey}, {"--server-ca-cert", o.ServerCACert},
+		{"--cluster-cert", o.ClusterCert}, {"--cluster-key", o.ClusterKey}, {"--cluster-ca-cert", o.ClusterCACert},
+	}
+}
+
+// fileFlag is a flag that names a file, and its value.
+type fileFlag struct{ name, path string }
+
+// validateTLS checks the TLS flags: with --insecure-plaintext none may be
+// set (they would be ignored, and a typo in them unnoticed); without it,
+// the agent port needs a certificate and key, the frontend port (unless
+// on --uds-name) a certificate, key and client CA, each error naming the
+// missing flags, and every file given must exist.
+func (o *Options) validateTLS() []error {
+	var errs []error
+	if o.InsecurePlaintext {
+		var set []string
+		for _, f := range o.tlsFiles() {
+			if f.path != "" {
+				set = append(set, f.name)
+			}
+		}
+		if len(set) > 0 {
+			errs = append(errs, fmt.Errorf("--insecure-plaintext serves without TLS, so %s would be ignored: drop %s or --insecure-plaintext", strings.Join(set, ", "), pronoun(len(set))))
+		}
+		return errs
+	}
+	if missing := unset(fileFlag{"--cluster-cert", o.ClusterCert}, fileFlag{"--cluster-key", o.ClusterKey}); missing != "" {
+		errs = append(errs, fmt.Errorf("agents need TLS: set %s (or --insecure-plaintext for local use)", missing))
+	}
+	if o.UDSName == "" {
+		if missing := unset(fileFlag{"--server-cert", o.ServerCert}, fileFlag{"--server-key", o.ServerKey}, fileFlag{"--server-ca-cert", o.ServerCACert}); missing != "" {
+			errs = append(errs, fmt.Errorf("the frontend port needs mTLS: set %s, or serve it on --uds-name (or --insecure-plaintext for local use)", missing))
+		}
+	}
+	return append(errs, checkFiles(o.tlsFiles()...)...)
+}
+
+// checkFiles returns an error naming the flag for each file given that
+// cannot be found, so that a typo is reported before anything starts.
+func checkFiles(fs ...fileFlag) []error {
+	var errs []error
+	for _, f := range fs {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f.name, err))
+		}
+	}
+	return errs
+}
+
+// unset returns the names of the flags among fs that are empty, joined
+// for a message ("--a and --b"), or "" when all are set.
+func unset(fs ...fileFlag) string {
+	var names []string
+	for _, f := range fs {
+		if f.path == "" {
+			names = append(names, f.name)
+		}
+	}
+	switch len(names) {
+	case 0:
+		return ""
+	case 1:
+		return names[0]
+	default:
+		return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+	}
+}
+
+func pronoun(n int) string {
+	if n == 1 {
+		return "it"
+	}
+	return "them"
+}
+
+// AgentListenHost is the host the agent port listens on:
+// --agent-bind-address, or loopback for --insecure-plaintext when it is
+// empty, since a port without TLS is for local use only.
+func (o *Options) AgentListenHost() string {
+	return o.listenHost(o.AgentBindAddress)
+}
+
+// ServerListenHost is the host the frontend port listens on:
+// --server-bind-address, or loopback for --insecure-plaintext when it is
+// empty.
+func (o *Options) ServerListenHost() string {
+	return o.listenHost(o.ServerBindAddress)
+}
+
+func (o *Options) listenHost(flagValue string) string {
+	if flagValue == "" && o.InsecurePlaintext {
+		return "127.0.0.1"
+	}
+	return flagValue
 }
 
 // Setup is what the flags make: the server's configuration and what runs

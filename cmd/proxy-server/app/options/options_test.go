@@ -1,6 +1,8 @@
 package options_test
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,12 +15,30 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	defer os.RemoveAll(tlsDir)
 	goleak.VerifyTestMain(m)
 }
 
+// tlsDir holds empty files standing for certificates, keys and CAs:
+// Validate checks that they exist, not what they hold.
+var tlsDir = func() string {
+	dir, err := os.MkdirTemp("", "proxy-server-options-test")
+	if err != nil {
+		panic(err)
+	}
+	for _, name := range []string{"s.crt", "s.key", "ca.crt"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			panic(err)
+		}
+	}
+	return dir
+}()
+
+func tlsFile(name string) string { return filepath.Join(tlsDir, name) }
+
 var tlsFlags = []string{
-	"--cluster-cert=/c/s.crt", "--cluster-key=/c/s.key", "--cluster-ca-cert=/c/ca.crt",
-	"--server-cert=/c/s.crt", "--server-key=/c/s.key", "--server-ca-cert=/c/ca.crt",
+	"--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key"), "--cluster-ca-cert=" + tlsFile("ca.crt"),
+	"--server-cert=" + tlsFile("s.crt"), "--server-key=" + tlsFile("s.key"), "--server-ca-cert=" + tlsFile("ca.crt"),
 }
 
 func TestValidate(t *testing.T) {
@@ -33,18 +53,25 @@ func TestValidate(t *testing.T) {
 	}{
 		{name: "tls", args: tlsFlags},
 		{name: "insecure local", args: []string{"--insecure-plaintext"}},
-		{name: "uds frontend needs no server certs", args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=/c/s.crt", "--cluster-key=/c/s.key"}},
+		{name: "uds frontend needs no server certs", args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key")}},
 		{name: "http-connect", args: append([]string{"--mode=http-connect"}, tlsFlags...)},
-		{name: "no tls", args: nil, wantErr: []string{"agents need TLS: set --cluster-cert and --cluster-key", "the frontend port needs mTLS"}},
+		{name: "no tls", args: nil, wantErr: []string{"agents need TLS: set --cluster-cert and --cluster-key (", "the frontend port needs mTLS: set --server-cert, --server-key and --server-ca-cert, or"}},
+		// Issue 10, item 13: each error names what is missing, and only that.
+		{name: "cluster key missing", args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=" + tlsFile("s.crt")}, wantErr: []string{"agents need TLS: set --cluster-key (or --insecure-plaintext"}},
+		{name: "server CA missing", args: []string{"--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key"), "--server-cert=" + tlsFile("s.crt"), "--server-key=" + tlsFile("s.key")}, wantErr: []string{"the frontend port needs mTLS: set --server-ca-cert, or"}},
+		{name: "missing files name their flags", args: append(append([]string(nil), tlsFlags...), "--server-cert=/nonexistent/s.crt", "--cluster-ca-cert=/nonexistent/ca.crt"),
+			wantErr: []string{"--server-cert: stat /nonexistent/s.crt: no such file or directory", "--cluster-ca-cert: stat /nonexistent/ca.crt: no such file or directory"}},
+		{name: "insecure with tls files", args: []string{"--insecure-plaintext", "--server-cert=/nonexistent/s.crt"}, wantErr: []string{"--insecure-plaintext serves without TLS, so --server-cert would be ignored: drop it or --insecure-plaintext"}},
 		{name: "bad mode", args: append([]string{"--mode=socks"}, tlsFlags...), wantErr: []string{`invalid --mode "socks": use grpc or http-connect`}},
 		{name: "zero servers", args: append([]string{"--server-count=0"}, tlsFlags...), wantErr: []string{"invalid --server-count 0: must be at least 1"}},
 		{name: "bad strategy", args: append([]string{"--proxy-strategies=destHost,nearest"}, tlsFlags...), wantParseErr: `invalid argument "destHost,nearest" for "--proxy-strategies" flag: unknown proxy strategy "nearest"`},
 		{name: "token review", args: append([]string{"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=system:konnectivity-server"}, tlsFlags...)},
 		{name: "service account alone", args: append([]string{"--agent-service-account=konnectivity-agent"}, tlsFlags...), wantErr: []string{"--agent-namespace and --agent-service-account go together"}},
-		{name: "two token checks", args: append([]string{"--agent-namespace=a", "--agent-service-account=b", "--agent-token-file=/t"}, tlsFlags...), wantErr: []string{"--agent-token-file and --agent-service-account exclude each other"}},
+		{name: "two token checks", args: append([]string{"--agent-namespace=a", "--agent-service-account=b", "--agent-token-file=" + tlsFile("s.key")}, tlsFlags...), wantErr: []string{"--agent-token-file and --agent-service-account exclude each other"}},
+		{name: "missing token file", args: append([]string{"--agent-token-file=/nonexistent/tokens"}, tlsFlags...), wantErr: []string{"--agent-token-file: stat /nonexistent/tokens: no such file or directory"}},
 		{name: "audience without service account", args: append([]string{"--authentication-audience=x"}, tlsFlags...), wantErr: []string{"--authentication-audience needs --agent-namespace"}},
-		{name: "kubeconfig for nothing", args: append([]string{"--kubeconfig=/k"}, tlsFlags...), wantErr: []string{"--kubeconfig needs --agent-namespace and --agent-service-account, or --enable-lease-controller"}},
-		{name: "leases", args: append([]string{"--enable-lease-controller", "--kubeconfig=/k", "--lease-namespace=ns", "--lease-label=app=proxy,tier=cp"}, tlsFlags...)},
+		{name: "kubeconfig for nothing", args: append([]string{"--kubeconfig=" + tlsFile("s.key")}, tlsFlags...), wantErr: []string{"--kubeconfig needs --agent-namespace and --agent-service-account, or --enable-lease-controller"}},
+		{name: "leases", args: append([]string{"--enable-lease-controller", "--kubeconfig=" + tlsFile("s.key"), "--lease-namespace=ns", "--lease-label=app=proxy,tier=cp"}, tlsFlags...)},
 		{name: "bad lease label", args: append([]string{"--enable-lease-controller", "--lease-label=app"}, tlsFlags...), wantErr: []string{`invalid --lease-label "app"`}},
 		{name: "tls policy", args: append([]string{"--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "--tls-min-version=VersionTLS13"}, tlsFlags...)},
 		{name: "bad cipher suite", args: append([]string{"--cipher-suites=TLS_NULL"}, tlsFlags...), wantParseErr: `invalid argument "TLS_NULL" for "--cipher-suites" flag: unknown cipher suite "TLS_NULL"`},
@@ -87,4 +114,43 @@ func TestDefaultsAreUpstreams(t *testing.T) {
 	assert.Equal(t, []server.Strategy{server.StrategyDefault}, o.ProxyStrategies)
 	assert.NotEmpty(t, o.ServerID)
 	assert.NotEqual(t, o.ServerID, options.NewOptions().ServerID, "a random ID per server")
+}
+
+// Issue 10, item 13: --insecure-plaintext listens on loopback unless a
+// bind address says otherwise; with TLS, an empty address means all
+// interfaces, as upstream.
+func TestListenHosts(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name                    string
+		args                    []string
+		wantAgent, wantFrontend string
+	}{
+		{name: "insecure", args: []string{"--insecure-plaintext"}, wantAgent: "127.0.0.1", wantFrontend: "127.0.0.1"},
+		{name: "insecure with addresses", args: []string{"--insecure-plaintext", "--agent-bind-address=0.0.0.0", "--server-bind-address=::1"}, wantAgent: "0.0.0.0", wantFrontend: "::1"},
+		{name: "tls", args: tlsFlags, wantAgent: "", wantFrontend: ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := options.NewOptions()
+			require.NoError(t, o.Flags().Parse(tc.args))
+			require.Empty(t, o.Validate())
+			assert.Equal(t, tc.wantAgent, o.AgentListenHost(), "agent port")
+			assert.Equal(t, tc.wantFrontend, o.ServerListenHost(), "frontend port")
+		})
+	}
+}
+
+// Issue 10, item 13: --help shows one default for --server-id, not the
+// usage's "random" and this process's draw.
+func TestHelpShowsOneServerIDDefault(t *testing.T) {
+	t.Parallel()
+	var line string
+	for _, l := range strings.Split(options.NewOptions().Flags().FlagUsages(), "\n") {
+		if strings.Contains(l, "--server-id") {
+			line = l
+		}
+	}
+	require.NotEmpty(t, line)
+	assert.Equal(t, 1, strings.Count(line, "default"), line)
 }
