@@ -35,6 +35,9 @@ type ClientSet struct {
 	// tunnels counts the tunnels of every stream, dials in flight
 	// included.
 	tunnels atomic.Int64
+	// tunnelEnded wakes WaitTunnelsClosed when a tunnel ends: a buffer of
+	// 1 and a non-blocking send, so that ends coalesce.
+	tunnelEnded chan struct{}
 
 	// running is true while Run runs; read by the health handler.
 	running atomic.Bool
@@ -86,8 +89,9 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown,
 			maxCount: cfg.ServerCountMax, now: now,
 		},
-		clients:   make(map[string]*client),
-		lastCount: servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},
+		clients:     make(map[string]*client),
+		tunnelEnded: make(chan struct{}, 1),
+		lastCount:   servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},
 	}
 	cs.serverPort, _ = strconv.Atoi(port) // checked by validate
 	m, err := newMetrics(cfg.Registerer, cs.busiestServerTunnels)
@@ -110,6 +114,20 @@ func (cs *ClientSet) Connected() int {
 // OpenTunnels returns the number of tunnels open on every stream, dials in
 // flight included.
 func (cs *ClientSet) OpenTunnels() int { return int(cs.tunnels.Load()) }
+
+// WaitTunnelsClosed returns nil once no tunnel is open (dials in flight
+// included), or ctx's error if ctx ends first. A drain is over when it
+// returns: nothing is left to finish. One caller at a time.
+func (cs *ClientSet) WaitTunnelsClosed(ctx context.Context) error {
+	for cs.OpenTunnels() > 0 {
+		select {
+		case <-cs.tunnelEnded:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
 
 // busiestServerTunnels returns the most tunnels open on one stream, for
 // the busiest_server_tunnels gauge.
