@@ -11,7 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/internal/outage"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -31,6 +33,9 @@ type Options struct {
 	CacheTTLMax time.Duration
 	Fallback    int
 	Max         int
+	// Logger receives, at level 0, when DNS counting starts to fail and
+	// when it recovers (not a flag). NewOptions sets klog's global logger.
+	Logger klog.Logger
 }
 
 // NewOptions returns the defaults.
@@ -41,6 +46,7 @@ func NewOptions() *Options {
 		CacheTTLMax: servercounter.DefaultMaxExpiry,
 		Fallback:    servercounter.DefaultFallback,
 		Max:         DefaultMax,
+		Logger:      klog.Background(),
 	}
 }
 
@@ -103,6 +109,7 @@ func (o *Options) Build(reg prometheus.Registerer, subsystem string, fallback in
 	if err != nil {
 		return nil, err
 	}
+	m.outage, m.logger, m.name = outage.New("count proxy-servers through DNS (--server-count-dns)", nil), o.Logger, o.Name
 	return servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{
 		Expiry: o.CacheTTL, MinExpiry: o.CacheTTLMin, MaxExpiry: o.CacheTTLMax,
 		Fallback: fallback, Background: true, Observe: m.observe,
@@ -121,6 +128,13 @@ type metrics struct {
 	// learnt is when the last good answer was learnt, in Unix
 	// nanoseconds; 0 before the first.
 	learnt atomic.Int64
+	// outage logs failed refreshes at level 0, once when they start and
+	// once when they end: an agent that cannot reach DNS keeps its last
+	// count and would otherwise say nothing. Set before the first
+	// refresh.
+	outage *outage.Outage
+	logger klog.Logger
+	name   string
 }
 
 // outcomes are every value of the lookups' outcome label, as the library
@@ -164,6 +178,13 @@ func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
 // failure, and the count of a good answer.
 func (m *metrics) observe(res servercounter.Result, err error) {
 	var de *servercounter.DNSError
+	if m.outage != nil {
+		if err != nil {
+			m.outage.Failed(m.logger, err, "name", m.name)
+		} else {
+			m.outage.Recovered(m.logger, "name", m.name, "count", res.Count)
+		}
+	}
 	switch {
 	case errors.As(err, &de):
 		m.lookups.WithLabelValues(de.Kind.String()).Inc()

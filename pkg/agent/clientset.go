@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/internal/outage"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -25,6 +26,8 @@ type ClientSet struct {
 	cfg     Config
 	metrics *metrics
 	policy  *targetPolicy
+	// serverOutage logs failed server dials at level 0, once per outage.
+	serverOutage *outage.Outage
 	// serverPort is ServerAddress's port: the port of an address that the
 	// Counter lists without one.
 	serverPort int
@@ -89,9 +92,10 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown,
 			maxCount: cfg.ServerCountMax, now: now,
 		},
-		clients:     make(map[string]*client),
-		tunnelEnded: make(chan struct{}, 1),
-		lastCount:   servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},
+		serverOutage: outage.New("connect to proxy-server", now),
+		clients:      make(map[string]*client),
+		tunnelEnded:  make(chan struct{}, 1),
+		lastCount:    servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},
 	}
 	cs.serverPort, _ = strconv.Atoi(port) // checked by validate
 	m, err := newMetrics(cfg.Registerer, cs.busiestServerTunnels)
