@@ -73,7 +73,9 @@ func TestRefusedServerPortLoggedOnceAtLevelZero(t *testing.T) {
 	require.NoError(t, err)
 	newTestServerOn(t, tt, serverOpts{id: "s1", count: "1"}, lis)
 	require.Eventually(t, a.Ready, waitFor, tick)
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again") }, waitFor, tick)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
+	}, waitFor, tick)
 	assert.Equal(t, 1, strings.Count(logs.String(), "Failed to connect to proxy-server"), logs.String())
 }
 
@@ -93,6 +95,8 @@ func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
 
 	lb.setBackends(right.addr)
 	require.Eventually(t, a.Ready, waitFor, tick)
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again") }, waitFor, tick)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
+	}, waitFor, tick)
 	assert.Equal(t, 1, strings.Count(logs.String(), "Failed to connect to proxy-server"), logs.String())
 }
