@@ -6,9 +6,13 @@ package dnscount
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
@@ -93,7 +97,31 @@ func (o *Options) Validate() []error {
 	if !o.Enabled() && (len(o.Servers) > 0 || o.CacheTTL != 0) {
 		errs = append(errs, errors.New("--server-count-dns-server and --server-count-cache-ttl need --server-count-dns"))
 	}
+	// The name and nameservers are checked here too, not only by Build,
+	// so that a typo is refused with the flag's name at parse time (exit
+	// 2) rather than as the library's error once the program runs.
+	if o.Enabled() {
+		if _, ok := dns.IsDomainName(o.Name); !ok || strings.HasPrefix(o.Name, ".") || strings.Contains(o.Name, "..") {
+			errs = append(errs, fmt.Errorf("invalid --server-count-dns %q: not a DNS name; use one like proxy-server.kube-system.svc.cluster.local", o.Name))
+		}
+	}
+	for _, s := range o.Servers {
+		if !validNameserver(s) {
+			errs = append(errs, fmt.Errorf("invalid --server-count-dns-server %q: want host:port or host, e.g. 10.96.0.10:53", s))
+		}
+	}
 	return errs
+}
+
+// validNameserver reports whether s is a nameserver as
+// servercounter.Config.Servers takes it: host:port with a numeric port,
+// or a host alone ("10.0.0.10", "::1", "localhost").
+func validNameserver(s string) bool {
+	if host, port, err := net.SplitHostPort(s); err == nil {
+		_, perr := strconv.ParseUint(port, 10, 16)
+		return host != "" && perr == nil
+	}
+	return s != "" && !strings.ContainsAny(s, "[]/ ")
 }
 
 // Build returns a DNS counter behind a cache that refreshes in the

@@ -63,6 +63,18 @@ func TestValidate(t *testing.T) {
 		assert.Contains(t, joined, w)
 	}
 	assert.Empty(t, parse(t, "--server-count-dns=x.example").Validate())
+	assert.Empty(t, parse(t, "--server-count-dns=x.example", "--server-count-dns-server=10.0.0.10,[::1]:53,localhost:5353,::1").Validate())
+}
+
+// A bad nameserver or name is refused by Validate, naming its own flag,
+// without the library's prefix (issue 10, item 13).
+func TestValidateNamesTheDNSFlag(t *testing.T) {
+	t.Parallel()
+	errs := parse(t, "--server-count-dns=a..b", "--server-count-dns-server=bad host,10.0.0.1:99999").Validate()
+	require.Len(t, errs, 3)
+	assert.EqualError(t, errs[0], `invalid --server-count-dns "a..b": not a DNS name; use one like proxy-server.kube-system.svc.cluster.local`)
+	assert.EqualError(t, errs[1], `invalid --server-count-dns-server "bad host": want host:port or host, e.g. 10.96.0.10:53`)
+	assert.EqualError(t, errs[2], `invalid --server-count-dns-server "10.0.0.1:99999": want host:port or host, e.g. 10.96.0.10:53`)
 }
 
 func TestParseRejectsBadType(t *testing.T) {
