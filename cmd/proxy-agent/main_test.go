@@ -98,6 +98,18 @@ func TestBinariesTunnelARequest(t *testing.T) {
 	metrics := get(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[4]))
 	assert.Contains(t, metrics, "konnectivity_network_proxy_agent_open_server_connections 1")
 
+	// A tunnel held open, with no request in it, gives the drain
+	// something to wait for.
+	hold, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]), &tls.Config{
+		RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost",
+	})
+	require.NoError(t, err)
+	defer hold.Close()
+	fmt.Fprintf(hold, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", host, host)
+	resp, err = http.ReadResponse(bufio.NewReader(hold), nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
 	// First SIGTERM drains and keeps serving; the second stops, cleanly.
 	require.NoError(t, agent.Process.Signal(syscall.SIGTERM))
 	require.Eventually(t, func() bool { return strings.Contains(agent.stderr.String(), "Draining") }, 10*time.Second, 10*time.Millisecond)
@@ -117,6 +129,9 @@ func TestBinariesRejectBadFlagsWithOneLine(t *testing.T) {
 	}{
 		{"proxy-agent", []string{"--server-dial-mode=resolved"}, "proxy-agent: --server-dial-mode=resolved needs --server-count-dns: the addresses to dial come from it"},
 		{"proxy-agent", []string{"--no-such-flag"}, "proxy-agent: unknown flag: --no-such-flag"},
+		// Issue 10, item 13: named by their own flag, exit 2, no klog line.
+		{"proxy-agent", []string{"--server-count-dns=proxy.example", "--server-count-dns-server=bad host"}, `proxy-agent: invalid --server-count-dns-server "bad host": want host:port or host, e.g. 10.96.0.10:53`},
+		{"proxy-agent", []string{"--ca-cert=/nonexistent/ca.crt"}, "proxy-agent: --ca-cert: read CA certificate: open /nonexistent/ca.crt: no such file or directory"},
 		{"proxy-server", []string{"--mode=socks", "--insecure-plaintext"}, `proxy-server: invalid --mode "socks": use grpc or http-connect`},
 	} {
 		out := filepath.Join(dir, tc.name)
@@ -130,6 +145,109 @@ func TestBinariesRejectBadFlagsWithOneLine(t *testing.T) {
 		assert.Equal(t, 2, cmd.ProcessState.ExitCode())
 		assert.Equal(t, tc.want, strings.TrimSpace(string(b)))
 	}
+}
+
+// build builds cmd/<name> into dir, once per dir.
+func build(t *testing.T, dir, name string) string {
+	t.Helper()
+	out := filepath.Join(dir, name)
+	if _, err := os.Stat(out); err == nil {
+		return out
+	}
+	b, err := exec.CommandContext(t.Context(), "go", "build", "-o", out, "../"+name).CombinedOutput()
+	require.NoError(t, err, "go build %s: %s", name, b)
+	return out
+}
+
+// plainServer runs an insecure proxy-server on loopback and returns its
+// agent port.
+func plainServer(t *testing.T, dir string) int {
+	t.Helper()
+	ports := freePorts(t, 4)
+	start(t, build(t, dir, "proxy-server"), "--insecure-plaintext", "--mode=http-connect",
+		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
+		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
+	return ports[1]
+}
+
+// startPlainAgent runs an insecure proxy-agent against agentPort with
+// extra args and waits until its health port answers.
+func startPlainAgent(t *testing.T, dir string, agentPort int, args ...string) (*process, int) {
+	t.Helper()
+	ports := freePorts(t, 2)
+	a := start(t, build(t, dir, "proxy-agent"), append([]string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1",
+		port("proxy-server-port", agentPort), "--health-server-host=127.0.0.1",
+		port("health-server-port", ports[0]), port("admin-server-port", ports[1]), "--sync-interval=50ms"}, args...)...)
+	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0])
+	require.Eventually(t, func() bool { return status(healthz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent up")
+	return a, ports[0]
+}
+
+// Two SIGTERMs sent back to back, as `kill PID; kill PID` does, stop the
+// agent. The Go runtime merges the second into the first when it comes
+// before the first was handled, so the agent sees one signal: it must
+// not then drain forever (issue 10, item 15). Several rounds, since the
+// merge does not happen every time.
+func TestAgentStopsOnBackToBackSignals(t *testing.T) {
+	dir := t.TempDir()
+	agentPort := plainServer(t, dir)
+	for round := range 3 {
+		a, healthPort := startPlainAgent(t, dir, agentPort)
+		readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)
+		require.Eventually(t, func() bool { return status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent connected")
+		require.NoError(t, syscall.Kill(a.Process.Pid, syscall.SIGTERM))
+		require.NoError(t, syscall.Kill(a.Process.Pid, syscall.SIGTERM))
+		assert.NoError(t, a.wait(t), "round %d", round)
+	}
+}
+
+// One SIGTERM with nothing to drain (no server connected) stops the
+// agent, without promising a drain (issue 10, item 13).
+func TestAgentSingleSignalWithNothingToDrainStops(t *testing.T) {
+	dir := t.TempDir()
+	refused := freePorts(t, 1)[0]
+	a, _ := startPlainAgent(t, dir, refused)
+	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, a.wait(t))
+	out := a.stderr.String()
+	assert.NotContains(t, out, "signal again")
+	assert.Contains(t, out, "Stopping: nothing to drain")
+}
+
+// A draining agent stops by itself once its last tunnel closes: no
+// second signal is needed, so a lost one cannot leave it running.
+func TestAgentStopsWhenDrainedTunnelsClose(t *testing.T) {
+	dir := t.TempDir()
+	ports := freePorts(t, 4)
+	start(t, build(t, dir, "proxy-server"), "--insecure-plaintext", "--mode=http-connect",
+		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
+		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
+	a, healthPort := startPlainAgent(t, dir, ports[1])
+	require.Eventually(t, func() bool { return status(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)) == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
+
+	target, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer target.Close()
+	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]))
+	require.NoError(t, err)
+	defer conn.Close()
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target.Addr(), target.Addr())
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	endpoint, err := target.Accept()
+	require.NoError(t, err)
+
+	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
+	require.Eventually(t, func() bool { return strings.Contains(a.stderr.String(), "Draining") }, 20*time.Second, 10*time.Millisecond)
+	select {
+	case err := <-a.done:
+		t.Fatalf("agent stopped with a tunnel open: %v", err)
+	default:
+	}
+	require.NoError(t, endpoint.Close())
+	require.NoError(t, a.wait(t))
+	assert.Contains(t, a.stderr.String(), "Drained: every tunnel is closed")
 }
 
 type process struct {

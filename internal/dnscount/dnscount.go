@@ -6,12 +6,18 @@ package dnscount
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/internal/outage"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -31,6 +37,9 @@ type Options struct {
 	CacheTTLMax time.Duration
 	Fallback    int
 	Max         int
+	// Logger receives, at level 0, when DNS counting starts to fail and
+	// when it recovers (not a flag). NewOptions sets klog's global logger.
+	Logger klog.Logger
 }
 
 // NewOptions returns the defaults.
@@ -41,6 +50,7 @@ func NewOptions() *Options {
 		CacheTTLMax: servercounter.DefaultMaxExpiry,
 		Fallback:    servercounter.DefaultFallback,
 		Max:         DefaultMax,
+		Logger:      klog.Background(),
 	}
 }
 
@@ -87,7 +97,31 @@ func (o *Options) Validate() []error {
 	if !o.Enabled() && (len(o.Servers) > 0 || o.CacheTTL != 0) {
 		errs = append(errs, errors.New("--server-count-dns-server and --server-count-cache-ttl need --server-count-dns"))
 	}
+	// The name and nameservers are checked here too, not only by Build,
+	// so that a typo is refused with the flag's name at parse time (exit
+	// 2) rather than as the library's error once the program runs.
+	if o.Enabled() {
+		if _, ok := dns.IsDomainName(o.Name); !ok || strings.HasPrefix(o.Name, ".") || strings.Contains(o.Name, "..") {
+			errs = append(errs, fmt.Errorf("invalid --server-count-dns %q: not a DNS name; use one like proxy-server.kube-system.svc.cluster.local", o.Name))
+		}
+	}
+	for _, s := range o.Servers {
+		if !validNameserver(s) {
+			errs = append(errs, fmt.Errorf("invalid --server-count-dns-server %q: want host:port or host, e.g. 10.96.0.10:53", s))
+		}
+	}
 	return errs
+}
+
+// validNameserver reports whether s is a nameserver as
+// servercounter.Config.Servers takes it: host:port with a numeric port,
+// or a host alone ("10.0.0.10", "::1", "localhost").
+func validNameserver(s string) bool {
+	if host, port, err := net.SplitHostPort(s); err == nil {
+		_, perr := strconv.ParseUint(port, 10, 16)
+		return host != "" && perr == nil
+	}
+	return s != "" && !strings.ContainsAny(s, "[]/ ")
 }
 
 // Build returns a DNS counter behind a cache that refreshes in the
@@ -103,6 +137,7 @@ func (o *Options) Build(reg prometheus.Registerer, subsystem string, fallback in
 	if err != nil {
 		return nil, err
 	}
+	m.outage, m.logger, m.name = outage.New("count proxy-servers through DNS (--server-count-dns)", nil), o.Logger, o.Name
 	return servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{
 		Expiry: o.CacheTTL, MinExpiry: o.CacheTTLMin, MaxExpiry: o.CacheTTLMax,
 		Fallback: fallback, Background: true, Observe: m.observe,
@@ -121,6 +156,13 @@ type metrics struct {
 	// learnt is when the last good answer was learnt, in Unix
 	// nanoseconds; 0 before the first.
 	learnt atomic.Int64
+	// outage logs failed refreshes at level 0, once when they start and
+	// once when they end: an agent that cannot reach DNS keeps its last
+	// count and would otherwise say nothing. Set before the first
+	// refresh.
+	outage *outage.Outage
+	logger klog.Logger
+	name   string
 }
 
 // outcomes are every value of the lookups' outcome label, as the library
@@ -164,6 +206,13 @@ func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
 // failure, and the count of a good answer.
 func (m *metrics) observe(res servercounter.Result, err error) {
 	var de *servercounter.DNSError
+	if m.outage != nil {
+		if err != nil {
+			m.outage.Failed(m.logger, err, "name", m.name)
+		} else {
+			m.outage.Recovered(m.logger, "name", m.name, "count", res.Count)
+		}
+	}
 	switch {
 	case errors.As(err, &de):
 		m.lookups.WithLabelValues(de.Kind.String()).Inc()

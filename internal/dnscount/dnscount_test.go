@@ -1,7 +1,10 @@
 package dnscount_test
 
 import (
+	"bytes"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"k8s.io/klog/v2/textlogger"
 
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/dnstest"
@@ -59,6 +63,18 @@ func TestValidate(t *testing.T) {
 		assert.Contains(t, joined, w)
 	}
 	assert.Empty(t, parse(t, "--server-count-dns=x.example").Validate())
+	assert.Empty(t, parse(t, "--server-count-dns=x.example", "--server-count-dns-server=10.0.0.10,[::1]:53,localhost:5353,::1").Validate())
+}
+
+// A bad nameserver or name is refused by Validate, naming its own flag,
+// without the library's prefix (issue 10, item 13).
+func TestValidateNamesTheDNSFlag(t *testing.T) {
+	t.Parallel()
+	errs := parse(t, "--server-count-dns=a..b", "--server-count-dns-server=bad host,10.0.0.1:99999").Validate()
+	require.Len(t, errs, 3)
+	assert.EqualError(t, errs[0], `invalid --server-count-dns "a..b": not a DNS name; use one like proxy-server.kube-system.svc.cluster.local`)
+	assert.EqualError(t, errs[1], `invalid --server-count-dns-server "bad host": want host:port or host, e.g. 10.96.0.10:53`)
+	assert.EqualError(t, errs[2], `invalid --server-count-dns-server "10.0.0.1:99999": want host:port or host, e.g. 10.96.0.10:53`)
 }
 
 func TestParseRejectsBadType(t *testing.T) {
@@ -92,4 +108,76 @@ func counter(t *testing.T, reg *prometheus.Registry, name, outcome string) float
 		return -1
 	}
 	return v
+}
+
+// logBuffer is a bytes.Buffer safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// An agent that cannot reach DNS says so at the default level, once
+// however often it retries (issue 10, item 12).
+func TestUnreachableDNSLoggedOnceAtLevelZero(t *testing.T) {
+	l, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	refused := l.LocalAddr().String()
+	require.NoError(t, l.Close()) // queries to it are refused from here on
+
+	o := parse(t, "--server-count-dns="+svc, "--server-count-dns-server="+refused, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
+	require.Empty(t, o.Validate())
+	logs := &logBuffer{}
+	o.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs), textlogger.Verbosity(0)))
+	reg := prometheus.NewRegistry()
+	c, err := o.Build(reg, "agent", 1)
+	require.NoError(t, err)
+	defer c.Close()
+	require.Eventually(t, func() bool { return failures(t, reg) >= 3 }, 10*time.Second, time.Millisecond, "several failed refreshes")
+	out := logs.String()
+	assert.Equal(t, 1, strings.Count(out, "Failed to count proxy-servers through DNS"), out)
+	assert.Contains(t, out, refused)
+}
+
+// The end of a DNS failure is logged at level 0 too.
+func TestDNSRecoveryLoggedAtLevelZero(t *testing.T) {
+	srv := dnstest.NewServer(t)
+	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
+	o := parse(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
+	logs := &logBuffer{}
+	o.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs), textlogger.Verbosity(0)))
+	reg := prometheus.NewRegistry()
+	c, err := o.Build(reg, "agent", 1)
+	require.NoError(t, err)
+	defer c.Close()
+	require.Eventually(t, func() bool { return failures(t, reg) >= 3 }, 10*time.Second, time.Millisecond)
+	srv.ClearFault()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "Recovered: count proxy-servers through DNS") }, 10*time.Second, time.Millisecond)
+	out := logs.String()
+	assert.Equal(t, 1, strings.Count(out, "Failed to count proxy-servers through DNS"), out)
+	assert.Contains(t, out, "count=2")
+}
+
+// failures sums the failed DNS refreshes of every kind.
+func failures(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	var n float64
+	for _, kind := range []string{"timeout", "servfail", "refused", "malformed", "network"} {
+		if v := counter(t, reg, "servercount_agent_dns_lookups_total", kind); v > 0 {
+			n += v
+		}
+	}
+	return n
 }

@@ -219,6 +219,10 @@ func (c *client) admitDial() (dialFailureReason, string) {
 func (c *client) releaseSlot() {
 	c.slots.Add(-1)
 	c.cs.tunnels.Add(-1)
+	select {
+	case c.cs.tunnelEnded <- struct{}{}:
+	default: // a wake-up is pending already
+	}
 }
 
 // tunnel returns the open tunnel with connectID id, or nil.

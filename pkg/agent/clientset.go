@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/internal/outage"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -25,6 +26,8 @@ type ClientSet struct {
 	cfg     Config
 	metrics *metrics
 	policy  *targetPolicy
+	// serverOutage logs failed server dials at level 0, once per outage.
+	serverOutage *outage.Outage
 	// serverPort is ServerAddress's port: the port of an address that the
 	// Counter lists without one.
 	serverPort int
@@ -35,6 +38,9 @@ type ClientSet struct {
 	// tunnels counts the tunnels of every stream, dials in flight
 	// included.
 	tunnels atomic.Int64
+	// tunnelEnded wakes WaitTunnelsClosed when a tunnel ends: a buffer of
+	// 1 and a non-blocking send, so that ends coalesce.
+	tunnelEnded chan struct{}
 
 	// running is true while Run runs; read by the health handler.
 	running atomic.Bool
@@ -86,8 +92,10 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown,
 			maxCount: cfg.ServerCountMax, now: now,
 		},
-		clients:   make(map[string]*client),
-		lastCount: servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},
+		serverOutage: outage.New("connect to proxy-server", now),
+		clients:      make(map[string]*client),
+		tunnelEnded:  make(chan struct{}, 1),
+		lastCount:    servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},
 	}
 	cs.serverPort, _ = strconv.Atoi(port) // checked by validate
 	m, err := newMetrics(cfg.Registerer, cs.busiestServerTunnels)
@@ -110,6 +118,20 @@ func (cs *ClientSet) Connected() int {
 // OpenTunnels returns the number of tunnels open on every stream, dials in
 // flight included.
 func (cs *ClientSet) OpenTunnels() int { return int(cs.tunnels.Load()) }
+
+// WaitTunnelsClosed returns nil once no tunnel is open (dials in flight
+// included), or ctx's error if ctx ends first. A drain is over when it
+// returns: nothing is left to finish. One caller at a time.
+func (cs *ClientSet) WaitTunnelsClosed(ctx context.Context) error {
+	for cs.OpenTunnels() > 0 {
+		select {
+		case <-cs.tunnelEnded:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
 
 // busiestServerTunnels returns the most tunnels open on one stream, for
 // the busiest_server_tunnels gauge.

@@ -31,11 +31,17 @@ func (cs *ClientSet) dialServer(ctx context.Context, counted servercounter.Resul
 	c, err := cs.connect(ctx, addr)
 	if err != nil {
 		cs.metrics.serverDialed(dialError)
+		// At level 0, once per outage: a refused port, a wrong CA or an
+		// unresolvable name must show without -v, but not every retry.
+		cs.serverOutage.Failed(logger, err, "serverAddress", addr)
 		logger.V(2).Info("Failed to connect to proxy-server", "err", err)
 		return dialError
 	}
 	res := cs.add(ctx, c)
 	cs.metrics.serverDialed(res)
+	if res != dialError {
+		cs.serverOutage.Recovered(logger, "serverID", c.serverID)
+	}
 	switch res {
 	case dialDuplicate:
 		logger.V(4).Info("Closed duplicate connection to proxy-server", "serverID", c.serverID)

@@ -96,6 +96,12 @@ func newTestServer(t testing.TB, tt testTLS, opts serverOpts) *testServer {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	return newTestServerOn(t, tt, opts, lis)
+}
+
+// newTestServerOn is newTestServer on a listener of the test's choosing.
+func newTestServerOn(t testing.TB, tt testTLS, opts serverOpts, lis net.Listener) *testServer {
+	t.Helper()
 	s := &testServer{
 		opts:    opts,
 		addr:    lis.Addr().String(),

@@ -23,7 +23,7 @@ const shutdownGrace = 5 * time.Second
 
 // Run runs the agent until ctx ends. When drain ends first, the agent
 // drains: it tells every server, stops opening connections, and keeps
-// serving until ctx ends.
+// serving until ctx ends or no tunnel is left open.
 func Run(ctx, drain context.Context, o *options.Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
@@ -59,8 +59,7 @@ func Run(ctx, drain context.Context, o *options.Options) error {
 	go func() {
 		select {
 		case <-drain.Done():
-			klog.InfoS("Draining: told the proxy-servers, opening no new connections; signal again to stop")
-			cs.Drain(ctx)
+			drainThenStop(runCtx, cs, cancel)
 		case <-runCtx.Done():
 		}
 	}()
@@ -70,6 +69,28 @@ func Run(ctx, drain context.Context, o *options.Options) error {
 	err = g.Wait(ctx, shutdownGrace)
 	klog.InfoS("Proxy-agent stopped")
 	return err
+}
+
+// drainThenStop drains cs and stops it, with stop, once no tunnel is
+// open: a drain lets open tunnels finish, so with nothing open there is
+// nothing to wait for. That matters beyond saving the operator a second
+// signal: the Go runtime merges a signal that arrives before the previous
+// one of its kind was handled, so `kill PID; kill PID` often delivers one
+// SIGTERM, and an agent waiting for a second one would drain forever.
+func drainThenStop(ctx context.Context, cs *agent.ClientSet, stop context.CancelFunc) {
+	if servers, tunnels := cs.Connected(), cs.OpenTunnels(); servers == 0 || tunnels == 0 {
+		klog.InfoS("Stopping: nothing to drain", "servers", servers, "tunnels", tunnels)
+		stop()
+		return
+	}
+	klog.InfoS("Draining: told the proxy-servers, opening no new connections; stopping once every tunnel is closed, or signal again to stop now",
+		"servers", cs.Connected(), "tunnels", cs.OpenTunnels())
+	cs.Drain(ctx)
+	if err := cs.WaitTunnelsClosed(ctx); err != nil {
+		return // stopped by a second signal or a failure
+	}
+	klog.InfoS("Drained: every tunnel is closed, stopping")
+	stop()
 }
 
 func cancelled() context.Context {

@@ -5,9 +5,11 @@
 package options
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -110,6 +112,10 @@ func NewOptions() *Options {
 func (o *Options) Flags() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("proxy-agent", pflag.ContinueOnError)
 	fs.StringVar(&o.AgentID, "agent-id", o.AgentID, "unique ID of this agent (default: random)")
+	// The default is random: --help would show this run's random ID as a
+	// second default beside "(default: random)". An empty DefValue is
+	// what pflag takes for no default.
+	fs.Lookup("agent-id").DefValue = ""
 	serve.ParsedVar(fs, &o.AgentIdentifiers, "agent-identifiers", o.AgentIdentifiers.String(), wire.ParseIdentifiers, "what this agent serves, URL-query encoded: ipv4=, ipv6=, host=, cidr=, default-route=true")
 	fs.StringVar(&o.ProxyServerHost, "proxy-server-host", o.ProxyServerHost, "proxy-server host (usually a load balancer); also the TLS server name")
 	fs.IntVar(&o.ProxyServerPort, "proxy-server-port", o.ProxyServerPort, "proxy-server agent port")
@@ -162,6 +168,11 @@ func (o *Options) Validate() []error {
 	}
 	if o.InsecurePlaintext && (o.CACert != "" || o.AgentCert != "") {
 		errs = append(errs, errors.New("--insecure-plaintext excludes --ca-cert, --agent-cert and --agent-key"))
+	} else if !o.InsecurePlaintext && (o.AgentCert == "") == (o.AgentKey == "") {
+		// Read now, so that a missing or bad file is refused at start-up
+		// with its flag's name.
+		_, tlsErrs := o.clientTLS()
+		errs = append(errs, tlsErrs...)
 	}
 	if o.SyncInterval <= 0 || o.ProbeInterval <= 0 || o.KeepaliveTime <= 0 {
 		errs = append(errs, errors.New("--sync-interval, --probe-interval and --keepalive-time must be positive"))
@@ -228,11 +239,10 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 	if o.InsecurePlaintext {
 		cfg.Insecure = true
 	} else {
-		tlsCfg, err := serve.ClientTLS(o.CACert, o.AgentCert, o.AgentKey, o.ProxyServerHost)
-		if err != nil {
-			return cfg, nil, err
+		tlsCfg, errs := o.clientTLS()
+		if len(errs) > 0 {
+			return cfg, nil, errors.Join(errs...)
 		}
-		tlsCfg.NextProtos = o.ALPN()
 		cfg.DialOptions = append(cfg.DialOptions, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	}
 
@@ -285,6 +295,44 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 		cfg.TargetPolicy = agent.TargetMax
 	}
 	return cfg, stop, nil
+}
+
+// clientTLS reads --ca-cert, --agent-cert and --agent-key into the TLS
+// configuration for the proxy-servers. It returns every problem, each
+// naming its flag.
+func (o *Options) clientTLS() (*tls.Config, []error) {
+	cfg, err := serve.ClientTLS("", "", "", o.ProxyServerHost) // system roots, no certificate
+	if err != nil {
+		return nil, []error{err}
+	}
+	var errs []error
+	if o.CACert != "" {
+		pool, err := serve.CertPool(o.CACert)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--ca-cert: %w", err))
+		}
+		cfg.RootCAs = pool
+	}
+	if o.AgentCert != "" || o.AgentKey != "" {
+		missing := false
+		for _, f := range []struct{ flag, path string }{{"--agent-cert", o.AgentCert}, {"--agent-key", o.AgentKey}} {
+			if _, err := os.Stat(f.path); err != nil {
+				errs, missing = append(errs, fmt.Errorf("%s: %w", f.flag, err)), true
+			}
+		}
+		if !missing {
+			cert, err := tls.LoadX509KeyPair(o.AgentCert, o.AgentKey)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--agent-cert %s and --agent-key %s: %w", o.AgentCert, o.AgentKey, err))
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	cfg.NextProtos = o.ALPN()
+	return cfg, nil
 }
 
 // ALPN returns the ALPN protocols to offer. pflag prints an empty string

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
+	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -36,11 +37,33 @@ var upstreamFlags = []string{
 	"--xfr-channel-size=150",
 }
 
+// tlsFiles writes a CA, and an agent certificate and key it signed, and
+// returns the three paths.
+func tlsFiles(t *testing.T) (ca, cert, key string) {
+	t.Helper()
+	dir := t.TempDir()
+	c, err := pki.NewCA("options-test-ca")
+	require.NoError(t, err)
+	ca, err = c.WriteFile(dir, "ca")
+	require.NoError(t, err)
+	p, err := c.Client("proxy-agent")
+	require.NoError(t, err)
+	cert, key, err = p.WriteFiles(dir, "agent")
+	require.NoError(t, err)
+	return ca, cert, key
+}
+
 func TestAcceptsEveryUpstreamFlag(t *testing.T) {
 	t.Parallel()
+	ca, cert, key := tlsFiles(t)
+	args := strings.NewReplacer("/c/ca.crt", ca, "/c/agent.crt", cert, "/c/agent.key", key)
+	var flags []string
+	for _, f := range upstreamFlags {
+		flags = append(flags, args.Replace(f))
+	}
 	o := options.NewOptions()
 	fs := o.Flags()
-	require.NoError(t, fs.Parse(upstreamFlags))
+	require.NoError(t, fs.Parse(flags))
 	assert.Empty(t, o.Validate())
 	assert.Equal(t, "konnectivity.example", o.ProxyServerHost)
 	assert.Empty(t, o.ALPN(), `"[]" is pflag's printing of an empty slice`)
@@ -102,6 +125,40 @@ func TestValidate(t *testing.T) {
 			assert.Len(t, errs, len(tc.wantErr))
 		})
 	}
+}
+
+// A missing certificate file is refused by Validate, naming its flag
+// (issue 10, item 13).
+func TestValidateNamesMissingCertificateFiles(t *testing.T) {
+	t.Parallel()
+	o := options.NewOptions()
+	require.NoError(t, o.Flags().Parse([]string{"--ca-cert=/nonexistent/ca.crt", "--agent-cert=/nonexistent/a.crt", "--agent-key=/nonexistent/a.key"}))
+	errs := o.Validate()
+	require.Len(t, errs, 3)
+	assert.ErrorContains(t, errs[0], "--ca-cert: read CA certificate: open /nonexistent/ca.crt: no such file or directory")
+	assert.ErrorContains(t, errs[1], "--agent-cert: stat /nonexistent/a.crt: no such file or directory")
+	assert.ErrorContains(t, errs[2], "--agent-key: stat /nonexistent/a.key: no such file or directory")
+
+	ca, cert, key := tlsFiles(t)
+	o = options.NewOptions()
+	require.NoError(t, o.Flags().Parse([]string{"--ca-cert=" + ca, "--agent-cert=" + cert, "--agent-key=" + key}))
+	assert.Empty(t, o.Validate())
+}
+
+// --help shows one default for --agent-id, not "(default: random)" and
+// this run's random ID beside it (issue 10, item 13).
+func TestHelpShowsOneDefaultForAgentID(t *testing.T) {
+	t.Parallel()
+	o := options.NewOptions()
+	require.NotEmpty(t, o.AgentID, "the default ID is random")
+	var line string
+	for _, l := range strings.Split(o.Flags().FlagUsages(), "\n") {
+		if strings.Contains(l, "--agent-id ") {
+			line = l
+		}
+	}
+	assert.Equal(t, 1, strings.Count(line, "default"), line)
+	assert.NotContains(t, line, o.AgentID)
 }
 
 func TestIgnoredFlagsAreReported(t *testing.T) {

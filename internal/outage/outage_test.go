@@ -1,0 +1,68 @@
+package outage
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"go.uber.org/goleak"
+	"k8s.io/klog/v2/textlogger"
+
+	"github.com/servercount/servercount/internal/clocktest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestOutageLogsStartReminderAndEnd(t *testing.T) {
+	var buf lockedBuffer
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
+	clk := clocktest.New(time.Unix(1000, 0))
+	o := New("connect to proxy-server", clk.Now)
+	err := errors.New("connection refused")
+
+	o.Recovered(logger) // nothing was failing: nothing to say
+	assert.Empty(t, buf.String())
+	for range 100 {
+		o.Failed(logger, err, "serverAddress", "127.0.0.1:1")
+		clk.Step(time.Second)
+	}
+	assert.Equal(t, 1, strings.Count(buf.String(), "Failed to connect to proxy-server"), buf.String())
+	assert.Contains(t, buf.String(), `err="connection refused" serverAddress="127.0.0.1:1"`)
+
+	clk.Step(DefaultRemind)
+	o.Failed(logger, err)
+	o.Failed(logger, err)
+	assert.Equal(t, 1, strings.Count(buf.String(), "Still failing to connect to proxy-server"), buf.String())
+
+	o.Recovered(logger)
+	o.Recovered(logger)
+	assert.Equal(t, 1, strings.Count(buf.String(), "Recovered: connect to proxy-server succeeded again"), buf.String())
+	assert.Contains(t, buf.String(), "failures=102")
+
+	o.Failed(logger, err)
+	assert.Equal(t, 2, strings.Count(buf.String(), "Failed to connect to proxy-server"), "a new failure is logged again")
+}

@@ -1,0 +1,102 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
+)
+
+// logBuffer is a bytes.Buffer safe for concurrent use: klog output of one
+// agent, captured through the logger in Run's context.
+type logBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// runLogged runs a ClientSet from cfg with a level-0 logger writing to the
+// returned buffer, until the test ends.
+func runLogged(t *testing.T, cfg Config) (*testAgent, *logBuffer) {
+	t.Helper()
+	logs := &logBuffer{}
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs), textlogger.Verbosity(0)))
+	a := newAgent(t, cfg)
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return a, logs
+}
+
+// An agent whose server port is refused says so at the default level,
+// once however often it retries, and says when it has recovered (issue
+// 10, item 12).
+func TestRefusedServerPortLoggedOnceAtLevelZero(t *testing.T) {
+	tt := newTestTLS(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close()) // refused from here on
+
+	a, logs := runLogged(t, testConfig(tt, addr))
+	a.waitSyncRounds(t, 10)
+	out := logs.String()
+	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), out)
+	assert.Contains(t, out, "connection refused")
+	assert.Contains(t, out, addr)
+	assert.NotContains(t, out, "Recovered")
+
+	// The port comes alive: the agent connects and says it recovered.
+	lis, err = net.Listen("tcp", addr)
+	require.NoError(t, err)
+	newTestServerOn(t, tt, serverOpts{id: "s1", count: "1"}, lis)
+	require.Eventually(t, a.Ready, waitFor, tick)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
+	}, waitFor, tick)
+	assert.Equal(t, 1, strings.Count(logs.String(), "Failed to connect to proxy-server"), logs.String())
+}
+
+// A server whose certificate the agent's CA did not sign is a failure the
+// operator must see without -v, once, and its end too.
+func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
+	trusted, other := newTestTLS(t), newTestTLS(t)
+	wrong := newTestServer(t, other, serverOpts{id: "wrong", count: "1"})
+	right := newTestServer(t, trusted, serverOpts{id: "right", count: "1"})
+	lb := newTestLB(t, wrong.addr)
+
+	a, logs := runLogged(t, testConfig(trusted, lb.addr))
+	a.waitSyncRounds(t, 10)
+	out := logs.String()
+	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), out)
+	assert.Contains(t, out, "certificate signed by unknown authority")
+
+	lb.setBackends(right.addr)
+	require.Eventually(t, a.Ready, waitFor, tick)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
+	}, waitFor, tick)
+	assert.Equal(t, 1, strings.Count(logs.String(), "Failed to connect to proxy-server"), logs.String())
+}
