@@ -144,5 +144,11 @@ certs:
 ## (builds and caches kube-apiserver and CoreDNS under ~/.cache the first
 ## time: about 15 minutes on 2 cores; then about 2 minutes). Needs root for
 ## its network namespace.
+# -v and a single package: only then does go test pass the suite's output
+# through as it comes (with several packages, or without -v, it holds it
+# until the package ends), so a cold run says which binary it is building
+# and each scenario as it starts and ends instead of nothing for 20
+# minutes. e2e/harness has no tests of its own; `make lint` vets it.
 e2e:
-	cd e2e && $(GO) test -count=1 -timeout 45m ./...
+	@echo "e2e: compiling the suite (the first time: a few minutes for client-go)" >&2
+	cd e2e && $(GO) test -v -count=1 -timeout 45m .

@@ -44,6 +44,10 @@ func run(m *testing.M) int {
 	if !harness.InNetNS() {
 		// Build everything with the host's network (the module proxy),
 		// then run the suite in a network namespace of its own.
+		// Progress goes to stderr as it happens (`make e2e` runs go test
+		// with -v so that it is not held back): a cold run builds for
+		// many minutes, and silence looks like a hang.
+		fmt.Fprintln(os.Stderr, "e2e: finding or building etcd, kube-apiserver and CoreDNS (hack/binaries.sh)")
 		bins, err := harness.FindBinaries("hack/binaries.sh")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -68,6 +72,7 @@ func run(m *testing.M) int {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
+		fmt.Fprintln(os.Stderr, "e2e: building proxy-server, proxy-agent and servercount from this repository")
 		ours, err := harness.BuildOurBinaries(ctx, binDir)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -88,6 +93,7 @@ func run(m *testing.M) int {
 	}
 	bins := harness.Binaries{Etcd: os.Getenv("E2E_ETCD"), KubeAPIServer: os.Getenv("E2E_KUBE_APISERVER"), Kubectl: os.Getenv("E2E_KUBECTL"), CoreDNS: os.Getenv("E2E_COREDNS")}
 	ours := harness.OurBinaries{Server: os.Getenv("E2E_PROXY_SERVER"), Agent: os.Getenv("E2E_PROXY_AGENT"), Probe: os.Getenv("E2E_PROBE")}
+	fmt.Fprintln(os.Stderr, "e2e: starting etcd, kube-apiserver and CoreDNS in the network namespace")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cluster, err := harness.StartCluster(ctx, harness.Config{Binaries: bins, DNSTTL: dnsTTL, Dir: os.Getenv("E2E_CLUSTER_DIR")})

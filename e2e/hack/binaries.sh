@@ -17,16 +17,45 @@ mkdir -p "$bin"
 
 log() { echo "e2e binaries: $*" >&2; }
 
+# with_heartbeat WHAT CMD...: runs CMD, saying every minute that WHAT is
+# still going. A cold build prints nothing for minutes; without this line
+# a reader (or CI) cannot tell a slow build from a hung one. Everything
+# goes to stderr: stdout is the cache directory the harness reads.
+with_heartbeat() {
+  local what=$1 start
+  shift
+  start=$(date +%s)
+  (
+    # The sleep is killed with the loop, so that no orphan holds the
+    # output open after the build.
+    trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep 60 &
+      sleeper=$!
+      wait "$sleeper"
+      log "still $what ($((($(date +%s) - start) / 60)) min so far)"
+    done
+  ) >&2 &
+  local beat=$! rc=0
+  "$@" || rc=$?
+  kill "$beat" 2>/dev/null || true
+  wait "$beat" 2>/dev/null || true
+  return "$rc"
+}
+
 if ! command -v etcd >/dev/null 2>&1; then
-  log "installing etcd-server from Debian"
+  log "etcd: installing etcd-server from Debian"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
   apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
 fi
+log "etcd: $(command -v etcd)"
 
 apiserver=$bin/kube-apiserver-$KUBE_VERSION
-if [ ! -x "$apiserver" ]; then
-  log "building kube-apiserver $KUBE_VERSION (about 9 minutes on 2 cores, once)"
+if [ -x "$apiserver" ]; then
+  log "kube-apiserver $KUBE_VERSION: cached, $apiserver"
+else
+  log "kube-apiserver $KUBE_VERSION: building (about 9 minutes on 2 cores, once; cached in $bin)"
   work=$CACHE/build/kube-apiserver-$KUBE_VERSION
   mkdir -p "$work"
   staging_version=v0${KUBE_VERSION#v1}
@@ -58,8 +87,12 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
-  (cd "$work" && GOFLAGS=-mod=mod go mod tidy >&2 && go build -o "$apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver >&2)
+  log "kube-apiserver $KUBE_VERSION: fetching k8s.io/kubernetes and its modules"
+  (cd "$work" && with_heartbeat "fetching kube-apiserver's modules" env GOFLAGS=-mod=mod go mod tidy >&2)
+  log "kube-apiserver $KUBE_VERSION: compiling"
+  (cd "$work" && with_heartbeat "compiling kube-apiserver $KUBE_VERSION" go build -o "$apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver >&2)
   mv "$apiserver.tmp" "$apiserver"
+  log "kube-apiserver $KUBE_VERSION: built, $apiserver"
 fi
 
 # kubectl, from the same wrapper module: the manifests test runs
@@ -77,12 +110,15 @@ if [ ! -x "$kubectl" ]; then
 fi
 
 coredns=$bin/coredns-$COREDNS_VERSION
-if [ ! -x "$coredns" ]; then
-  log "building CoreDNS $COREDNS_VERSION (about 5 minutes on 2 cores, once)"
+if [ -x "$coredns" ]; then
+  log "CoreDNS $COREDNS_VERSION: cached, $coredns"
+else
+  log "CoreDNS $COREDNS_VERSION: fetching and building (about 5 minutes on 2 cores, once; cached in $bin)"
   tmp=$CACHE/build/coredns-$COREDNS_VERSION
   mkdir -p "$tmp"
-  GOBIN=$tmp go install "github.com/coredns/coredns@$COREDNS_VERSION" >&2
+  with_heartbeat "building CoreDNS $COREDNS_VERSION" env GOBIN="$tmp" go install "github.com/coredns/coredns@$COREDNS_VERSION" >&2
   mv "$tmp/coredns" "$coredns"
+  log "CoreDNS $COREDNS_VERSION: built, $coredns"
 fi
 
 echo "$CACHE"

@@ -676,6 +676,62 @@ func TestServer_hugeAnswer(t *testing.T) {
 	}
 }
 
+// TestAnswerCopiesOnlyWhatFits checks that leaving out the records no
+// message can carry changes no reply: each reply is the one a copy of every
+// record gives once truncated.
+func TestAnswerCopiesOnlyWhatFits(t *testing.T) {
+	t.Parallel()
+	var a []dns.RR
+	for i := range 100000 {
+		a = append(a, &dns.A{
+			Hdr: dns.RR_Header{Name: "big.example.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30},
+			A:   net.IPv4(10, byte(i>>16), byte(i>>8), byte(i)),
+		})
+	}
+	var addrs []string
+	for i := range 10000 {
+		addrs = append(addrs, fmt.Sprintf("127.1.%d.%d:6443", i/250, 1+i%250))
+	}
+	srv := SRVRecords("_agent._tcp.big.example.", addrs...)
+	r := newRecords(append(a, srv...))
+	require.Greater(t, len(a), maxRRsInMsg)
+
+	// full is the reply before the cap: every record of the set, and the
+	// glue of every SRV target.
+	full := func(req *dns.Msg) *dns.Msg {
+		m := new(dns.Msg)
+		m.SetReply(req)
+		m.Authoritative = true
+		q := req.Question[0]
+		for _, rr := range r.sets[rrKey{name: canonical(q.Name), rrtype: q.Qtype}] {
+			m.Answer = append(m.Answer, dns.Copy(rr))
+		}
+		for _, rr := range m.Answer {
+			if s, ok := rr.(*dns.SRV); ok {
+				for _, g := range r.sets[rrKey{name: canonical(s.Target), rrtype: dns.TypeA}] {
+					m.Extra = append(m.Extra, dns.Copy(g))
+				}
+			}
+		}
+		return m
+	}
+	for _, q := range []*dns.Msg{query("big.example.", dns.TypeA), query("_agent._tcp.big.example.", dns.TypeSRV)} {
+		for _, size := range []int{dns.MinMsgSize, 1232, dns.MaxMsgSize} {
+			got := new(dns.Msg)
+			r.answer(got, q)
+			got.Truncate(size)
+			want := full(q)
+			want.Truncate(size)
+			gotWire, err := got.Pack()
+			require.NoError(t, err)
+			wantWire, err := want.Pack()
+			require.NoError(t, err)
+			assert.True(t, got.Truncated, "%s in %d bytes: TC bit", q.Question[0].Name, size)
+			assert.Equal(t, wantWire, gotWire, "%s in %d bytes", q.Question[0].Name, size)
+		}
+	}
+}
+
 func TestServer_Queries(t *testing.T) {
 	t.Parallel()
 	s := NewServer(t)

@@ -19,7 +19,10 @@ const (
 	DNSCacheMinExpiry = 10 * time.Millisecond
 	// DNSMaxCount caps the count, as --server-count-max does.
 	DNSMaxCount = 100
-	// dnsQueryTimeout bounds one DNS query: the server is on loopback.
+	// dnsQueryTimeout bounds one DNS query: the server is on loopback, and
+	// tests that make it drop queries see the counter retry quickly. A
+	// test whose answers take long to build (thousands of records) sets a
+	// longer one through DNSCounter's edit.
 	dnsQueryTimeout = 200 * time.Millisecond
 )
 
@@ -29,10 +32,11 @@ const (
 // DNSMaxCount, behind a CachedServerCounter that refreshes in the
 // background every DNSCacheExpiry, with a fallback of 1. Its Close is
 // registered with tb.Cleanup. name should be fully qualified (end with a
-// dot), so that no search suffix applies.
-func DNSCounter(tb testing.TB, dnsAddr, name string) *servercounter.CachedServerCounter {
+// dot), so that no search suffix applies. Each edit, in order, may change
+// the DNSServerCounter's Config before it is built.
+func DNSCounter(tb testing.TB, dnsAddr, name string, edit ...func(*servercounter.Config)) *servercounter.CachedServerCounter {
 	tb.Helper()
-	src, err := servercounter.NewDNSServerCounter(servercounter.Config{
+	cfg := servercounter.Config{
 		Name:           name,
 		Servers:        []string{dnsAddr},
 		Max:            DNSMaxCount,
@@ -40,7 +44,11 @@ func DNSCounter(tb testing.TB, dnsAddr, name string) *servercounter.CachedServer
 		Attempts:       2,
 		InitialBackoff: 5 * time.Millisecond,
 		MaxBackoff:     20 * time.Millisecond,
-	})
+	}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	src, err := servercounter.NewDNSServerCounter(cfg)
 	require.NoError(tb, err, "create DNS server counter for %s at %s", name, dnsAddr)
 	cache, err := servercounter.NewCachedServerCounter(src, servercounter.CacheConfig{
 		Expiry:     DNSCacheExpiry,

@@ -106,6 +106,74 @@ func within(t testing.TB, d time.Duration, what string, f func()) {
 	}
 }
 
+// stallWatch bounds work by its progress rather than by its total time:
+// its context ends once progress has not been reported for the stall
+// duration. A test that does a lot at once (hundreds of mTLS handshakes,
+// megabytes through one agent stream) takes as long as the machine needs
+// while other jobs share its cores, so a fixed budget for the whole can
+// run out although nothing is stuck; a stall means something is.
+type stallWatch struct {
+	ctx   context.Context
+	stall time.Duration
+	mu    sync.Mutex
+	timer *time.Timer // guarded by mu: Reset is not documented as concurrency-safe
+}
+
+// newStallWatch starts a watch that ends when tb's test does, or after
+// stall without progress.
+func newStallWatch(tb testing.TB, stall time.Duration) *stallWatch {
+	ctx, cancel := context.WithCancelCause(tb.Context())
+	w := &stallWatch{ctx: ctx, stall: stall}
+	w.timer = time.AfterFunc(stall, func() { cancel(fmt.Errorf("no progress for %v", stall)) })
+	tb.Cleanup(func() {
+		w.mu.Lock()
+		w.timer.Stop()
+		w.mu.Unlock()
+		cancel(context.Canceled)
+	})
+	return w
+}
+
+// progress reports progress: the watch waits stall again from now.
+func (w *stallWatch) progress() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ctx.Err() == nil {
+		w.timer.Reset(w.stall)
+	}
+}
+
+// wait runs f and fails the test if the watch ends first (f, or the
+// goroutines it waits for, stopped making progress). f keeps running
+// after a failure; it must end when the test ends, as for within.
+func (w *stallWatch) wait(tb testing.TB, what string, f func()) {
+	tb.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-w.ctx.Done():
+		tb.Fatalf("%s stalled: %v", what, context.Cause(w.ctx))
+	}
+}
+
+// progressReader reports each successful Read to a stallWatch.
+type progressReader struct {
+	r io.Reader
+	w *stallWatch
+}
+
+func (p progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.w.progress()
+	}
+	return n, err
+}
+
 // httpTarget is a local HTTP server that answers every GET with a body
 // naming the path.
 func httpTarget(t *testing.T) *httptest.Server {
@@ -368,10 +436,17 @@ func TestAgentDisconnectsMidStream(t *testing.T) {
 func TestConcurrentTunnels(t *testing.T) {
 	const perMode = 100
 	const size = 64 << 10
+	// dialsInFlight bounds the handshakes running at once. With all 200 at
+	// once they share the CPU and finish together, so the first sign of
+	// progress comes as late as the last; a few at a time finish one
+	// after another. The tunnels still all end up open at once.
+	const dialsInFlight = 8
 	f := startFixture(t, ServerOptions{}, nil)
 	echo := StartTCPTarget(t, Echo)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
+	// Neither the dials nor the transfers have a budget for the whole:
+	// under load they take longer, but each dial and each read keeps
+	// coming (see stallWatch).
+	watch := newStallWatch(t, waitFor)
 
 	// Open every tunnel first, so that all of them are open at once.
 	type tunnel struct {
@@ -382,35 +457,49 @@ func TestConcurrentTunnels(t *testing.T) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	errc := make(chan error, 2*perMode)
+	slots := make(chan struct{}, dialsInFlight)
 	for _, m := range frontendModes {
 		dial := m.dial(f.srv)
 		for i := range perMode {
 			wg.Go(func() {
-				conn, err := dial(ctx, echo.Addr())
+				select {
+				case slots <- struct{}{}:
+				case <-watch.ctx.Done():
+					errc <- fmt.Errorf("%s #%d: not dialed: %w", m.name, i, context.Cause(watch.ctx))
+					return
+				}
+				defer func() { <-slots }()
+				conn, err := dial(watch.ctx, echo.Addr())
 				if err != nil {
 					errc <- fmt.Errorf("%s #%d: %w", m.name, i, err)
 					return
 				}
+				watch.progress()
 				mu.Lock()
 				tunnels = append(tunnels, tunnel{name: fmt.Sprintf("%s #%d", m.name, i), conn: conn})
 				mu.Unlock()
 			})
 		}
 	}
-	wg.Wait()
 	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
 		for _, tn := range tunnels {
 			tn.conn.Close()
 		}
 	}()
+	watch.wait(t, "opening the tunnels", wg.Wait)
 	close(errc)
 	for err := range errc {
 		t.Error(err)
 	}
 	require.Len(t, tunnels, 2*perMode)
+	// The server counts a tunnel before it answers the dial, so every
+	// tunnel is counted once its dial has returned.
 	require.Equal(t, float64(2*perMode), metric(t, f.srv.Registry(), metricEstablished), "tunnels open at once")
 
 	// Then send 64 KiB of random bytes through each, and check the echo.
+	// Every tunnel transfers at once, over the one agent stream.
 	errc = make(chan error, 2*perMode)
 	for _, tn := range tunnels {
 		wg.Go(func() {
@@ -418,7 +507,7 @@ func TestConcurrentTunnels(t *testing.T) {
 			_, _ = rand.Read(data)
 			go func() { _, _ = tn.conn.Write(data) }() // a failed write shows as a short read
 			got := make([]byte, size)
-			if _, err := io.ReadFull(tn.conn, got); err != nil {
+			if _, err := io.ReadFull(progressReader{r: tn.conn, w: watch}, got); err != nil {
 				errc <- fmt.Errorf("%s: read the echo: %w", tn.name, err)
 				return
 			}
@@ -427,7 +516,7 @@ func TestConcurrentTunnels(t *testing.T) {
 			}
 		})
 	}
-	within(t, 30*time.Second, "the transfers", wg.Wait)
+	watch.wait(t, "the transfers", wg.Wait)
 	close(errc)
 	for err := range errc {
 		t.Error(err)

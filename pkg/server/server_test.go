@@ -508,6 +508,12 @@ func TestConcurrentTunnels(t *testing.T) {
 	const (
 		tunnels = 200
 		size    = 64 << 10
+		// dialsInFlight bounds the handshakes running at once. Each dial
+		// has waitFor, but 200 mTLS handshakes at once share the CPU and
+		// finish together, which on a shared 2-core machine under the race
+		// detector can take longer than that although nothing is stuck.
+		// The transfers still overlap.
+		dialsInFlight = 8
 	)
 	e := startEnv(t, server.Config{})
 	startAgent(t, e, agentOpts{id: "a1"})
@@ -516,11 +522,12 @@ func TestConcurrentTunnels(t *testing.T) {
 
 	var wg sync.WaitGroup
 	errs := make(chan error, tunnels)
+	dialing := make(chan struct{}, dialsInFlight)
 	for i := range tunnels {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs <- echoThrough(t, e, echo, size, i%2 == 0)
+			errs <- echoThrough(t, e, echo, size, i%2 == 0, dialing)
 		}()
 	}
 	wg.Wait()
@@ -531,13 +538,17 @@ func TestConcurrentTunnels(t *testing.T) {
 }
 
 // echoThrough sends size random bytes to the echo server through one
-// tunnel (gRPC frontend, or HTTP CONNECT) and checks what comes back.
-func echoThrough(t *testing.T, e *env, echo string, size int, viaGRPC bool) error {
+// tunnel (gRPC frontend, or HTTP CONNECT) and checks what comes back. It
+// holds a slot of dialing while it opens the tunnel.
+func echoThrough(t *testing.T, e *env, echo string, size int, viaGRPC bool, dialing chan struct{}) error {
 	var conn net.Conn
 	var r io.Reader
+	dialing <- struct{}{}
+	dialed := func() { <-dialing }
 	if viaGRPC {
 		tun, err := kclient.CreateSingleUseGrpcTunnel(t.Context(), e.frontAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.frontTLS)))
 		if err != nil {
+			dialed()
 			return err
 		}
 		defer func() {
@@ -548,19 +559,25 @@ func echoThrough(t *testing.T, e *env, echo string, size int, viaGRPC bool) erro
 		}()
 		ctx, cancel := context.WithTimeout(t.Context(), waitFor)
 		defer cancel()
-		if conn, err = tun.DialContext(ctx, "tcp", echo); err != nil {
+		conn, err = tun.DialContext(ctx, "tcp", echo)
+		dialed()
+		if err != nil {
 			return err
 		}
+		// The library's connection has no deadlines: a read that never
+		// ends is caught by go test's -timeout.
 		r = conn
 	} else {
 		c, err := net.DialTimeout("tcp", e.connectAddr, waitFor)
 		if err != nil {
+			dialed()
 			return err
 		}
-		_ = c.SetDeadline(time.Now().Add(2 * waitFor))
+		_ = c.SetDeadline(time.Now().Add(waitFor))
 		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", echo, echo)
 		br := bufio.NewReader(c)
 		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		dialed()
 		if err != nil {
 			c.Close()
 			return err
@@ -569,7 +586,12 @@ func echoThrough(t *testing.T, e *env, echo string, size int, viaGRPC bool) erro
 			c.Close()
 			return fmt.Errorf("CONNECT answered %s", resp.Status)
 		}
-		conn, r = c, br
+		// From here each read has waitFor, not the whole transfer: all
+		// the tunnels share the agent stream, and under load the whole
+		// takes as long as it takes while bytes keep coming. The write
+		// needs no deadline: the deferred Close ends it.
+		_ = c.SetDeadline(time.Time{})
+		conn, r = c, readDeadlineReader{br: br, c: c}
 	}
 	defer conn.Close()
 	want := make([]byte, size)
@@ -590,6 +612,20 @@ func echoThrough(t *testing.T, e *env, echo string, size int, viaGRPC bool) erro
 		return fmt.Errorf("echoed bytes differ from the %d sent", size)
 	}
 	return nil
+}
+
+// readDeadlineReader reads br (buffering c) with a deadline of waitFor
+// for each read: a stall fails, a slow transfer does not.
+type readDeadlineReader struct {
+	br *bufio.Reader
+	c  net.Conn
+}
+
+func (r readDeadlineReader) Read(p []byte) (int, error) {
+	if err := r.c.SetReadDeadline(time.Now().Add(waitFor)); err != nil {
+		return 0, err
+	}
+	return r.br.Read(p)
 }
 
 func TestHealth(t *testing.T) {
