@@ -103,7 +103,12 @@ func (c *client) ended() bool {
 func (c *client) send(p *pb.Packet) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
-	return c.stream.Send(p)
+	if err := c.stream.Send(p); err != nil {
+		c.cs.metrics.streamError(segmentToServer, err, p.GetType().String())
+		return err
+	}
+	c.cs.metrics.packet(segmentToServer, p.GetType())
+	return nil
 }
 
 // drain sends DRAIN, once.
@@ -154,8 +159,10 @@ func (c *client) receive(ctx context.Context) error {
 			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
 				return nil
 			}
+			c.cs.metrics.streamError(segmentFromServer, err, "UNKNOWN")
 			return err
 		}
+		c.cs.metrics.packet(segmentFromServer, p.GetType())
 		switch p.GetType() {
 		case pb.PacketType_DIAL_REQ:
 			req := p.GetDialRequest()

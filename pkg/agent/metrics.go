@@ -3,8 +3,11 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/status"
+	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
 
 // The agent's metrics. Names under konnectivity_network_proxy_agent_ keep
@@ -17,6 +20,10 @@ import (
 //	| konnectivity_network_proxy_agent_known_server_count               | gauge   | -                               | the server count the agent aims for (its target)         |
 //	| konnectivity_network_proxy_agent_endpoint_dial_failure_total      | counter | reason=timeout|unknown|dial_limit|tunnel_limit | failed endpoint dials, and DIAL_REQs refused over a bound |
 //	| konnectivity_network_proxy_agent_open_endpoint_connections        | gauge   | -                               | open endpoint (tunnel) connections                       |
+//	| konnectivity_network_proxy_agent_dial_duration_seconds            | histogram | -                             | time to dial an endpoint                                 |
+//	| konnectivity_network_proxy_agent_stream_packets_total             | counter | segment=from_server|to_server, packet_type | packets on the server streams            |
+//	| konnectivity_network_proxy_agent_stream_errors_total              | counter | segment, code, packet_type      | failed sends and receives on the server streams          |
+//	| konnectivity_network_proxy_agent_server_connection_failure_count  | counter | direction=from_server|to_server | the same, upstream's deprecated name                     |
 //	| servercount_agent_server_dials_total                              | counter | result=ok|duplicate|error       | server dials by outcome                                  |
 //	| servercount_agent_target_server_count                             | gauge   | source=static|dns|leases|fallback|received | the target, labelled by the source that decided it; one series at a time |
 //	| servercount_agent_sync_rounds_total                               | counter | -                               | rounds of the sync loop, dialing or not                  |
@@ -71,7 +78,17 @@ type metrics struct {
 	syncRounds        prometheus.Counter
 	dialsInFlight     prometheus.Gauge
 	busiestServer     prometheus.GaugeFunc
+	dialDuration      prometheus.Histogram
+	streamPackets     *prometheus.CounterVec
+	streamErrors      *prometheus.CounterVec
+	connFailures      *prometheus.CounterVec
 }
+
+// Segments of a packet's way, as upstream labels them.
+const (
+	segmentFromServer = "from_server"
+	segmentToServer   = "to_server"
+)
 
 // newMetrics builds the collectors and registers them on reg, unless reg
 // is nil. busiest returns the tunnels of the busiest server stream, read
@@ -123,11 +140,31 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 			Name: "busiest_server_tunnels",
 			Help: "Tunnels, dials in flight included, on the server stream that has the most; DIAL_REQs over --max-tunnels-per-server are refused.",
 		}, busiest),
+		dialDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
+			Name:    "dial_duration_seconds",
+			Help:    "Latency of dial to the remote endpoint in seconds",
+			Buckets: []float64{0.005, 0.025, 0.1, 0.5, 2.5, 10, 30},
+		}),
+		streamPackets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
+			Name: "stream_packets_total",
+			Help: "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
+		}, []string{"segment", "packet_type"}),
+		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
+			Name: "stream_errors_total",
+			Help: "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
+		}, []string{"segment", "code", "packet_type"}),
+		connFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
+			Name: "server_connection_failure_count",
+			Help: "Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total",
+		}, []string{"direction"}),
 	}
-	// Create the labelled series up front so that they exist at 0.
-	for _, r := range []dialFailureReason{dialFailureTimeout, dialFailureUnknown, dialFailureDialLimit, dialFailureTunnelLimit} {
-		m.endpointDialFails.WithLabelValues(string(r))
-	}
+	// Our own labelled series exist at 0 from the start; upstream's
+	// appear when they first happen, as upstream's do, so that tools
+	// comparing the two see the same series.
 	for _, r := range []dialResult{dialOK, dialDuplicate, dialError} {
 		m.serverDials.WithLabelValues(string(r))
 	}
@@ -150,7 +187,20 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.openServerConns, m.knownServerCount, m.endpointDialFails, m.openEndpointConns,
 		m.serverDials, m.targetCount, m.syncRounds, m.dialsInFlight, m.busiestServer,
+		m.dialDuration, m.streamPackets, m.streamErrors, m.connFailures,
 	}
+}
+
+// packet counts a packet sent to or received from a server.
+func (m *metrics) packet(segment string, typ pb.PacketType) {
+	m.streamPackets.WithLabelValues(segment, typ.String()).Inc()
+}
+
+// streamError counts a failed send or receive on a server stream; typ is
+// the type of the packet sent, "UNKNOWN" for a receive.
+func (m *metrics) streamError(segment string, err error, typ string) {
+	m.streamErrors.WithLabelValues(segment, status.Code(err).String(), typ).Inc()
+	m.connFailures.WithLabelValues(segment).Inc()
 }
 
 // setOpenServerConnections records the number of connected servers.
@@ -170,6 +220,9 @@ func (m *metrics) setTarget(n int, src, oldSrc string) {
 func (m *metrics) endpointDialFailed(r dialFailureReason) {
 	m.endpointDialFails.WithLabelValues(string(r)).Inc()
 }
+
+// endpointDialed records how long a successful endpoint dial took.
+func (m *metrics) endpointDialed(d time.Duration) { m.dialDuration.Observe(d.Seconds()) }
 
 // endpointOpened and endpointClosed track open endpoint connections.
 func (m *metrics) endpointOpened() { m.openEndpointConns.Inc() }

@@ -57,8 +57,12 @@ type tunnel struct {
 // returns, the tunnel slot until the tunnel ends.
 func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
 	logger := klog.FromContext(ctx).WithValues("address", req.GetAddress(), "dialID", req.GetRandom())
+	start := time.Now()
 	conn, err := c.dialEndpoint(ctx, req.GetProtocol(), req.GetAddress())
 	c.cs.endDial()
+	if err == nil {
+		c.cs.metrics.endpointDialed(time.Since(start))
+	}
 	if err != nil {
 		c.releaseSlot()
 		reason := dialFailureUnknown
