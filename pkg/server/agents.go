@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -65,7 +66,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	}
 	s.metrics.setReportedServerCount(count)
 
-	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, peer: newPeer(stream), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}}
+	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, peer: newPeer(stream, s.metrics, segmentToAgent), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}}
 	if !s.addBackend(be) {
 		s.metrics.observeAgentRejection(RejectShuttingDown)
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
@@ -157,6 +158,7 @@ func (s *Server) addBackend(be *backend) bool {
 	s.nBackends++
 	s.metrics.addBackends(1)
 	s.metrics.addGRPCConns(methodAgentConnect, 1)
+	s.countReadyBackend(be, 1)
 	s.wg.Add(2)
 	s.mu.Unlock()
 	s.goStream(be.peer, func() { s.serveAgent(be) })
@@ -180,6 +182,7 @@ func (s *Server) removeBackendLocked(be *backend) {
 		s.nBackends--
 		s.metrics.addBackends(-1)
 		s.metrics.addGRPCConns(methodAgentConnect, -1)
+		s.countReadyBackend(be, -1)
 		return
 	}
 }
@@ -189,11 +192,15 @@ func (s *Server) serveAgent(be *backend) {
 	for {
 		pkt, err := be.peer.stream.Recv()
 		if err != nil {
+			if !isEndOfStream(err) {
+				s.metrics.streamError(segmentFromAgent, err, "UNKNOWN")
+			}
 			be.peer.end(err)
 			s.log.V(2).Info("Agent disconnected", "agentID", be.logID, "err", err)
 			s.backendGone(be)
 			return
 		}
+		s.metrics.packet(segmentFromAgent, pkt.GetType())
 		s.log.V(4).Info("Received packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_RSP:
@@ -210,6 +217,23 @@ func (s *Server) serveAgent(be *backend) {
 			s.log.V(2).Info("Ignored unexpected packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		}
 	}
+}
+
+// countReadyBackend adds n to ready_backends for each configured strategy
+// that could pick be.
+func (s *Server) countReadyBackend(be *backend, n int) {
+	for _, st := range s.cfg.Strategies {
+		if st == StrategyDestHost && len(be.ids.Host)+len(be.ids.IPv4)+len(be.ids.IPv6) == 0 || st == StrategyDefaultRoute && !be.ids.DefaultRoute {
+			continue
+		}
+		s.metrics.addReadyBackend(st, n)
+	}
+}
+
+// isEndOfStream reports whether err is a stream's normal end rather than
+// a failure.
+func isEndOfStream(err error) bool {
+	return errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled
 }
 
 // chooseLocked picks an agent stream for a dial to address by the

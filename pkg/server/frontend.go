@@ -27,7 +27,7 @@ type grpcFrontend struct {
 // stream until it ends or the Server closes. Register it with
 // client.RegisterProxyServiceServer.
 func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
-	f := &grpcFrontend{s: s, peer: newPeer(stream), pending: map[int64]*tunnel{}, conns: map[int64]*tunnel{}}
+	f := &grpcFrontend{s: s, peer: newPeer(stream, s.metrics, segmentToClient), pending: map[int64]*tunnel{}, conns: map[int64]*tunnel{}}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -48,10 +48,14 @@ func (f *grpcFrontend) serve() {
 	for {
 		pkt, err := f.peer.stream.Recv()
 		if err != nil {
+			if !isEndOfStream(err) {
+				s.metrics.streamError(segmentFromClient, err, "UNKNOWN")
+			}
 			f.peer.end(err)
 			f.gone()
 			return
 		}
+		s.metrics.packet(segmentFromClient, pkt.GetType())
 		s.log.V(4).Info("Received packet from frontend", "type", pkt.GetType())
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_REQ:

@@ -3,12 +3,17 @@ package server
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 )
 
-// The server's metrics. Names keep upstream's where the meaning is the
-// same; counters end in _total.
+// The server's metrics. Under konnectivity_network_proxy_server_ they are
+// upstream's: name, type, labels, HELP and buckets, and a labelled series
+// appears when it first happens, as upstream's do. Ours are under
+// servercount_server_ and end in _total where they count.
 //
 //	| name                                                          | type    | labels         | meaning                                                        |
 //	|---------------------------------------------------------------|---------|----------------|----------------------------------------------------------------|
@@ -17,7 +22,14 @@ import (
 //	| konnectivity_network_proxy_server_http_connections            | gauge   |                | open HTTP CONNECT tunnels (after the 200)                      |
 //	| konnectivity_network_proxy_server_pending_backend_dials       | gauge   |                | dials sent to an agent and not yet answered                    |
 //	| konnectivity_network_proxy_server_established_connections     | gauge   |                | tunnels with a connectID, over all frontends                   |
-//	| konnectivity_network_proxy_server_dial_failure_total          | counter | reason         | dials that failed, by [DialFailureReason]                      |
+//	| konnectivity_network_proxy_server_dial_failure_count          | counter | reason         | dials that failed, by [DialFailureReason] (upstream's name)    |
+//	| konnectivity_network_proxy_server_ready_backends              | gauge   | proxy_strategy | agent streams each configured strategy can pick from           |
+//	| konnectivity_network_proxy_server_dial_duration_seconds       | histogram |              | DIAL_REQ sent to a successful DIAL_RSP                         |
+//	| konnectivity_network_proxy_server_frontend_write_duration_seconds | histogram |          | one write of a packet to a gRPC frontend                       |
+//	| konnectivity_network_proxy_server_connection_duration_seconds | histogram |              | how long an established tunnel lived                           |
+//	| konnectivity_network_proxy_server_full_receive_channels       | gauge   | service_method | frontends blocked on an agent's full send queue                |
+//	| konnectivity_network_proxy_server_stream_packets_total        | counter | segment, packet_type | packets on gRPC streams: from_agent, to_agent, from_client, to_client |
+//	| konnectivity_network_proxy_server_stream_errors_total         | counter | segment, code, packet_type | failed sends and receives on gRPC streams   |
 //	| servercount_server_reported_server_count                      | gauge   |                | the last serverCount sent to an agent                          |
 //	| servercount_server_agent_rejections_total                     | counter | reason         | agent streams refused at the handshake, by [RejectReason]      |
 //	| servercount_server_frontends_waiting_for_agent                | gauge   |                | frontends whose next packet waits for room in an agent's queue |
@@ -46,11 +58,6 @@ const (
 	// or the agent answered with a connectID the frontend already uses.
 	DialFailureDuplicate DialFailureReason = "duplicate_id"
 )
-
-var dialFailureReasons = []DialFailureReason{
-	DialFailureNoAgent, DialFailureBackend, DialFailureTimeout,
-	DialFailureBackendClosed, DialFailureFrontendClosed, DialFailureDuplicate,
-}
 
 // String returns the label value.
 func (r DialFailureReason) String() string { return string(r) }
@@ -95,34 +102,56 @@ type metrics struct {
 	reportedCount   prometheus.Gauge
 	agentRejection  *prometheus.CounterVec
 	waitingForAgent prometheus.Gauge
+
+	readyBackends *prometheus.GaugeVec
+	dialDuration  prometheus.Histogram
+	feWrite       prometheus.Histogram
+	connDuration  prometheus.Histogram
+	fullReceive   *prometheus.GaugeVec
+	streamPackets *prometheus.CounterVec
+	streamErrors  *prometheus.CounterVec
 }
+
+// Segments of a packet's way, as upstream labels them.
+const (
+	segmentFromAgent  = "from_agent"
+	segmentToAgent    = "to_agent"
+	segmentFromClient = "from_client"
+	segmentToClient   = "to_client"
+)
+
+// Upstream's histogram buckets.
+var (
+	latencyBuckets            = []float64{0.000001, 0.00001, 0.0001, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5}
+	connectionDurationBuckets = []float64{1, 5, 15, 30, 60, 300, 900, 1800, 3600, 14400, 43200, 86400}
+)
 
 // newMetrics builds the collectors and registers them on reg, if not nil.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		backends: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "ready_backend_connections",
-			Help: "Number of connected agent streams (backends) ready to serve dials.",
+			Help: "Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends",
 		}),
 		grpcConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "grpc_connections",
-			Help: "Number of open gRPC streams, by service method.",
+			Help: "Number of current grpc connections, partitioned by service method.",
 		}, []string{"service_method"}),
 		httpConns: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "http_connections",
-			Help: "Number of open HTTP CONNECT tunnels.",
+			Help: "Number of current HTTP CONNECT connections",
 		}),
 		pendingDials: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "pending_backend_dials",
-			Help: "Number of dials sent to an agent and not yet answered.",
+			Help: "Current number of pending backend dial requests",
 		}),
 		established: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "established_connections",
-			Help: "Number of tunnel connections established through an agent.",
+			Help: "Current number of established end-to-end connections (post-dial).",
 		}),
 		dialFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "dial_failure_total",
-			Help: "Number of dials that failed, by reason.",
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "dial_failure_count",
+			Help: "Number of dial failures observed. Multiple failures can occur for a single dial request.",
 		}, []string{"reason"}),
 		reportedCount: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "reported_server_count",
@@ -136,23 +165,48 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "frontends_waiting_for_agent",
 			Help: "Number of frontends (gRPC streams and HTTP CONNECT tunnels) whose next packet waits for room in an agent stream's send queue: an agent that does not read holds them.",
 		}),
+		readyBackends: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "ready_backends",
+			Help: "Number of konnectivity agent connected to the proxy server",
+		}, []string{"proxy_strategy"}),
+		dialDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "dial_duration_seconds",
+			Help: "Latency of dial to the remote endpoint in seconds", Buckets: latencyBuckets,
+		}),
+		feWrite: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "frontend_write_duration_seconds",
+			Help: "Latency of write to the frontend in seconds", Buckets: latencyBuckets,
+		}),
+		connDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "connection_duration_seconds",
+			Help:    "Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed.",
+			Buckets: connectionDurationBuckets,
+		}),
+		fullReceive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "full_receive_channels",
+			Help: "Number of current connections blocked by a full receive channel, partitioned by service method.",
+		}, []string{"service_method"}),
+		streamPackets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "stream_packets_total",
+			Help: "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
+		}, []string{"segment", "packet_type"}),
+		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "stream_errors_total",
+			Help: "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
+		}, []string{"segment", "code", "packet_type"}),
 	}
-	// Make every label value exist from the start, so that dashboards and
-	// alerts see zeros instead of missing series.
-	for _, r := range dialFailureReasons {
-		m.dialFailures.WithLabelValues(string(r))
-	}
+	// Our own labelled series exist at 0 from the start, so that alerts
+	// see zeros; upstream's appear when they first happen, as upstream's
+	// do, so that tools comparing the two see the same series.
 	for _, r := range rejectReasons {
 		m.agentRejection.WithLabelValues(string(r))
-	}
-	for _, sm := range []serviceMethod{methodAgentConnect, methodProxy} {
-		m.grpcConns.WithLabelValues(string(sm))
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent} {
+	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent,
+		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -177,4 +231,22 @@ func (m *metrics) setReportedServerCount(n int) { m.reportedCount.Set(float64(n)
 func (m *metrics) observeAgentRejection(r RejectReason) {
 	m.agentRejection.WithLabelValues(string(r)).Inc()
 }
-func (m *metrics) addWaitingForAgent(n int) { m.waitingForAgent.Add(float64(n)) }
+func (m *metrics) addWaitingForAgent(n int) {
+	m.waitingForAgent.Add(float64(n))
+	m.fullReceive.WithLabelValues(string(methodProxy)).Add(float64(n))
+}
+func (m *metrics) addReadyBackend(st Strategy, n int) {
+	m.readyBackends.WithLabelValues(string(st)).Add(float64(n))
+}
+func (m *metrics) observeDialDuration(d time.Duration)  { m.dialDuration.Observe(d.Seconds()) }
+func (m *metrics) observeFrontendWrite(d time.Duration) { m.feWrite.Observe(d.Seconds()) }
+func (m *metrics) observeConnection(d time.Duration)    { m.connDuration.Observe(d.Seconds()) }
+func (m *metrics) packet(segment string, typ client.PacketType) {
+	m.streamPackets.WithLabelValues(segment, typ.String()).Inc()
+}
+
+// streamError counts a failed send or receive on a gRPC stream; typ is
+// the type of the packet sent, "UNKNOWN" for a receive.
+func (m *metrics) streamError(segment string, err error, typ string) {
+	m.streamErrors.WithLabelValues(segment, status.Code(err).String(), typ).Inc()
+}

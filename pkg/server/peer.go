@@ -46,6 +46,11 @@ type peer struct {
 	// late holds the packets of sendLate with the value of dequeued
 	// after which each may go. Guarded by lateMu.
 	late []latePacket
+
+	// metrics counts the packets sent, under segment (to_agent or
+	// to_client).
+	metrics *metrics
+	segment string
 }
 
 // latePacket is a packet of sendLate, due once dequeued reaches due.
@@ -54,8 +59,9 @@ type latePacket struct {
 	due uint64
 }
 
-func newPeer(stream packetStream) *peer {
-	return &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), lateReady: make(chan struct{}, 1)}
+// newPeer returns the peer of stream, whose sends m counts under segment.
+func newPeer(stream packetStream, m *metrics, segment string) *peer {
+	return &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), lateReady: make(chan struct{}, 1), metrics: m, segment: segment}
 }
 
 // end marks the stream as ended for reason; the first reason wins.
@@ -156,9 +162,15 @@ func (p *peer) writeLoop() {
 				continue
 			}
 		}
+		start := time.Now()
 		if err := p.stream.Send(pkt); err != nil {
+			p.metrics.streamError(p.segment, err, pkt.GetType().String())
 			p.end(err)
 			return
 		}
+		if p.segment == segmentToClient {
+			p.metrics.observeFrontendWrite(time.Since(start))
+		}
+		p.metrics.packet(p.segment, pkt.GetType())
 	}
 }

@@ -58,6 +58,10 @@ type tunnel struct {
 	// timer fires Config.BackendDialTimeout after the dial was sent; nil
 	// without a timeout. Guarded by Server.mu.
 	timer *time.Timer
+	// dialed is when the dial was sent to the agent, and established when
+	// its DIAL_RSP made the tunnel, for the duration histograms.
+	// established is guarded by Server.mu.
+	dialed, established time.Time
 }
 
 // startDial chooses an agent for address and records a pending dial for
@@ -82,7 +86,7 @@ func (s *Server) startDial(fe frontend, address string, random int64) (*tunnel, 
 		s.metrics.observeDialFailure(DialFailureNoAgent)
 		return nil, errNoAgent
 	}
-	t := &tunnel{fe: fe, be: be, random: random}
+	t := &tunnel{fe: fe, be: be, random: random, dialed: time.Now()}
 	s.pending[random] = t
 	be.pending[random] = t
 	fe.track(t)
@@ -171,7 +175,9 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 		return
 	}
 	be.conns[t.connectID] = t
+	t.established = time.Now()
 	s.metrics.addEstablished(1)
+	s.metrics.observeDialDuration(t.established.Sub(t.dialed))
 	s.mu.Unlock()
 	t.fe.deliver(pkt)
 }
@@ -212,6 +218,7 @@ func (s *Server) forgetConnLocked(t *tunnel) {
 	delete(t.be.conns, t.connectID)
 	t.fe.forget(t)
 	s.metrics.addEstablished(-1)
+	s.metrics.observeConnection(time.Since(t.established))
 }
 
 // closeFromFrontend ends t because its frontend went away: the dial is

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bufio"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/internal/upstream"
+)
+
+// Both binaries export upstream's metrics under konnectivity_network_proxy_*
+// with upstream's names, types, labels, HELP texts and buckets, and no
+// other; a labelled series appears only once it happened, as upstream's
+// do. The binaries run as processes, carry a tunnel and see a failed dial,
+// so that the labelled series exist to be checked.
+func TestMetricsMatchUpstream(t *testing.T) {
+	dir := t.TempDir()
+	serverBin, agentBin := proctest.Build(t, "cmd/proxy-server"), proctest.Build(t, "cmd/proxy-agent")
+	ca, err := pki.NewCA("metrics-ca")
+	require.NoError(t, err)
+	caFile, err := ca.WriteFile(dir, "ca")
+	require.NoError(t, err)
+	sp, err := ca.Server("proxy-server")
+	require.NoError(t, err)
+	srvCert, srvKey, err := sp.WriteFiles(dir, "server")
+	require.NoError(t, err)
+	ap, err := ca.Client("proxy-agent")
+	require.NoError(t, err)
+	agentCert, agentKey, err := ap.WriteFiles(dir, "agent")
+	require.NoError(t, err)
+	client, err := ca.Client("kube-apiserver")
+	require.NoError(t, err)
+
+	ports := proctest.FreePorts(t, 6)
+	proctest.Start(t, serverBin, "--mode=http-connect",
+		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
+		fmt.Sprintf("--server-port=%d", ports[0]), fmt.Sprintf("--agent-port=%d", ports[1]),
+		fmt.Sprintf("--health-port=%d", ports[2]), fmt.Sprintf("--admin-port=%d", ports[3]),
+		"--cluster-cert="+srvCert, "--cluster-key="+srvKey, "--cluster-ca-cert="+caFile,
+		"--server-cert="+srvCert, "--server-key="+srvKey, "--server-ca-cert="+caFile)
+	serverMetrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2])
+	agentHealth := fmt.Sprintf("http://127.0.0.1:%d", ports[4])
+	// Before the agent: every unlabelled series upstream has exists at
+	// start-up, and no labelled one.
+	require.Eventually(t, func() bool { return proctest.Status(serverMetrics) == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
+	checkStartUp(t, "server", serverMetrics)
+
+	proctest.Start(t, agentBin, "--proxy-server-host=localhost", fmt.Sprintf("--proxy-server-port=%d", ports[1]),
+		"--ca-cert="+caFile, "--agent-cert="+agentCert, "--agent-key="+agentKey,
+		"--health-server-host=127.0.0.1", fmt.Sprintf("--health-server-port=%d", ports[4]), fmt.Sprintf("--admin-server-port=%d", ports[5]))
+	require.Eventually(t, func() bool { return proctest.Status(agentHealth+"/metrics") == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
+	checkStartUp(t, "agent", agentHealth+"/metrics")
+	require.Eventually(t, func() bool { return proctest.Status(agentHealth+"/readyz") == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
+
+	// A tunnel, and a dial that fails.
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }))
+	defer target.Close()
+	connect := func(addr string) (int, string) {
+		conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]), &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost"})
+		require.NoError(t, err)
+		defer conn.Close()
+		fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", addr, addr)
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		if resp.StatusCode != http.StatusOK {
+			return resp.StatusCode, ""
+		}
+		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", addr)
+		resp, err = http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		return http.StatusOK, string(b)
+	}
+	code, body := connect(strings.TrimPrefix(target.URL, "http://"))
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "ok", body)
+	closed := proctest.FreePorts(t, 1)[0]
+	code, _ = connect(fmt.Sprintf("127.0.0.1:%d", closed))
+	require.NotEqual(t, http.StatusOK, code)
+
+	happened := []string{
+		"konnectivity_network_proxy_server_grpc_connections", "konnectivity_network_proxy_server_ready_backends",
+		"konnectivity_network_proxy_server_dial_failure_count", "konnectivity_network_proxy_server_stream_packets_total",
+		"konnectivity_network_proxy_agent_endpoint_dial_failure_total", "konnectivity_network_proxy_agent_stream_packets_total",
+	}
+	for _, b := range []struct{ name, url string }{{"server", serverMetrics}, {"agent", agentHealth + "/metrics"}} {
+		families := scrapeFamilies(t, b.url)
+		for _, m := range upstream.Metrics {
+			if m.Binary != b.name {
+				continue
+			}
+			mf, ok := families[m.Name]
+			if !ok {
+				// Series that need what this test does not do (leases, a
+				// full channel, a stream error) may be absent; those a
+				// tunnel and a failed dial make may not.
+				if len(m.Labels) == 0 || slices.Contains(happened, m.Name) {
+					t.Errorf("%s: %s missing", b.name, m.Name)
+				}
+				continue
+			}
+			assert.Equal(t, m.Type, strings.ToLower(mf.GetType().String()), "%s type", m.Name)
+			assert.Equal(t, m.Help, mf.GetHelp(), "%s HELP", m.Name)
+			for _, s := range mf.GetMetric() {
+				var labels []string
+				for _, l := range s.GetLabel() {
+					labels = append(labels, l.GetName())
+				}
+				assert.ElementsMatch(t, m.Labels, labels, "%s labels", m.Name)
+				if m.Type == "histogram" {
+					var bounds []float64
+					for _, bk := range s.GetHistogram().GetBucket() {
+						if !math.IsInf(bk.GetUpperBound(), 1) {
+							bounds = append(bounds, bk.GetUpperBound())
+						}
+					}
+					want := m.Buckets
+					if want == nil {
+						want = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+					}
+					assert.Equal(t, want, bounds, "%s buckets", m.Name)
+				}
+			}
+		}
+		for name := range families {
+			if strings.HasPrefix(name, "konnectivity_network_proxy_") {
+				assert.True(t, slices.ContainsFunc(upstream.Metrics, func(m upstream.Metric) bool { return m.Name == name }),
+					"%s: %s is not upstream's: ours go under servercount_*", b.name, name)
+			}
+		}
+	}
+}
+
+// checkStartUp checks what a binary exports before anything happened:
+// every unlabelled upstream metric, and no labelled series of upstream's
+// (upstream creates those when they first happen).
+func checkStartUp(t *testing.T, binary, url string) {
+	t.Helper()
+	families := scrapeFamilies(t, url)
+	for _, m := range upstream.Metrics {
+		if m.Binary != binary {
+			continue
+		}
+		mf, ok := families[m.Name]
+		if len(m.Labels) == 0 {
+			assert.True(t, ok, "%s: %s exists from start-up", binary, m.Name)
+			continue
+		}
+		if ok {
+			for _, s := range mf.GetMetric() {
+				t.Errorf("%s: series %s%v exists before anything happened", binary, m.Name, s.GetLabel())
+			}
+		}
+	}
+}
+
+func scrapeFamilies(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	return mfs
+}
