@@ -98,8 +98,10 @@ fi
 # kubectl, from the same wrapper module: the manifests test runs
 # kubectl apply -k against the API server as an operator would.
 kubectl=$bin/kubectl-$KUBE_VERSION
-if [ ! -x "$kubectl" ]; then
-  log "building kubectl $KUBE_VERSION (about 2 minutes on 2 cores after kube-apiserver, once)"
+if [ -x "$kubectl" ]; then
+  log "kubectl $KUBE_VERSION: cached, $kubectl"
+else
+  log "kubectl $KUBE_VERSION: building (about 2 minutes on 2 cores after kube-apiserver, once; cached in $bin)"
   work=$CACHE/build/kube-apiserver-$KUBE_VERSION
   if ! grep -q cmd/kubectl "$work/tools.go"; then
     printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' > "$work/tools.go"
@@ -107,6 +109,7 @@ if [ ! -x "$kubectl" ]; then
   fi
   (cd "$work" && go build -o "$kubectl.tmp" k8s.io/kubernetes/cmd/kubectl >&2)
   mv "$kubectl.tmp" "$kubectl"
+  log "kubectl $KUBE_VERSION: built, $kubectl"
 fi
 
 coredns=$bin/coredns-$COREDNS_VERSION
