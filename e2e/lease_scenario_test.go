@@ -181,3 +181,60 @@ func TestUpstreamServerManifestFlags(t *testing.T) {
 		return err == nil && strings.Contains(string(b), "Proxy-server started")
 	}, 15*time.Second, 100*time.Millisecond, "--log-file receives the log")
 }
+
+// The API server stopped for 20 seconds costs agents counting leases no
+// connection and no count: the count is unknown while it is down, and the
+// leases valid when it stopped count on when it is back, until their
+// servers (which retry their renewals every second) have renewed them.
+func TestLeasesSurviveAPIServerOutage(t *testing.T) {
+	e := newEnv(t, false)
+	var ips []string
+	for i := range 3 {
+		ip := e.ip(i)
+		e.servers[ip] = e.fleet.StartServer(t, ip, e.leaseFlags("server")...)
+		ips = append(ips, ip)
+	}
+	lb := e.newLB(ips...)
+	var agents []*harness.Agent
+	for i := range 2 {
+		agents = append(agents, e.fleet.StartAgent(t, harness.AgentConfig{
+			Name: fmt.Sprintf("agent-%s-%d", e.ns, i), ServerAddr: lb.Addr(), Extra: e.leaseFlags("agent"),
+		}))
+	}
+	waitLeaseTarget(t, agents, 3, 30*time.Second)
+
+	sampler := startMinConns(agents)
+	minTarget := map[string]int{}
+	paused := make(chan error, 1)
+	go func() { paused <- the.cluster.PauseAPIServer(20 * time.Second) }()
+	// Through the outage and the 40 seconds after it, longer than a lease:
+	// the leases renewed before it expire in that time unless renewed.
+	deadline := time.Now().Add(60 * time.Second)
+	var pauseErr error
+	for done := false; time.Now().Before(deadline); {
+		for _, a := range agents {
+			if tg := a.Target("leases"); minTarget[a.Name] == 0 || tg < minTarget[a.Name] {
+				minTarget[a.Name] = tg
+			}
+		}
+		if !done {
+			select {
+			case pauseErr = <-paused:
+				done = true
+			default:
+			}
+		}
+		time.Sleep(200 * time.Millisecond) // a sampling period, not a wait for a condition
+	}
+	require.NoError(t, pauseErr, "restart kube-apiserver")
+	mins, n := sampler.Stop()
+	for _, a := range agents {
+		assert.Equal(t, 3, mins[a.Name], "%s: fewest connections over %d samples", a.Name, n)
+		assert.Equal(t, 3, minTarget[a.Name], "%s: lowest lease target", a.Name)
+	}
+	// And the count still follows the servers.
+	ip := e.ip(3)
+	e.servers[ip] = e.fleet.StartServer(t, ip, e.leaseFlags("server")...)
+	lb.SetBackends(e.agentAddrs(append(ips, ip)...)...)
+	waitLeaseTarget(t, agents, 4, 30*time.Second)
+}

@@ -68,6 +68,11 @@ type Cluster struct {
 	removeDir bool
 	etcd      *Process
 	apiserver *Process
+	// apiserverBin and apiserverArgs start kube-apiserver again after
+	// PauseAPIServer; startTimeout bounds that start.
+	apiserverBin  string
+	apiserverArgs []string
+	startTimeout  time.Duration
 }
 
 // StartCluster starts etcd, kube-apiserver and CoreDNS and waits until each
@@ -186,21 +191,23 @@ func (c *Cluster) startAPIServer(ctx context.Context, cfg Config) error {
 		return err
 	}
 	c.APIServerURL = fmt.Sprintf("https://127.0.0.1:%d", port)
-	c.apiserver, err = StartProcess("kube-apiserver", filepath.Join(c.Dir, "kube-apiserver.log"), cfg.Binaries.KubeAPIServer,
-		"--etcd-servers="+c.EtcdURL,
+	c.apiserverBin, c.startTimeout = cfg.Binaries.KubeAPIServer, cfg.StartTimeout
+	c.apiserverArgs = []string{
+		"--etcd-servers=" + c.EtcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(port),
-		"--cert-dir="+filepath.Join(dir, "certs"),
+		"--secure-port=" + strconv.Itoa(port),
+		"--cert-dir=" + filepath.Join(dir, "certs"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+saKey, "--service-account-signing-key-file="+saKey,
-		"--token-auth-file="+tokens,
+		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
+		"--token-auth-file=" + tokens,
 		"--authorization-mode=RBAC",
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--enable-priority-and-fairness=false",
 		// No endpoint for the kubernetes Service: it may not be loopback.
 		"--endpoint-reconciler-type=none",
-		"--v=1")
-	if err != nil {
+		"--v=1",
+	}
+	if err := c.runAPIServer(); err != nil {
 		return err
 	}
 	// The self-signed serving certificate is the API server's own; trust it
@@ -209,18 +216,6 @@ func (c *Cluster) startAPIServer(ctx context.Context, cfg Config) error {
 		Host: c.APIServerURL, BearerToken: c.AdminToken,
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
 		QPS:             100, Burst: 200, Timeout: 30 * time.Second,
-	}
-	if err := waitFor(c.apiserver, cfg.StartTimeout, "ready", func() error {
-		body, code, err := httpGet(c.APIServerURL+"/readyz", c.AdminToken, &tls.Config{InsecureSkipVerify: true})
-		if err != nil {
-			return err
-		}
-		if code != http.StatusOK {
-			return fmt.Errorf("/readyz: %d %s", code, body)
-		}
-		return nil
-	}); err != nil {
-		return err
 	}
 	if c.Client, err = kubernetes.NewForConfig(c.REST); err != nil {
 		return fmt.Errorf("make a clientset: %w", err)
@@ -259,6 +254,35 @@ current-context: e2e
 		_, err := c.Client.CoreV1().Services("default").Get(cctx, "kubernetes", metav1.GetOptions{})
 		return err
 	})
+}
+
+// runAPIServer starts kube-apiserver with the saved arguments and waits
+// for its /readyz.
+func (c *Cluster) runAPIServer() error {
+	p, err := StartProcess("kube-apiserver", filepath.Join(c.Dir, "kube-apiserver.log"), c.apiserverBin, c.apiserverArgs...)
+	if err != nil {
+		return err
+	}
+	c.apiserver = p
+	return waitFor(p, c.startTimeout, "ready", func() error {
+		body, code, err := httpGet(c.APIServerURL+"/readyz", c.AdminToken, &tls.Config{InsecureSkipVerify: true})
+		if err != nil {
+			return err
+		}
+		if code != http.StatusOK {
+			return fmt.Errorf("/readyz: %d %s", code, body)
+		}
+		return nil
+	})
+}
+
+// PauseAPIServer stops kube-apiserver, waits d, and starts it again on
+// the same port with the same data, certificates and tokens: clients see
+// an outage, then the same API server.
+func (c *Cluster) PauseAPIServer(d time.Duration) error {
+	c.apiserver.Stop()
+	time.Sleep(d) // the outage itself, not a wait for a condition
+	return c.runAPIServer()
 }
 
 // Close stops CoreDNS, kube-apiserver and etcd, and removes the directory

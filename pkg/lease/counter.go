@@ -75,7 +75,9 @@ type Call struct {
 // Count answers an error, never a count, before the first list has ended
 // and while the API server cannot be listed or watched: the caller keeps
 // its last good count rather than trusting leases that nobody can renew
-// in its view. Changed signals every change of the count, including the
+// in its view. When the API server answers again, the leases that were
+// valid when it stopped count for one more lease duration, so that an
+// outage longer than a lease does not read as every server gone. Changed signals every change of the count, including the
 // expiry of a lease that was not renewed.
 //
 // A Counter is safe for concurrent use. Close stops it.
@@ -93,8 +95,9 @@ type Counter struct {
 	// expiry recounts when the next valid lease expires.
 	expiry servercounter.Timer
 	// apiErr is the last list or watch failure; nil once a list or watch
-	// has succeeded since.
+	// has succeeded since. apiDown is when the failures began.
 	apiErr  error
+	apiDown time.Time
 	changed chan struct{}
 }
 
@@ -130,7 +133,7 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 			opts.LabelSelector = cfg.LabelSelector
 			start := time.Now()
 			l, err := leases.List(ctx, opts)
-			c.called("list", start, err)
+			c.called(ctx, "list", start, err)
 			return l, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
@@ -144,7 +147,7 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 			}
 			start := time.Now()
 			w, err := leases.Watch(ctx, opts)
-			c.called(verb, start, err)
+			c.called(ctx, verb, start, err)
 			return w, err
 		},
 	}
@@ -274,20 +277,39 @@ func (c *Counter) signal() {
 	c.changed = make(chan struct{})
 }
 
-// called records the end of a list or watch call.
-func (c *Counter) called(verb string, start time.Time, err error) {
+// called records the end of a list or watch call: a failure marks the API
+// server down at once, before the informer's retries report it, so that
+// no lease expires in the count while nobody can see it renewed.
+func (c *Counter) called(ctx context.Context, verb string, start time.Time, err error) {
 	if c.cfg.Observe != nil {
 		code, reason := statusOf(err)
 		c.cfg.Observe(Call{Verb: verb, Code: code, Reason: reason, Duration: time.Since(start)})
 	}
-	if err == nil {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.apiErr != nil {
-			c.apiErr = nil
-			c.signal()
+	if err != nil {
+		c.failed(ctx, err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.apiErr != nil {
+		c.recovered(c.cfg.Clock.Now())
+		c.signal()
+	}
+}
+
+// recovered ends an outage of the API server. Renewals made while it was
+// down could not be seen, which is not the same as not made: a lease
+// still valid when the outage began counts for one more duration from
+// now, by which time its holder has renewed it, or has gone. c.mu must be
+// held.
+func (c *Counter) recovered(now time.Time) {
+	for _, r := range c.renewals {
+		if end, ok := r.expiry(); ok && end.After(c.apiDown) {
+			r.seen = now
 		}
 	}
+	c.apiErr, c.apiDown = nil, time.Time{}
+	c.recount(now)
 }
 
 // failed records a list or watch failure that the informer will retry.
@@ -299,6 +321,7 @@ func (c *Counter) failed(ctx context.Context, err error) {
 	defer c.mu.Unlock()
 	if c.apiErr == nil {
 		klog.FromContext(ctx).Info("Cannot watch proxy-server leases; keeping the last count until the API server answers", "namespace", c.cfg.Namespace, "selector", c.cfg.LabelSelector, "err", err)
+		c.apiDown = c.cfg.Clock.Now()
 		c.signal()
 	}
 	c.apiErr = err

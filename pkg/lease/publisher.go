@@ -25,6 +25,9 @@ const (
 	DefaultGCInterval = 15 * time.Second
 )
 
+// retryInterval is the wait after a failed renewal.
+const retryInterval = time.Second
+
 // NamePrefix starts the name of every published lease; the server ID
 // follows.
 const NamePrefix = "konnectivity-proxy-server-"
@@ -105,21 +108,33 @@ func (p *Publisher) Name() string { return NamePrefix + p.cfg.ServerID }
 // and tried again at the next interval.
 func (p *Publisher) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithValues("lease", p.Name(), "namespace", p.cfg.Namespace)
-	renew := time.NewTicker(p.cfg.RenewInterval)
+	// A failed renewal is tried again soon, not a whole interval later:
+	// after an API server outage the lease must be renewed before agents
+	// judge it expired.
+	renew := time.NewTimer(p.cfg.RenewInterval)
 	defer renew.Stop()
+	renewed := func(err error) {
+		next := p.cfg.RenewInterval
+		if err != nil {
+			next = min(next, retryInterval)
+		}
+		renew.Reset(next)
+	}
 	gc := time.NewTicker(p.cfg.GCInterval)
 	defer gc.Stop()
 	var renewErr, gcErr error
 	report := func(what string, last *error, err error) {
 		switch {
 		case err != nil && *last == nil:
-			logger.Error(err, "Lease "+what+" failed; retrying", "every", p.cfg.RenewInterval)
+			logger.Error(err, "Lease "+what+" failed; retrying")
 		case err == nil && *last != nil:
 			logger.Info("Lease " + what + " works again")
 		}
 		*last = err
 	}
-	report("renewal", &renewErr, p.renew(ctx))
+	err := p.renew(ctx)
+	report("renewal", &renewErr, err)
+	renewed(err)
 	for {
 		select {
 		case <-ctx.Done():
@@ -132,7 +147,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 			}
 			return err
 		case <-renew.C:
-			report("renewal", &renewErr, p.renew(ctx))
+			err := p.renew(ctx)
+			report("renewal", &renewErr, err)
+			renewed(err)
 		case <-gc.C:
 			report("garbage collection", &gcErr, p.collect(ctx))
 		}
