@@ -3,6 +3,7 @@ package server_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -272,4 +273,41 @@ func TestCloseAfterDataDeliversEveryByte(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("the target's connection was not closed")
 	}
+}
+
+// Issue 10, item 13: when the peer refuses the server's certificate, the
+// server says so, rather than that it refused the peer.
+func TestTLSRefusedByPeerIsLoggedAsSuch(t *testing.T) {
+	t.Parallel()
+	serverCA, otherCA := newCA(t), newCA(t)
+	srvCert, err := serverCA.Server("proxy-server")
+	require.NoError(t, err)
+	cliCert, err := serverCA.Client("agent")
+	require.NoError(t, err)
+	serverTLS := &tls.Config{Certificates: []tls.Certificate{srvCert.TLS}, ClientCAs: serverCA.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+	gs := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent")))...)
+	lis := listen(t)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = gs.Serve(lis) }()
+	t.Cleanup(func() { gs.Stop(); <-served })
+	log := logs.capture(t)
+
+	// The client trusts another CA: it refuses the server's certificate.
+	c, err := net.DialTimeout("tcp", lis.Addr().String(), waitFor)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+	tc := tls.Client(c, &tls.Config{Certificates: []tls.Certificate{cliCert.TLS}, RootCAs: otherCA.Pool(), ServerName: "localhost", MinVersion: tls.VersionTLS12})
+	require.Error(t, tc.Handshake())
+	remote := fmt.Sprintf("remote=%q", c.LocalAddr().String())
+
+	require.Eventually(t, func() bool {
+		for _, l := range strings.Split(log.String(), "\n") {
+			if strings.Contains(l, remote) && strings.Contains(l, "Peer refused the TLS handshake") {
+				return true
+			}
+		}
+		return false
+	}, waitFor, 5*time.Millisecond, "no log line saying the peer refused the handshake")
+	assert.NotContains(t, log.String(), `"Refused TLS connection" err="remote error`)
 }
