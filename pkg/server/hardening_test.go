@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -310,4 +313,80 @@ func TestTLSRefusedByPeerIsLoggedAsSuch(t *testing.T) {
 		return false
 	}, waitFor, 5*time.Millisecond, "no log line saying the peer refused the handshake")
 	assert.NotContains(t, log.String(), `"Refused TLS connection" err="remote error`)
+}
+
+// Issue 10, item 3: the header bound holds against a client that ignores
+// the server's SETTINGS_MAX_HEADER_LIST_SIZE (grpc-go's own client checks
+// it before sending, so the test speaks HTTP/2 itself): the stream is
+// reset before the handler runs, where it used to be accepted.
+func TestOversizedHeadersFromAHostileClientAreReset(t *testing.T) {
+	t.Parallel()
+	e := startEnv(t, server.Config{})
+	cfg := e.agentTLS.Clone()
+	cfg.NextProtos = []string{"h2"}
+	d := &net.Dialer{Timeout: waitFor}
+	c, err := tls.DialWithDialer(d, "tcp", e.agentAddr, cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+	_, err = io.WriteString(c, http2.ClientPreface)
+	require.NoError(t, err)
+	fr := http2.NewFramer(c, c)
+	require.NoError(t, fr.WriteSettings())
+
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, hf := range []hpack.HeaderField{
+		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"},
+		{Name: ":path", Value: wire.ConnectMethod}, {Name: ":authority", Value: "localhost"},
+		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
+		{Name: strings.ToLower(wire.HeaderAgentID), Value: strings.Repeat("a", 2*server.GRPCMaxHeaderListSize)},
+	} {
+		require.NoError(t, enc.WriteField(hf))
+	}
+	// The block goes in frames of the default 16 KiB maximum. The server
+	// may close the connection before all is written: write from another
+	// goroutine, and ignore write errors.
+	writeDone := make(chan struct{})
+	go func() {
+		defer close(writeDone)
+		const maxFrame = 16 << 10
+		b := block.Bytes()
+		n := min(len(b), maxFrame)
+		if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: b[:n], EndHeaders: n == len(b)}) != nil {
+			return
+		}
+		for b = b[n:]; len(b) > 0; {
+			n := min(len(b), maxFrame)
+			if fr.WriteContinuation(1, n == len(b), b[:n]) != nil {
+				return
+			}
+			b = b[n:]
+		}
+	}()
+	defer func() { c.Close(); <-writeDone }()
+
+	// Refused: the stream is reset, or the connection is ended (GOAWAY,
+	// or closed); accepted: the handler's response headers.
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the server neither refused nor answered the stream")
+			assert.Zero(t, e.srv.Backends())
+			return
+		}
+		switch f := f.(type) {
+		case *http2.RSTStreamFrame:
+			assert.Equal(t, uint32(1), f.StreamID)
+			assert.Zero(t, e.srv.Backends())
+			return
+		case *http2.GoAwayFrame:
+			assert.Zero(t, e.srv.Backends())
+			return
+		case *http2.HeadersFrame:
+			if f.StreamID == 1 {
+				t.Fatal("the server answered a stream with headers over the limit")
+			}
+		}
+	}
 }
