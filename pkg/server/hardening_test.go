@@ -390,3 +390,18 @@ func TestOversizedHeadersFromAHostileClientAreReset(t *testing.T) {
 		}
 	}
 }
+
+// Issue 10, item 10, on the gRPC frontend too: a dial address no agent
+// can dial is answered by the server, and no DIAL_REQ reaches the agent.
+func TestGRPCFrontendRefusesInvalidAddresses(t *testing.T) {
+	t.Parallel()
+	e := startEnv(t, server.Config{})
+	a := startAgent(t, e, agentOpts{id: "a1"})
+	waitBackends(t, e, 1)
+	for _, address := range []string{"/", "127.0.0.1", ":80", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:http"} {
+		t.Run(address, func(t *testing.T) {
+			assert.Contains(t, rawDial(t, e, address), "invalid dial request: invalid target")
+		})
+	}
+	assert.Zero(t, a.dials.Load(), "dial requests that reached the agent")
+}
