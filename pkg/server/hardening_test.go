@@ -80,7 +80,7 @@ func TestHTTPConnectRefusesInvalidTargets(t *testing.T) {
 // get a CLOSE_REQ, and established_connections must return to 0.
 func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 	t.Parallel()
-	const clients = 400
+	const clients = 200
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{Registerer: reg})
 	a, err := connectAgent(t, e, agentOpts{id: "racer"})
@@ -228,7 +228,7 @@ func TestGRPCFrontendCancelFreedWhileAgentDoesNotRead(t *testing.T) {
 	sendDone := make(chan struct{})
 	go func() {
 		defer close(sendDone)
-		chunk := make([]byte, 1<<20)
+		chunk := make([]byte, 256<<10)
 		for stream.Send(wire.Data(1, chunk)) == nil {
 		}
 	}()
