@@ -84,6 +84,13 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 		f.peer.send(wire.DialRsp(req.GetRandom(), 0, "invalid dial request: it needs an address and a non-zero random"), f.s.quit)
 		return
 	}
+	// As for HTTP CONNECT: an address no agent can dial is answered
+	// here, not with a DIAL_REQ and a dial attempt bound to fail.
+	if err := checkDialAddress(req.GetAddress()); err != nil {
+		f.s.log.V(2).Info("Refused dial request", "address", capPeer(req.GetAddress()), "dialID", req.GetRandom(), "err", err)
+		f.peer.send(wire.DialRsp(req.GetRandom(), 0, "invalid dial request: "+err.Error()), f.s.quit)
+		return
+	}
 	t, err := f.s.startDial(f, req.GetAddress(), req.GetRandom())
 	if err != nil {
 		f.s.log.V(2).Info("Dial refused", "address", capPeer(req.GetAddress()), "dialID", req.GetRandom(), "err", err)

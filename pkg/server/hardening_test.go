@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -76,7 +80,7 @@ func TestHTTPConnectRefusesInvalidTargets(t *testing.T) {
 // get a CLOSE_REQ, and established_connections must return to 0.
 func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 	t.Parallel()
-	const clients = 400
+	const clients = 200
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{Registerer: reg})
 	a, err := connectAgent(t, e, agentOpts{id: "racer"})
@@ -224,7 +228,7 @@ func TestGRPCFrontendCancelFreedWhileAgentDoesNotRead(t *testing.T) {
 	sendDone := make(chan struct{})
 	go func() {
 		defer close(sendDone)
-		chunk := make([]byte, 1<<20)
+		chunk := make([]byte, 256<<10)
 		for stream.Send(wire.Data(1, chunk)) == nil {
 		}
 	}()
@@ -272,4 +276,132 @@ func TestCloseAfterDataDeliversEveryByte(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("the target's connection was not closed")
 	}
+}
+
+// Issue 10, item 13: when the peer refuses the server's certificate, the
+// server says so, rather than that it refused the peer.
+func TestTLSRefusedByPeerIsLoggedAsSuch(t *testing.T) {
+	t.Parallel()
+	serverCA, otherCA := newCA(t), newCA(t)
+	srvCert, err := serverCA.Server("proxy-server")
+	require.NoError(t, err)
+	cliCert, err := serverCA.Client("agent")
+	require.NoError(t, err)
+	serverTLS := &tls.Config{Certificates: []tls.Certificate{srvCert.TLS}, ClientCAs: serverCA.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+	gs := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent")))...)
+	lis := listen(t)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = gs.Serve(lis) }()
+	t.Cleanup(func() { gs.Stop(); <-served })
+	log := logs.capture(t)
+
+	// The client trusts another CA: it refuses the server's certificate.
+	c, err := net.DialTimeout("tcp", lis.Addr().String(), waitFor)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+	tc := tls.Client(c, &tls.Config{Certificates: []tls.Certificate{cliCert.TLS}, RootCAs: otherCA.Pool(), ServerName: "localhost", MinVersion: tls.VersionTLS12})
+	require.Error(t, tc.Handshake())
+	remote := fmt.Sprintf("remote=%q", c.LocalAddr().String())
+
+	require.Eventually(t, func() bool {
+		for _, l := range strings.Split(log.String(), "\n") {
+			if strings.Contains(l, remote) && strings.Contains(l, "Peer refused the TLS handshake") {
+				return true
+			}
+		}
+		return false
+	}, waitFor, 5*time.Millisecond, "no log line saying the peer refused the handshake")
+	assert.NotContains(t, log.String(), `"Refused TLS connection" err="remote error`)
+}
+
+// Issue 10, item 3: the header bound holds against a client that ignores
+// the server's SETTINGS_MAX_HEADER_LIST_SIZE (grpc-go's own client checks
+// it before sending, so the test speaks HTTP/2 itself): the stream is
+// reset before the handler runs, where it used to be accepted.
+func TestOversizedHeadersFromAHostileClientAreReset(t *testing.T) {
+	t.Parallel()
+	e := startEnv(t, server.Config{})
+	cfg := e.agentTLS.Clone()
+	cfg.NextProtos = []string{"h2"}
+	d := &net.Dialer{Timeout: waitFor}
+	c, err := tls.DialWithDialer(d, "tcp", e.agentAddr, cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+	_, err = io.WriteString(c, http2.ClientPreface)
+	require.NoError(t, err)
+	fr := http2.NewFramer(c, c)
+	require.NoError(t, fr.WriteSettings())
+
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, hf := range []hpack.HeaderField{
+		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"},
+		{Name: ":path", Value: wire.ConnectMethod}, {Name: ":authority", Value: "localhost"},
+		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
+		{Name: strings.ToLower(wire.HeaderAgentID), Value: strings.Repeat("a", 2*server.GRPCMaxHeaderListSize)},
+	} {
+		require.NoError(t, enc.WriteField(hf))
+	}
+	// The block goes in frames of the default 16 KiB maximum. The server
+	// may close the connection before all is written: write from another
+	// goroutine, and ignore write errors.
+	writeDone := make(chan struct{})
+	go func() {
+		defer close(writeDone)
+		const maxFrame = 16 << 10
+		b := block.Bytes()
+		n := min(len(b), maxFrame)
+		if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: b[:n], EndHeaders: n == len(b)}) != nil {
+			return
+		}
+		for b = b[n:]; len(b) > 0; {
+			n := min(len(b), maxFrame)
+			if fr.WriteContinuation(1, n == len(b), b[:n]) != nil {
+				return
+			}
+			b = b[n:]
+		}
+	}()
+	defer func() { c.Close(); <-writeDone }()
+
+	// Refused: the stream is reset, or the connection is ended (GOAWAY,
+	// or closed); accepted: the handler's response headers.
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the server neither refused nor answered the stream")
+			assert.Zero(t, e.srv.Backends())
+			return
+		}
+		switch f := f.(type) {
+		case *http2.RSTStreamFrame:
+			assert.Equal(t, uint32(1), f.StreamID)
+			assert.Zero(t, e.srv.Backends())
+			return
+		case *http2.GoAwayFrame:
+			assert.Zero(t, e.srv.Backends())
+			return
+		case *http2.HeadersFrame:
+			if f.StreamID == 1 {
+				t.Fatal("the server answered a stream with headers over the limit")
+			}
+		}
+	}
+}
+
+// Issue 10, item 10, on the gRPC frontend too: a dial address no agent
+// can dial is answered by the server, and no DIAL_REQ reaches the agent.
+func TestGRPCFrontendRefusesInvalidAddresses(t *testing.T) {
+	t.Parallel()
+	e := startEnv(t, server.Config{})
+	a := startAgent(t, e, agentOpts{id: "a1"})
+	waitBackends(t, e, 1)
+	for _, address := range []string{"/", "127.0.0.1", ":80", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:http"} {
+		t.Run(address, func(t *testing.T) {
+			assert.Contains(t, rawDial(t, e, address), "invalid dial request: invalid target")
+		})
+	}
+	assert.Zero(t, a.dials.Load(), "dial requests that reached the agent")
 }

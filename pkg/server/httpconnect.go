@@ -43,7 +43,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "only the CONNECT method is supported", http.StatusMethodNotAllowed)
 		return
 	}
-	if err := checkConnectTarget(r.Host); err != nil {
+	if err := checkDialAddress(r.Host); err != nil {
 		// A target the agent could not dial would cost a DIAL_REQ, a
 		// pending dial and an agent's dial attempt for a certain failure:
 		// answer it here.
@@ -256,19 +256,19 @@ func (ht *httpTunnel) track(*tunnel)            {}
 func (ht *httpTunnel) established(*tunnel) bool { return true }
 func (ht *httpTunnel) forget(*tunnel)           {}
 
-// checkConnectTarget accepts host:port with a non-empty host and a port
-// from 1 to 65535, the only form of CONNECT target an agent can dial
-// (RFC 9110, section 9.3.6: the target is the authority-form).
-func checkConnectTarget(target string) error {
-	host, port, err := net.SplitHostPort(target)
+// checkDialAddress accepts host:port with a non-empty host and a port
+// from 1 to 65535, the only form of address an agent can dial over TCP
+// (and the authority-form of a CONNECT target, RFC 9110, section 9.3.6).
+func checkDialAddress(address string) error {
+	host, port, err := net.SplitHostPort(address)
 	if err != nil {
-		return fmt.Errorf("invalid CONNECT target %q: want host:port", capPeer(target))
+		return fmt.Errorf("invalid target %q: want host:port", capPeer(address))
 	}
 	if host == "" {
-		return fmt.Errorf("invalid CONNECT target %q: the host is empty", capPeer(target))
+		return fmt.Errorf("invalid target %q: the host is empty", capPeer(address))
 	}
 	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-		return fmt.Errorf("invalid CONNECT target %q: want a port from 1 to 65535", capPeer(target))
+		return fmt.Errorf("invalid target %q: want a port from 1 to 65535", capPeer(address))
 	}
 	return nil
 }

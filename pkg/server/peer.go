@@ -119,10 +119,13 @@ func (p *peer) sendWithin(pkt *client.Packet, d time.Duration, quit <-chan struc
 // for as long as the agent does), and there is at most one such packet
 // per connection of the agent stream, so the list is bounded by them.
 func (p *peer) sendLate(pkt *client.Packet) {
-	// len(out) before dequeued: a packet dequeued between the two reads
-	// makes due later, never earlier.
+	// The packets ahead are the queued ones and at most one that
+	// writeLoop has taken from out but not yet counted: reading len(out)
+	// first and counting that one makes due late by at most one packet
+	// (and by those dequeued between the two reads), never early. When
+	// out runs empty first, nextLate lets the packet go anyway.
 	queued := uint64(len(p.out))
-	due := p.dequeued.Load() + queued
+	due := p.dequeued.Load() + queued + 1
 	p.lateMu.Lock()
 	p.late = append(p.late, latePacket{pkt: pkt, due: due})
 	p.lateMu.Unlock()
@@ -133,12 +136,14 @@ func (p *peer) sendLate(pkt *client.Packet) {
 }
 
 // nextLate removes and returns a packet of sendLate that is due, or nil.
+// Only writeLoop calls it, between sends: an empty out then means that
+// every packet queued before any late one has been sent.
 func (p *peer) nextLate() *client.Packet {
 	p.lateMu.Lock()
 	defer p.lateMu.Unlock()
-	n := p.dequeued.Load()
+	n, drained := p.dequeued.Load(), len(p.out) == 0
 	for i, lp := range p.late {
-		if lp.due <= n {
+		if drained || lp.due <= n {
 			p.late = append(p.late[:i:i], p.late[i+1:]...)
 			return lp.pkt
 		}

@@ -14,8 +14,10 @@ import (
 // refused TLS handshake (a certificate from another CA, a missing client
 // certificate) in one line naming the port and the peer: gRPC itself
 // reports them only at its own info level, so an operator would see
-// nothing. A peer that closes before a handshake, as a TCP health check
-// does, is logged only at -v=2.
+// nothing. A handshake the peer refused (it sent a TLS alert, e.g. it
+// does not trust the server's certificate) is logged as such. A peer that
+// closes before a handshake, as a TCP health check does, is logged only
+// at -v=2.
 func TLSCredentials(cfg *tls.Config, port string) credentials.TransportCredentials {
 	return loggedCredentials{TransportCredentials: credentials.NewTLS(cfg), port: port}
 }
@@ -27,12 +29,20 @@ type loggedCredentials struct {
 
 func (c loggedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	nc, info, err := c.TransportCredentials.ServerHandshake(conn)
+	var op *net.OpError
 	switch {
 	case err == nil:
 	case errors.Is(err, io.EOF):
 		klog.V(2).InfoS("Peer closed before the TLS handshake", "port", c.port, "remote", conn.RemoteAddr().String())
+	case errors.As(err, &op) && op.Op == "remote error":
+		// crypto/tls reports an alert the peer sent as a "remote error":
+		// the peer refused us, most often because it does not trust our
+		// certificate, and the fix is on its side (its CA file), not
+		// ours.
+		klog.ErrorS(errors.New(capPeer(err.Error())), "Peer refused the TLS handshake (does it trust this server's certificate?)", "port", c.port, "remote", conn.RemoteAddr().String())
 	default:
-		klog.ErrorS(err, "Refused TLS connection", "port", c.port, "remote", conn.RemoteAddr().String())
+		// A certificate's names can be long, and the peer chose them.
+		klog.ErrorS(errors.New(capPeer(err.Error())), "Refused TLS connection", "port", c.port, "remote", conn.RemoteAddr().String())
 	}
 	return nc, info, err
 }
