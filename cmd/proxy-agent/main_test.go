@@ -207,11 +207,14 @@ func TestAgentSingleSignalWithNothingToDrainStops(t *testing.T) {
 	dir := t.TempDir()
 	refused := freePorts(t, 1)[0]
 	a, _ := startPlainAgent(t, dir, refused)
+	// At the default log level the refused port shows (issue 10, item 12).
+	require.Eventually(t, func() bool { return strings.Contains(a.stderr.String(), "Failed to connect to proxy-server") }, 20*time.Second, 10*time.Millisecond)
 	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, a.wait(t))
 	out := a.stderr.String()
 	assert.NotContains(t, out, "signal again")
 	assert.Contains(t, out, "Stopping: nothing to drain")
+	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), "once, not once per retry")
 }
 
 // A draining agent stops by itself once its last tunnel closes: no
