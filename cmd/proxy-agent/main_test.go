@@ -220,27 +220,7 @@ func TestAgentSingleSignalWithNothingToDrainStops(t *testing.T) {
 // A draining agent stops by itself once its last tunnel closes: no
 // second signal is needed, so a lost one cannot leave it running.
 func TestAgentStopsWhenDrainedTunnelsClose(t *testing.T) {
-	dir := t.TempDir()
-	ports := freePorts(t, 4)
-	start(t, build(t, dir, "proxy-server"), "--insecure-plaintext", "--mode=http-connect",
-		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
-		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
-	a, healthPort := startPlainAgent(t, dir, ports[1])
-	require.Eventually(t, func() bool { return status(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)) == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
-
-	target, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer target.Close()
-	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]))
-	require.NoError(t, err)
-	defer conn.Close()
-	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target.Addr(), target.Addr())
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	endpoint, err := target.Accept()
-	require.NoError(t, err)
-
+	a, endpoint := agentWithOpenTunnel(t)
 	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 	require.Eventually(t, func() bool { return strings.Contains(a.stderr.String(), "Draining") }, 20*time.Second, 10*time.Millisecond)
 	select {
@@ -251,6 +231,44 @@ func TestAgentStopsWhenDrainedTunnelsClose(t *testing.T) {
 	require.NoError(t, endpoint.Close())
 	require.NoError(t, a.wait(t))
 	assert.Contains(t, a.stderr.String(), "Drained: every tunnel is closed")
+}
+
+// A drain whose tunnels stay open ends after --drain-timeout: a lost
+// second signal cannot leave the agent running for hours.
+func TestAgentDrainIsBounded(t *testing.T) {
+	a, _ := agentWithOpenTunnel(t, "--drain-timeout=200ms")
+	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, a.wait(t))
+	assert.Contains(t, a.stderr.String(), "Drain timed out with tunnels open, stopping")
+}
+
+// agentWithOpenTunnel runs an insecure proxy-server and a proxy-agent
+// (with extra args) and opens one tunnel through them to a loopback
+// endpoint, which it returns with the agent.
+func agentWithOpenTunnel(t *testing.T, args ...string) (*process, net.Conn) {
+	t.Helper()
+	dir := t.TempDir()
+	ports := freePorts(t, 4)
+	start(t, build(t, dir, "proxy-server"), "--insecure-plaintext", "--mode=http-connect",
+		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
+		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
+	a, healthPort := startPlainAgent(t, dir, ports[1], args...)
+	require.Eventually(t, func() bool { return status(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)) == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
+
+	target, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { target.Close() })
+	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target.Addr(), target.Addr())
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	endpoint, err := target.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { endpoint.Close() })
+	return a, endpoint
 }
 
 type process struct {
