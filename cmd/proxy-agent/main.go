@@ -3,8 +3,8 @@
 // cluster network.
 //
 // The first SIGTERM drains: the agent tells the servers and keeps serving
-// its open tunnels, and stops once none is left (at once when there is
-// nothing to drain). A second signal stops it at any time. A second signal
+// its open tunnels, and stops once none is left or --drain-timeout has
+// passed (at once when there is nothing to drain). A second signal stops it at any time. A second signal
 // sent right after the first may be merged into it by the Go runtime;
 // the drain does not depend on it to end.
 package main

@@ -63,6 +63,33 @@ func TestOutageLogsStartReminderAndEnd(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(buf.String(), "Recovered: connect to proxy-server succeeded again"), buf.String())
 	assert.Contains(t, buf.String(), "failures=102")
 
+	clk.Step(DefaultQuiet)
 	o.Failed(logger, err)
 	assert.Equal(t, 2, strings.Count(buf.String(), "Failed to connect to proxy-server"), "a new failure is logged again")
+}
+
+// Attempts that fail and succeed in turn log one start and one end per
+// DefaultQuiet, not a line per attempt.
+func TestOutageFlappingIsRateLimited(t *testing.T) {
+	var buf lockedBuffer
+	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
+	clk := clocktest.New(time.Unix(1000, 0))
+	o := New("connect to proxy-server", clk.Now)
+	err := errors.New("x509: certificate signed by unknown authority")
+	for range 50 {
+		o.Failed(logger, err)
+		clk.Step(100 * time.Millisecond)
+		o.Recovered(logger)
+		clk.Step(100 * time.Millisecond)
+	}
+	out := buf.String()
+	assert.Equal(t, 1, strings.Count(out, "Failed to connect"), out)
+	assert.Equal(t, 1, strings.Count(out, "Recovered"), out)
+
+	// A failure that then persists is logged once the quiet time is over.
+	for range 100 {
+		o.Failed(logger, err)
+		clk.Step(time.Second)
+	}
+	assert.Equal(t, 2, strings.Count(buf.String(), "Failed to connect"), buf.String())
 }

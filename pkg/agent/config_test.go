@@ -38,6 +38,8 @@ func TestNewClientSetValidates(t *testing.T) {
 		{name: "no credentials", mutate: func(c *Config) { c.DialOptions = nil }, wantErrs: []string{"DialOptions", "Insecure"}},
 		{name: "negative probe interval", mutate: func(c *Config) { c.ProbeInterval = -time.Second }, wantErrs: []string{"ProbeInterval"}},
 		{name: "cap below interval", mutate: func(c *Config) { c.SyncInterval, c.SyncIntervalCap = 5*time.Second, time.Second }, wantErrs: []string{"SyncIntervalCap"}},
+		{name: "negative bounds", mutate: func(c *Config) { c.ServerCountMax, c.MaxConcurrentDials, c.MaxTunnelsPerServer = -1, -1, -1 },
+			wantErrs: []string{"ServerCountMax", "MaxConcurrentDials", "MaxTunnelsPerServer"}},
 		{name: "every problem at once", mutate: func(c *Config) {
 			c.AgentID, c.ServerAddress, c.DialOptions, c.DialTimeout = "", "", nil, -1
 		}, wantErrs: []string{"AgentID", "ServerAddress", "DialOptions", "DialTimeout"}},
@@ -69,6 +71,9 @@ func TestDefaultConfig(t *testing.T) {
 	assert.Equal(t, time.Second, cfg.ProbeInterval)
 	assert.Equal(t, 5*time.Second, cfg.DialTimeout)
 	assert.Equal(t, servercounter.StaticServerCounter(1), cfg.Counter)
+	assert.Equal(t, DefaultServerCountMax, cfg.ServerCountMax)
+	assert.Equal(t, DefaultMaxConcurrentDials, cfg.MaxConcurrentDials)
+	assert.Equal(t, DefaultMaxTunnelsPerServer, cfg.MaxTunnelsPerServer)
 }
 
 func TestMetricsExistFromStart(t *testing.T) {
@@ -87,6 +92,10 @@ func TestMetricsExistFromStart(t *testing.T) {
 		{name: "konnectivity_network_proxy_agent_known_server_count", want: 4},
 		{name: "servercount_agent_target_server_count", labels: []string{"source", "static"}, want: 4},
 		{name: "servercount_agent_server_dials_total", labels: []string{"result", "duplicate"}, want: 0},
+		{name: "konnectivity_network_proxy_agent_endpoint_dial_failure_total", labels: []string{"reason", "dial_limit"}, want: 0},
+		{name: "konnectivity_network_proxy_agent_endpoint_dial_failure_total", labels: []string{"reason", "tunnel_limit"}, want: 0},
+		{name: "servercount_agent_endpoint_dials_in_flight", want: 0},
+		{name: "servercount_agent_busiest_server_tunnels", want: 0},
 	} {
 		got, ok := a.metric(t, tc.name, tc.labels...)
 		assert.True(t, ok, "%s%v missing", tc.name, tc.labels)

@@ -39,7 +39,10 @@ func (cs *ClientSet) dialServer(ctx context.Context, counted servercounter.Resul
 	}
 	res := cs.add(ctx, c)
 	cs.metrics.serverDialed(res)
-	if res != dialError {
+	if res == dialOK {
+		// Not on a duplicate: behind a load balancer with one bad server,
+		// reaching a good one again does not end the failure that keeps
+		// the agent from its target.
 		cs.serverOutage.Recovered(logger, "serverID", c.serverID)
 	}
 	switch res {

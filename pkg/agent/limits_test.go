@@ -119,3 +119,31 @@ func TestDialReqOverConcurrentDialLimitIsRefused(t *testing.T) {
 	assert.Equal(t, 1.0, v)
 	assert.Equal(t, 2, a.OpenTunnels(), "the refused dial holds no slot")
 }
+
+// A server flooding DIAL_REQs to an address whose connects hang, as the
+// hostile server of issue 10 item 4 did, gets MaxConcurrentDials dials
+// and a refusal for every other request, each answered at once.
+func TestDialReqFloodIsBounded(t *testing.T) {
+	hang := blackhole(t)
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
+	cfg := testConfig(tt, srv.addr)
+	cfg.MaxConcurrentDials = 8
+	cfg.DialTimeout = time.Minute // the hung dials end with the stream, at cleanup
+	a := startAgent(t, cfg)
+	st := srv.nextStream(t)
+
+	const flood = 500
+	for i := range flood {
+		st.send(t, wire.DialReq("tcp", hang, int64(i+1)))
+	}
+	for range flood - cfg.MaxConcurrentDials {
+		rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+		require.Contains(t, rsp.GetError(), "--max-concurrent-dials")
+	}
+	v, _ := a.metric(t, "servercount_agent_endpoint_dials_in_flight")
+	assert.Equal(t, float64(cfg.MaxConcurrentDials), v)
+	v, _ = a.metric(t, "konnectivity_network_proxy_agent_endpoint_dial_failure_total", "reason", "dial_limit")
+	assert.Equal(t, float64(flood-cfg.MaxConcurrentDials), v)
+	assert.Equal(t, cfg.MaxConcurrentDials, a.OpenTunnels())
+}

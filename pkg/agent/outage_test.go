@@ -100,3 +100,28 @@ func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
 	}, waitFor, tick)
 	assert.Equal(t, 1, strings.Count(logs.String(), "Failed to connect to proxy-server"), logs.String())
 }
+
+// Behind a load balancer with one good and one bad server, dials fail and
+// land on the good server in turn: the failure is logged once, not once
+// per dial, and a duplicate of the good server does not end it (nor
+// start it again, within outage.DefaultQuiet).
+func TestOneBadServerBehindBalancerLoggedOnce(t *testing.T) {
+	trusted, other := newTestTLS(t), newTestTLS(t)
+	good := newTestServer(t, trusted, serverOpts{id: "good", count: "2"})
+	bad := newTestServer(t, other, serverOpts{id: "bad", count: "2"})
+	lb := newTestLB(t, good.addr, bad.addr)
+
+	a, logs := runLogged(t, testConfig(trusted, lb.addr))
+	require.Eventually(t, a.Ready, waitFor, tick)
+	// Enough rounds for both kinds of dial, many times over.
+	require.Eventually(t, func() bool {
+		dup, _ := a.metric(t, "servercount_agent_server_dials_total", "result", "duplicate")
+		failed, _ := a.metric(t, "servercount_agent_server_dials_total", "result", "error")
+		return dup >= 3 && failed >= 3
+	}, waitFor, tick)
+	out := logs.String()
+	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), out)
+	// Only the first connection to the good server, if a failed dial came
+	// before it, is a recovery: its duplicates are not.
+	assert.LessOrEqual(t, strings.Count(out, "Recovered"), 1, out)
+}

@@ -95,6 +95,11 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	}
 	counted := cs.count(ctx)
 	target := cs.target(ctx, counted)
+	if n := cs.Connected(); n >= target {
+		// Whatever failed dials there were no longer keep the agent from
+		// its target (the target may have dropped).
+		cs.serverOutage.Recovered(klog.FromContext(ctx), "connected", n, "target", target)
+	}
 	if cs.Connected() >= target && !cs.cfg.SyncForever {
 		bo.Reset()
 		return cs.cfg.SyncInterval

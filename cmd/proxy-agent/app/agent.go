@@ -59,7 +59,7 @@ func Run(ctx, drain context.Context, o *options.Options) error {
 	go func() {
 		select {
 		case <-drain.Done():
-			drainThenStop(runCtx, cs, cancel)
+			drainThenStop(runCtx, cs, o.DrainTimeout, cancel)
 		case <-runCtx.Done():
 		}
 	}()
@@ -77,19 +77,31 @@ func Run(ctx, drain context.Context, o *options.Options) error {
 // signal: the Go runtime merges a signal that arrives before the previous
 // one of its kind was handled, so `kill PID; kill PID` often delivers one
 // SIGTERM, and an agent waiting for a second one would drain forever.
-func drainThenStop(ctx context.Context, cs *agent.ClientSet, stop context.CancelFunc) {
+// For the same reason the drain is bounded by timeout (0: no bound), as
+// tunnels such as a followed log can stay open for hours.
+func drainThenStop(ctx context.Context, cs *agent.ClientSet, timeout time.Duration, stop context.CancelFunc) {
 	if servers, tunnels := cs.Connected(), cs.OpenTunnels(); servers == 0 || tunnels == 0 {
 		klog.InfoS("Stopping: nothing to drain", "servers", servers, "tunnels", tunnels)
 		stop()
 		return
 	}
-	klog.InfoS("Draining: told the proxy-servers, opening no new connections; stopping once every tunnel is closed, or signal again to stop now",
-		"servers", cs.Connected(), "tunnels", cs.OpenTunnels())
+	klog.InfoS("Draining: told the proxy-servers, opening no new connections; stopping once every tunnel is closed or --drain-timeout has passed, or signal again to stop now",
+		"servers", cs.Connected(), "tunnels", cs.OpenTunnels(), "drainTimeout", timeout)
 	cs.Drain(ctx)
-	if err := cs.WaitTunnelsClosed(ctx); err != nil {
-		return // stopped by a second signal or a failure
+	wctx := ctx
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
 	}
-	klog.InfoS("Drained: every tunnel is closed, stopping")
+	switch err := cs.WaitTunnelsClosed(wctx); {
+	case err == nil:
+		klog.InfoS("Drained: every tunnel is closed, stopping")
+	case ctx.Err() != nil:
+		return // stopped by a second signal or a failure
+	default:
+		klog.InfoS("Drain timed out with tunnels open, stopping", "tunnels", cs.OpenTunnels(), "drainTimeout", timeout)
+	}
 	stop()
 }
 

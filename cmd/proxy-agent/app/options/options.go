@@ -65,6 +65,9 @@ type Options struct {
 	// either are refused.
 	MaxConcurrentDials  int
 	MaxTunnelsPerServer int
+	// DrainTimeout bounds a drain (0: no bound): after the first signal
+	// the agent stops once no tunnel is open or this has passed.
+	DrainTimeout time.Duration
 
 	HealthServerHost         string
 	HealthServerPort         int
@@ -105,8 +108,14 @@ func NewOptions() *Options {
 		ServerDialMode:      agent.DialLoadBalancer,
 		MaxConcurrentDials:  agent.DefaultMaxConcurrentDials,
 		MaxTunnelsPerServer: agent.DefaultMaxTunnelsPerServer,
+		DrainTimeout:        DefaultDrainTimeout,
 	}
 }
+
+// DefaultDrainTimeout bounds a drain: long enough for requests in flight
+// (kube-apiserver's own timeouts are a minute), short enough that an
+// agent whose second signal was lost does not run on for hours.
+const DefaultDrainTimeout = 5 * time.Minute
 
 // Flags returns the flags, bound to o.
 func (o *Options) Flags() *pflag.FlagSet {
@@ -136,6 +145,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	serve.ParsedVar(fs, &o.ServerDialMode, "server-dial-mode", string(o.ServerDialMode), agent.ParseDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "most endpoint dials in flight at once, across every proxy-server; a dial request over it is refused at once")
 	fs.IntVar(&o.MaxTunnelsPerServer, "max-tunnels-per-server", o.MaxTunnelsPerServer, "most tunnels (dials in flight included) one proxy-server connection may hold open; a dial request over it is refused at once")
+	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "after the first SIGTERM, stop once no tunnel is open or this has passed (0: no bound); a second signal stops at once")
 	fs.StringVar(&o.HealthServerHost, "health-server-host", o.HealthServerHost, "address for the health port (empty: all)")
 	fs.IntVar(&o.HealthServerPort, "health-server-port", o.HealthServerPort, "port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.AdminBindAddress, "admin-bind-address", o.AdminBindAddress, "address for the admin port")
@@ -186,6 +196,9 @@ func (o *Options) Validate() []error {
 	}
 	if o.ServerDialMode == agent.DialResolved && !o.DNS.Enabled() {
 		errs = append(errs, errors.New("--server-dial-mode=resolved needs --server-count-dns: the addresses to dial come from it"))
+	}
+	if o.DrainTimeout < 0 {
+		errs = append(errs, fmt.Errorf("invalid --drain-timeout %v: must not be negative (0: no bound)", o.DrainTimeout))
 	}
 	if o.MaxConcurrentDials < 1 {
 		errs = append(errs, fmt.Errorf("invalid --max-concurrent-dials %d: must be at least 1", o.MaxConcurrentDials))

@@ -96,6 +96,7 @@ func TestValidate(t *testing.T) {
 		{name: "bad dns type", args: []string{"--server-count-dns=x.example", "--server-count-dns-type=mx"}, wantParseErr: `invalid argument "mx" for "--server-count-dns-type" flag: use auto, srv, a, aaaa or ip`},
 		{name: "dial bounds", args: []string{"--max-concurrent-dials=0", "--max-tunnels-per-server=-1"},
 			wantErr: []string{"invalid --max-concurrent-dials 0: must be at least 1", "invalid --max-tunnels-per-server -1: must be at least 1"}},
+		{name: "negative drain timeout", args: []string{"--drain-timeout=-1s"}, wantErr: []string{"invalid --drain-timeout -1s"}},
 		{name: "negative hold-down", args: []string{"--server-count-hold-down=-1s"}, wantErr: []string{"invalid --server-count-hold-down"}},
 		{name: "every problem at once", args: []string{"--agent-id=", "--proxy-server-host=", "--probe-interval=0s"},
 			wantErr: []string{"--agent-id must not be empty", "--proxy-server-host must not be empty", "must be positive"}},
