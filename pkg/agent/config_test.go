@@ -92,8 +92,6 @@ func TestMetricsExistFromStart(t *testing.T) {
 		{name: "konnectivity_network_proxy_agent_known_server_count", want: 4},
 		{name: "servercount_agent_target_server_count", labels: []string{"source", "static"}, want: 4},
 		{name: "servercount_agent_server_dials_total", labels: []string{"result", "duplicate"}, want: 0},
-		{name: "konnectivity_network_proxy_agent_endpoint_dial_failure_total", labels: []string{"reason", "dial_limit"}, want: 0},
-		{name: "konnectivity_network_proxy_agent_endpoint_dial_failure_total", labels: []string{"reason", "tunnel_limit"}, want: 0},
 		{name: "servercount_agent_endpoint_dials_in_flight", want: 0},
 		{name: "servercount_agent_busiest_server_tunnels", want: 0},
 	} {
