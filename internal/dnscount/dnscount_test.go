@@ -1,10 +1,8 @@
 package dnscount_test
 
 import (
-	"bytes"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,10 +11,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	"k8s.io/klog/v2/textlogger"
 
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/internal/logtest"
 	"github.com/servercount/servercount/internal/metricstest"
 )
 
@@ -110,24 +108,6 @@ func counter(t *testing.T, reg *prometheus.Registry, name, outcome string) float
 	return v
 }
 
-// logBuffer is a bytes.Buffer safe for concurrent use.
-type logBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // An agent that cannot reach DNS says so at the default level, once
 // however often it retries (issue 10, item 12).
 func TestUnreachableDNSLoggedOnceAtLevelZero(t *testing.T) {
@@ -138,8 +118,8 @@ func TestUnreachableDNSLoggedOnceAtLevelZero(t *testing.T) {
 
 	o := parse(t, "--server-count-dns="+svc, "--server-count-dns-server="+refused, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
 	require.Empty(t, o.Validate())
-	logs := &logBuffer{}
-	o.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs), textlogger.Verbosity(0)))
+	var logs *logtest.Buffer
+	o.Logger, logs = logtest.NewLogger(0)
 	reg := prometheus.NewRegistry()
 	c, err := o.Build(reg, "agent", 1)
 	require.NoError(t, err)
@@ -156,8 +136,8 @@ func TestDNSRecoveryLoggedAtLevelZero(t *testing.T) {
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
 	o := parse(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
-	logs := &logBuffer{}
-	o.Logger = textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs), textlogger.Verbosity(0)))
+	var logs *logtest.Buffer
+	o.Logger, logs = logtest.NewLogger(0)
 	reg := prometheus.NewRegistry()
 	c, err := o.Build(reg, "agent", 1)
 	require.NoError(t, err)

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/servercount/servercount/internal/metricstest"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -244,9 +245,9 @@ func TestDialErrors(t *testing.T) {
 		{name: "unresolvable host", addr: func(testing.TB) string { return strings.Repeat("a", 64) + ".invalid:80" }, wantErr: "no such host", wantStatus: http.StatusBadGateway},
 		// The agent's own dial times out: the server maps "i/o timeout"
 		// to 504.
-		{name: "agent dial timeout", addr: blackhole, dialTimeout: 200 * time.Millisecond, wantErr: "i/o timeout", wantStatus: http.StatusGatewayTimeout},
+		{name: "agent dial timeout", addr: nettest.Blackhole, dialTimeout: 200 * time.Millisecond, wantErr: "i/o timeout", wantStatus: http.StatusGatewayTimeout},
 		// The agent is still dialing when the server gives up.
-		{name: "server backend dial timeout", addr: blackhole, serverOpts: ServerOptions{BackendDialTimeout: 200 * time.Millisecond},
+		{name: "server backend dial timeout", addr: nettest.Blackhole, serverOpts: ServerOptions{BackendDialTimeout: 200 * time.Millisecond},
 			wantErr: "timed out waiting for backend dial", wantStatus: http.StatusGatewayTimeout},
 	}
 	for _, tt := range tests {
@@ -340,7 +341,7 @@ func TestCloseBothWays(t *testing.T) {
 }
 
 func TestCancelPendingDial(t *testing.T) {
-	addr := blackhole(t)
+	addr := nettest.Blackhole(t)
 	f := startFixture(t, ServerOptions{}, nil) // the agent's dial waits 5 s
 	for _, m := range frontendModes {
 		t.Run(m.name, func(t *testing.T) {

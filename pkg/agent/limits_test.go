@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -93,7 +94,7 @@ func TestDialReqOverTunnelLimitIsRefused(t *testing.T) {
 // At most MaxConcurrentDials endpoint dials are in flight: one more
 // DIAL_REQ is refused at once, without waiting for the hung dials.
 func TestDialReqOverConcurrentDialLimitIsRefused(t *testing.T) {
-	hang := blackhole(t)
+	hang := nettest.Blackhole(t)
 	tt := newTestTLS(t)
 	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
 	cfg := testConfig(tt, srv.addr)
@@ -124,7 +125,7 @@ func TestDialReqOverConcurrentDialLimitIsRefused(t *testing.T) {
 // hostile server of issue 10 item 4 did, gets MaxConcurrentDials dials
 // and a refusal for every other request, each answered at once.
 func TestDialReqFloodIsBounded(t *testing.T) {
-	hang := blackhole(t)
+	hang := nettest.Blackhole(t)
 	tt := newTestTLS(t)
 	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
 	cfg := testConfig(tt, srv.addr)

@@ -1,44 +1,23 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/textlogger"
+
+	"github.com/servercount/servercount/internal/logtest"
 )
-
-// logBuffer is a bytes.Buffer safe for concurrent use: klog output of one
-// agent, captured through the logger in Run's context.
-type logBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // runLogged runs a ClientSet from cfg with a level-0 logger writing to the
 // returned buffer, until the test ends.
-func runLogged(t *testing.T, cfg Config) (*testAgent, *logBuffer) {
+func runLogged(t *testing.T, cfg Config) (*testAgent, *logtest.Buffer) {
 	t.Helper()
-	logs := &logBuffer{}
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs), textlogger.Verbosity(0)))
+	logger, logs := logtest.NewLogger(0)
 	a := newAgent(t, cfg)
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	done := make(chan error, 1)

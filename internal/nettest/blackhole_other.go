@@ -1,12 +1,12 @@
 //go:build !linux
 
-package proxytest
+package nettest
 
 import "testing"
 
-// blackhole skips the test: only Linux is known to drop connects to a
+// Blackhole skips the test: only Linux is known to drop connects to a
 // listener whose accept queue is full.
-func blackhole(t testing.TB) string {
+func Blackhole(t testing.TB) string {
 	t.Skip("needs Linux to make a loopback address whose connects hang")
 	return ""
 }

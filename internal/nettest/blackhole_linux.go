@@ -1,4 +1,6 @@
-package agent
+// Package nettest holds network fixtures for tests: addresses and
+// servers that misbehave the way real networks do.
+package nettest
 
 import (
 	"errors"
@@ -11,11 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// blackhole returns a loopback address whose TCP connects hang: a socket
+// Blackhole returns a loopback address whose TCP connects hang: a socket
 // listening with a backlog of 0 that never accepts, whose accept queue is
 // filled at once. Linux drops the SYNs of further connects, so they wait
 // until their own timeout, without a packet leaving the machine.
-func blackhole(t testing.TB) string {
+func Blackhole(t testing.TB) string {
 	t.Helper()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	require.NoError(t, err)
