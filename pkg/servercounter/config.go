@@ -220,7 +220,7 @@ func (cfg Config) resolve() (*resolved, error) {
 		conf = &dns.ClientConfig{Ndots: 1}
 	}
 	if len(r.servers) == 0 && len(errs) == 0 {
-		errs = append(errs, ErrNoNameservers)
+		errs = append(errs, errNoNameservers)
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)

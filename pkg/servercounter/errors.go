@@ -8,9 +8,9 @@ import (
 	"github.com/miekg/dns"
 )
 
-// ErrNoNameservers is returned by [NewDNSServerCounter] when neither
+// errNoNameservers is returned by NewDNSServerCounter when neither
 // Config.Servers nor the resolv.conf file names a nameserver.
-var ErrNoNameservers = errors.New("servercounter: no nameservers: list them in Config.Servers or in resolv.conf")
+var errNoNameservers = errors.New("servercounter: no nameservers: list them in Config.Servers or in resolv.conf")
 
 // ErrorKind names why a DNS count failed. Every kind means the count is
 // unknown, as opposed to a valid zero.
