@@ -106,6 +106,17 @@ var (
 	_ servercounter.Notifier = (*Counter)(nil)
 )
 
+// plainListWatch makes the informer list with plain LISTs, as upstream's
+// does, rather than through a watch that streams the current leases
+// first: an API server that has just restarted accepts such a watch long
+// before it sends the leases (a minute was seen), and the count would
+// read as known, from stale leases, in between.
+type plainListWatch struct{ *cache.ListWatch }
+
+// IsWatchListSemanticsUnSupported tells client-go's reflector not to use
+// watch-list for this source.
+func (plainListWatch) IsWatchListSemanticsUnSupported() bool { return true }
+
 // errNotSynced is Count's error before the first list has ended.
 var errNotSynced = errors.New("lease: the first list of leases has not ended yet")
 
@@ -138,20 +149,13 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			opts.LabelSelector = cfg.LabelSelector
-			// client-go lists through a watch that starts with the
-			// current leases (sendInitialEvents) where the server allows
-			// it: that watch is the list.
-			verb := "watch"
-			if opts.SendInitialEvents != nil && *opts.SendInitialEvents {
-				verb = "list"
-			}
 			start := time.Now()
 			w, err := leases.Watch(ctx, opts)
-			c.called(ctx, verb, start, err)
+			c.called(ctx, "watch", start, err)
 			return w, err
 		},
 	}
-	c.informer = cache.NewSharedIndexInformer(lw, &coordinationv1.Lease{}, 0, cache.Indexers{})
+	c.informer = cache.NewSharedIndexInformer(plainListWatch{lw}, &coordinationv1.Lease{}, 0, cache.Indexers{})
 	if _, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.update(obj) },
 		UpdateFunc: func(_, obj any) { c.update(obj) },
