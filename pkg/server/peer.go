@@ -11,7 +11,9 @@ import (
 )
 
 // queueSize is the number of packets a stream's send queue holds. Packets
-// carry up to 32 KiB of data each, so a full queue is about 1 MiB.
+// carry at most wire.MaxDataPayload of data each, as larger DATA from a
+// peer is split before it is queued (wire.SplitData), so a full queue is
+// about 1 MiB whatever peers send.
 const queueSize = 32
 
 var (

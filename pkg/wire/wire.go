@@ -99,7 +99,11 @@ const (
 	ConnWindow   = 4 << 20
 	// MaxMessageSize admits a DATA packet carrying one large write from a
 	// konnectivity-client user, which sends each Write as one packet;
-	// gRPC's default limit is 4 MiB.
+	// gRPC's default limit is 4 MiB. It is not lowered: upstream's
+	// clients set no limit of their own, so a lower one would break a
+	// client that writes more in one call. Such a packet costs one message
+	// per stream while it is received; it is split (SplitData) before
+	// it is queued, so queues never hold it whole.
 	MaxMessageSize = 16 << 20
 )
 
