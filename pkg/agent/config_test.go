@@ -96,6 +96,7 @@ func TestMetricsExistFromStart(t *testing.T) {
 		{name: "konnectivity_network_proxy_agent_endpoint_dial_failure_total", labels: []string{"reason", "tunnel_limit"}, want: 0},
 		{name: "servercount_agent_endpoint_dials_in_flight", want: 0},
 		{name: "servercount_agent_busiest_server_tunnels", want: 0},
+		{name: "servercount_agent_queued_bytes", want: 0},
 	} {
 		got, ok := a.metric(t, tc.name, tc.labels...)
 		assert.True(t, ok, "%s%v missing", tc.name, tc.labels)
