@@ -180,7 +180,13 @@ func (c *client) receive(ctx context.Context) error {
 			d := p.GetData()
 			if t := c.tunnel(d.GetConnectID()); t != nil {
 				if !t.closing {
-					t.enqueue(ctx, d.GetData())
+					// Queued in pieces of at most MaxDataPayload, each
+					// waiting for room, so that a tunnel's queue holds
+					// at most tunnelQueueLen x MaxDataPayload bytes
+					// whatever size the server sends.
+					wire.SplitData(d.GetData(), func(piece []byte) bool {
+						return t.enqueue(ctx, piece)
+					})
 				}
 			} else {
 				logger.V(4).Info("Received DATA for an unknown connectID", "connectID", d.GetConnectID())

@@ -94,6 +94,7 @@ func TestMetricsExistFromStart(t *testing.T) {
 		{name: "servercount_agent_server_dials_total", labels: []string{"result", "duplicate"}, want: 0},
 		{name: "servercount_agent_endpoint_dials_in_flight", want: 0},
 		{name: "servercount_agent_busiest_server_tunnels", want: 0},
+		{name: "servercount_agent_queued_bytes", want: 0},
 	} {
 		got, ok := a.metric(t, tc.name, tc.labels...)
 		assert.True(t, ok, "%s%v missing", tc.name, tc.labels)

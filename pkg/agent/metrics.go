@@ -82,6 +82,7 @@ type metrics struct {
 	streamPackets     *prometheus.CounterVec
 	streamErrors      *prometheus.CounterVec
 	connFailures      *prometheus.CounterVec
+	queuedBytes       prometheus.Gauge
 }
 
 // Segments of a packet's way, as upstream labels them.
@@ -135,6 +136,11 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 			Name: "endpoint_dials_in_flight",
 			Help: "Endpoint dials in flight, across every server stream; DIAL_REQs over --max-concurrent-dials are refused.",
 		}),
+		queuedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ourNamespace, Subsystem: ourSubsystem,
+			Name: "queued_bytes",
+			Help: "Bytes received from servers and not yet written to their endpoints, across every tunnel; at most 128 x 32 KiB per tunnel.",
+		}),
 		busiestServer: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ourNamespace, Subsystem: ourSubsystem,
 			Name: "busiest_server_tunnels",
@@ -187,9 +193,13 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.openServerConns, m.knownServerCount, m.endpointDialFails, m.openEndpointConns,
 		m.serverDials, m.targetCount, m.syncRounds, m.dialsInFlight, m.busiestServer,
-		m.dialDuration, m.streamPackets, m.streamErrors, m.connFailures,
+		m.dialDuration, m.streamPackets, m.streamErrors, m.connFailures, m.queuedBytes,
 	}
 }
+
+// addQueuedBytes adds n (negative: subtracts) to the bytes queued for
+// endpoints.
+func (m *metrics) addQueuedBytes(n int) { m.queuedBytes.Add(float64(n)) }
 
 // packet counts a packet sent to or received from a server.
 func (m *metrics) packet(segment string, typ pb.PacketType) {

@@ -48,6 +48,28 @@ type tunnel struct {
 	closed chan struct{}
 	// finishOnce makes finish run once.
 	finishOnce sync.Once
+
+	// qmu guards queued and over. queued is the number of bytes queued
+	// for the endpoint and not yet written, counted in the agent's
+	// queued_bytes gauge; finish sets over and takes them out of the
+	// gauge, after which nothing is counted, so that data left in writeq
+	// when the tunnel ends is not counted for ever.
+	qmu    sync.Mutex
+	queued int
+	over   bool
+}
+
+// account adds n (negative: subtracts) to the bytes queued for the
+// endpoint. It reports false, counting nothing, once the tunnel is over.
+func (t *tunnel) account(n int) bool {
+	t.qmu.Lock()
+	defer t.qmu.Unlock()
+	if t.over {
+		return false
+	}
+	t.queued += n
+	t.c.cs.metrics.addQueuedBytes(n)
+	return true
 }
 
 // dial serves one DIAL_REQ: it dials the endpoint, answers DIAL_RSP and,
@@ -167,7 +189,9 @@ func (t *tunnel) writeLoop() {
 				t.finish(true)
 				return
 			}
-			if _, err := t.conn.Write(b); err != nil {
+			_, err := t.conn.Write(b)
+			t.account(-len(b))
+			if err != nil {
 				t.c.logger.V(4).Info("Failed to write to endpoint", "connectID", t.connectID, "err", err)
 				t.finish(true)
 				return
@@ -180,14 +204,20 @@ func (t *tunnel) writeLoop() {
 
 // enqueue queues data for the endpoint. It waits while the queue is full,
 // until the tunnel or the stream ends; see tunnelWriteTimeout. Called only
-// by the receive loop.
-func (t *tunnel) enqueue(ctx context.Context, b []byte) {
+// by the receive loop, with at most MaxDataPayload bytes (see
+// wire.SplitData). It reports whether b was queued.
+func (t *tunnel) enqueue(ctx context.Context, b []byte) bool {
 	if len(b) == 0 {
-		return
+		return true
+	}
+	// Counted before it is queued, so that writeLoop never subtracts
+	// bytes not yet added.
+	if !t.account(len(b)) {
+		return false
 	}
 	select {
 	case t.writeq <- b:
-		return
+		return true
 	default:
 	}
 	// The queue is full: the endpoint reads slower than the server sends.
@@ -198,12 +228,15 @@ func (t *tunnel) enqueue(ctx context.Context, b []byte) {
 	defer timer.Stop()
 	select {
 	case t.writeq <- b:
+		return true
 	case <-t.closed:
 	case <-ctx.Done():
 	case <-timer.C:
 		klog.FromContext(ctx).V(2).Info("Closed a tunnel whose endpoint fell behind", "connectionID", t.connectID, "waited", tunnelWriteTimeout)
 		t.finish(true)
 	}
+	t.account(-len(b))
+	return false
 }
 
 // closeAfterWrites ends the tunnel after the data queued so far is
@@ -215,6 +248,11 @@ func (t *tunnel) closeAfterWrites() { close(t.writeq) }
 func (t *tunnel) finish(sendRsp bool) {
 	t.finishOnce.Do(func() {
 		t.c.forget(t)
+		t.qmu.Lock()
+		t.over = true
+		t.c.cs.metrics.addQueuedBytes(-t.queued)
+		t.queued = 0
+		t.qmu.Unlock()
 		close(t.closed)
 		_ = t.conn.Close() // a close error changes nothing for the tunnel
 		t.c.cs.metrics.endpointClosed()

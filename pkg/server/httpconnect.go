@@ -25,6 +25,8 @@ type httpTunnel struct {
 	data   chan []byte               // DATA from the agent, read by writeLoop
 	closed chan struct{}             // closed by shutdown: CLOSE_RSP, or too slow
 	once   sync.Once
+	// queued counts the bytes in data and the chunk being written.
+	queued queuedBytes
 	// conn is the hijacked connection; nil before the hijack. Guarded by
 	// Server.mu.
 	conn net.Conn
@@ -51,7 +53,9 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	ht := &httpTunnel{s: s, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{})}
+	ht := &httpTunnel{s: s, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{}), queued: queuedBytes{m: s.metrics}}
+	// Whatever is left in data when the tunnel ends is dropped with it.
+	defer ht.queued.stop()
 	t, err := s.startDial(ht, r.Host, 0)
 	switch {
 	case errors.Is(err, errShuttingDown):
@@ -186,7 +190,9 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 	for {
 		select {
 		case d := <-ht.data:
-			if _, err := conn.Write(d); err != nil {
+			_, err := conn.Write(d)
+			ht.queued.add(-len(d))
+			if err != nil {
 				ht.shutdown()
 				return
 			}
@@ -194,7 +200,9 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 			for {
 				select {
 				case d := <-ht.data:
-					if _, err := conn.Write(d); err != nil {
+					_, err := conn.Write(d)
+					ht.queued.add(-len(d))
+					if err != nil {
 						return
 					}
 				default:
@@ -233,6 +241,7 @@ func (ht *httpTunnel) deliver(pkt *client.Packet) {
 		}
 		select {
 		case ht.data <- pkt.GetData().GetData():
+			ht.queued.add(dataLen(pkt))
 			return
 		default:
 		}
@@ -240,6 +249,7 @@ func (ht *httpTunnel) deliver(pkt *client.Packet) {
 		defer timer.Stop()
 		select {
 		case ht.data <- pkt.GetData().GetData():
+			ht.queued.add(dataLen(pkt))
 		case <-ht.closed:
 		case <-ht.s.quit:
 		case <-timer.C:

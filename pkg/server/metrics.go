@@ -102,6 +102,7 @@ type metrics struct {
 	reportedCount   prometheus.Gauge
 	agentRejection  *prometheus.CounterVec
 	waitingForAgent prometheus.Gauge
+	queuedBytes     prometheus.Gauge
 
 	readyBackends *prometheus.GaugeVec
 	dialDuration  prometheus.Histogram
@@ -165,6 +166,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "frontends_waiting_for_agent",
 			Help: "Number of frontends (gRPC streams and HTTP CONNECT tunnels) whose next packet waits for room in an agent stream's send queue: an agent that does not read holds them.",
 		}),
+		queuedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "queued_bytes",
+			Help: "Bytes of DATA queued for agents and frontends and not yet sent, across every stream and HTTP CONNECT tunnel; at most 33 x 32 KiB per queue.",
+		}),
 		readyBackends: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "ready_backends",
 			Help: "Number of konnectivity agent connected to the proxy server",
@@ -205,7 +210,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent,
+	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.queuedBytes,
 		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
@@ -235,6 +240,7 @@ func (m *metrics) addWaitingForAgent(n int) {
 	m.waitingForAgent.Add(float64(n))
 	m.fullReceive.WithLabelValues(string(methodProxy)).Add(float64(n))
 }
+func (m *metrics) addQueuedBytes(n int) { m.queuedBytes.Add(float64(n)) }
 func (m *metrics) addReadyBackend(st Strategy, n int) {
 	m.readyBackends.WithLabelValues(string(st)).Add(float64(n))
 }

@@ -11,7 +11,9 @@ import (
 )
 
 // queueSize is the number of packets a stream's send queue holds. Packets
-// carry up to 32 KiB of data each, so a full queue is about 1 MiB.
+// carry at most wire.MaxDataPayload of data each, as larger DATA from a
+// peer is split before it is queued (wire.SplitData), so a full queue is
+// about 1 MiB whatever peers send.
 const queueSize = 32
 
 var (
@@ -51,6 +53,8 @@ type peer struct {
 	// to_client).
 	metrics *metrics
 	segment string
+	// queued counts the DATA bytes in out and the packet being sent.
+	queued queuedBytes
 }
 
 // latePacket is a packet of sendLate, due once dequeued reaches due.
@@ -61,7 +65,7 @@ type latePacket struct {
 
 // newPeer returns the peer of stream, whose sends m counts under segment.
 func newPeer(stream packetStream, m *metrics, segment string) *peer {
-	return &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), lateReady: make(chan struct{}, 1), metrics: m, segment: segment}
+	return &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), lateReady: make(chan struct{}, 1), metrics: m, segment: segment, queued: queuedBytes{m: m}}
 }
 
 // end marks the stream as ended for reason; the first reason wins.
@@ -69,6 +73,7 @@ func (p *peer) end(reason error) {
 	p.once.Do(func() {
 		p.reason = reason
 		close(p.done)
+		p.queued.stop()
 	})
 }
 
@@ -77,11 +82,13 @@ func (p *peer) end(reason error) {
 func (p *peer) send(pkt *client.Packet, quit <-chan struct{}) bool {
 	select {
 	case p.out <- pkt:
+		p.queued.add(dataLen(pkt))
 		return true
 	default:
 	}
 	select {
 	case p.out <- pkt:
+		p.queued.add(dataLen(pkt))
 		return true
 	case <-p.done:
 		return false
@@ -95,6 +102,7 @@ func (p *peer) send(pkt *client.Packet, quit <-chan struct{}) bool {
 func (p *peer) sendWithin(pkt *client.Packet, d time.Duration, quit <-chan struct{}) error {
 	select {
 	case p.out <- pkt:
+		p.queued.add(dataLen(pkt))
 		return nil
 	default:
 	}
@@ -102,6 +110,7 @@ func (p *peer) sendWithin(pkt *client.Packet, d time.Duration, quit <-chan struc
 	defer timer.Stop()
 	select {
 	case p.out <- pkt:
+		p.queued.add(dataLen(pkt))
 		return nil
 	case <-p.done:
 		return errPeerGone
@@ -168,7 +177,9 @@ func (p *peer) writeLoop() {
 			}
 		}
 		start := time.Now()
-		if err := p.stream.Send(pkt); err != nil {
+		err := p.stream.Send(pkt)
+		p.queued.add(-dataLen(pkt)) // late packets carry no data: 0
+		if err != nil {
 			p.metrics.streamError(p.segment, err, pkt.GetType().String())
 			p.end(err)
 			return
@@ -179,3 +190,46 @@ func (p *peer) writeLoop() {
 		p.metrics.packet(p.segment, pkt.GetType())
 	}
 }
+
+// queuedBytes counts the bytes of one queue in the server's queued_bytes
+// gauge. A byte is added once it is in the queue and subtracted once it
+// has been sent; the two may come in either order (the writer can take a
+// packet before its sender has counted it), so the count may dip below
+// zero for a moment but adds up. stop takes what is left out of the gauge
+// and counts nothing after it, so that data left in a queue whose stream
+// has ended is not counted for ever.
+type queuedBytes struct {
+	m    *metrics
+	mu   sync.Mutex
+	n    int
+	over bool
+}
+
+// add adds n (negative: subtracts) unless the queue is stopped.
+func (q *queuedBytes) add(n int) {
+	if n == 0 {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.over {
+		return
+	}
+	q.n += n
+	q.m.addQueuedBytes(n)
+}
+
+// stop takes the queue's bytes out of the gauge, for good.
+func (q *queuedBytes) stop() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.over {
+		q.over = true
+		q.m.addQueuedBytes(-q.n)
+		q.n = 0
+	}
+}
+
+// dataLen is the size of pkt's data: what it costs in a queue beyond a
+// fixed size.
+func dataLen(pkt *client.Packet) int { return len(pkt.GetData().GetData()) }

@@ -193,7 +193,17 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 		be.peer.send(wire.CloseReq(id), s.quit)
 		return
 	}
-	t.fe.deliver(pkt)
+	if len(pkt.GetData().GetData()) <= wire.MaxDataPayload {
+		t.fe.deliver(pkt) // forwarded as it came: no new packet to build
+		return
+	}
+	// Queued in pieces, each waiting for room like any packet, so that the
+	// frontend's queue holds at most queueSize x MaxDataPayload bytes
+	// whatever size the agent sends.
+	wire.SplitData(pkt.GetData().GetData(), func(piece []byte) bool {
+		t.fe.deliver(wire.Data(id, piece))
+		return true
+	})
 }
 
 // onAgentCloseResponse handles CLOSE_RSP from agent stream be.
@@ -249,6 +259,7 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 func (s *Server) sendToAgent(be *backend, pkt *client.Packet, feDone <-chan struct{}) bool {
 	select {
 	case be.peer.out <- pkt:
+		be.peer.queued.add(dataLen(pkt))
 		return true
 	default:
 	}
@@ -256,6 +267,7 @@ func (s *Server) sendToAgent(be *backend, pkt *client.Packet, feDone <-chan stru
 	defer s.metrics.addWaitingForAgent(-1)
 	select {
 	case be.peer.out <- pkt:
+		be.peer.queued.add(dataLen(pkt))
 		return true
 	case <-be.peer.done:
 	case <-feDone:

@@ -99,7 +99,11 @@ const (
 	ConnWindow   = 4 << 20
 	// MaxMessageSize admits a DATA packet carrying one large write from a
 	// konnectivity-client user, which sends each Write as one packet;
-	// gRPC's default limit is 4 MiB.
+	// gRPC's default limit is 4 MiB. It is not lowered: upstream's
+	// clients set no limit of their own, so a lower one would break a
+	// client that writes more in one call. Such a packet costs one message
+	// per stream while it is received; it is split (SplitData) before
+	// it is queued, so queues never hold it whole.
 	MaxMessageSize = 16 << 20
 )
 
@@ -154,4 +158,31 @@ func Data(connectID int64, data []byte) *client.Packet {
 // Drain returns DRAIN: the agent is going away; send it no new tunnels.
 func Drain() *client.Packet {
 	return &client.Packet{Type: client.PacketType_DRAIN, Payload: &client.Packet_Drain{Drain: &client.Drain{}}}
+}
+
+// SplitData calls fn with data cut into pieces of at most MaxDataPayload
+// bytes, in order, until fn returns false. A peer may send one DATA packet
+// of up to MaxMessageSize (konnectivity-client sends each Write whole);
+// queueing it as it came would bound our queues in packets only, so a
+// queue of n packets could hold n x 16 MiB. The bytes of a tunnel are a
+// stream, so cutting them keeps their meaning. Pieces of an oversized
+// packet are copies: a piece that aliased the received message would keep
+// all of it alive for as long as any piece is queued. Data that fits is
+// passed as it is, without a copy.
+func SplitData(data []byte, fn func(piece []byte) bool) {
+	if len(data) <= MaxDataPayload {
+		if len(data) > 0 {
+			fn(data)
+		}
+		return
+	}
+	for len(data) > 0 {
+		n := min(len(data), MaxDataPayload)
+		piece := make([]byte, n)
+		copy(piece, data[:n])
+		data = data[n:]
+		if !fn(piece) {
+			return
+		}
+	}
 }

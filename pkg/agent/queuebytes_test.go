@@ -1,0 +1,91 @@
+package agent
+
+import (
+	"io"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// pattern returns n bytes of a stream starting at offset off, such that a
+// byte out of order or lost shows.
+func pattern(off, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte((off + i) % 251)
+	}
+	return b
+}
+
+// Issue 10 item 6: a DATA packet of up to wire.MaxMessageSize was queued
+// whole, so an endpoint that does not read made a tunnel's queue of
+// tunnelQueueLen packets hold up to 128 x 16 MiB. Now a large packet is
+// queued in pieces of MaxDataPayload: the queue holds at most
+// tunnelQueueLen pieces plus the one being written, and an endpoint that
+// reads again gets every byte in order.
+func TestTunnelQueueBoundedInBytes(t *testing.T) {
+	a, st := oneStream(t)
+	target := newTestTarget(t, false)
+	id := st.dialOK(t, target.addr, 7)
+	conn := target.accepted(t) // not read until the queue is full
+
+	const (
+		packetLen = 4 << 20
+		packets   = 8 // 32 MiB: more than loopback socket buffers absorb
+		total     = packetLen * packets
+	)
+	// tunnelQueueLen pieces in the queue, one being written and one
+	// counted while the receive loop waits for room for it.
+	bound := float64((tunnelQueueLen + 2) * wire.MaxDataPayload)
+	// The sender blocks once the agent stops reading its stream; it ends
+	// when the data is read or, if the test fails, when the agent stops.
+	sent := make(chan error, 1)
+	go func() {
+		st.sendMu.Lock()
+		defer st.sendMu.Unlock()
+		for i := range packets {
+			if err := st.stream.Send(wire.Data(id, pattern(i*packetLen, packetLen))); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+
+	// Eventually runs its condition in another goroutine, where require
+	// must not stop the test: the highest value seen is checked after.
+	var mu sync.Mutex
+	highest := 0.0
+	queued := func() float64 {
+		v, _ := a.metric(t, "servercount_agent_queued_bytes")
+		mu.Lock()
+		highest = max(highest, v)
+		mu.Unlock()
+		return v
+	}
+	// Full: the endpoint does not read, so the queue fills to its bound
+	// and no further; every look checks the bound.
+	require.Eventually(t, func() bool { return queued() >= float64(tunnelQueueLen*wire.MaxDataPayload) }, waitFor, tick)
+
+	_, ok := a.metric(t, "servercount_agent_queued_bytes")
+	require.True(t, ok, "servercount_agent_queued_bytes is not exported")
+
+	// The endpoint reads: every byte arrives, in order. The gauge is
+	// looked at after each read too, while the agent refills the queue.
+	got := make([]byte, total)
+	for off := 0; off < total; {
+		n, err := io.ReadAtLeast(conn, got[off:], 1)
+		require.NoError(t, err)
+		off += n
+		queued()
+	}
+	require.Equal(t, pattern(0, total), got, "bytes lost or out of order")
+	require.NoError(t, <-sent)
+	require.Eventually(t, func() bool { return queued() == 0 }, waitFor, tick)
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, highest, bound, "a tunnel queue held more than (tunnelQueueLen+2) x MaxDataPayload bytes")
+}

@@ -1,0 +1,5 @@
+package server
+
+// QueueSize is queueSize, for the tests of package server_test that
+// check a queue's bound in bytes.
+const QueueSize = queueSize
