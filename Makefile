@@ -29,7 +29,10 @@ test:
 FUZZ := \
 	./pkg/servercounter:FuzzDNSCountAnswer \
 	./pkg/servercounter:FuzzClassify \
-	./cmd/servercount/app:FuzzProbeArgs
+	./cmd/servercount/app:FuzzProbeArgs \
+	./pkg/server:FuzzHTTPConnectRequest \
+	./pkg/server:FuzzHandshake \
+	./pkg/agent:FuzzParseHandshake
 FUZZTIME ?= 60s
 
 ## fuzz: each fuzz target for FUZZTIME (default 60s); failures land in testdata/fuzz
