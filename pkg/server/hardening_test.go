@@ -23,7 +23,6 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
@@ -202,25 +201,9 @@ func TestGRPCFrontendCancelFreedWhileAgentDoesNotRead(t *testing.T) {
 	established := gauge("konnectivity_network_proxy_server_established_connections", nil)
 
 	// The agent answers one dial, then never reads again.
-	a, err := connectAgent(t, e, agentOpts{id: "deaf"})
-	require.NoError(t, err)
-	t.Cleanup(func() { a.cancel(); a.cc.Close() })
-	waitBackends(t, e, 1)
-
-	cc, err := grpc.NewClient(e.frontAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.frontTLS)))
-	require.NoError(t, err)
-	defer cc.Close()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	stream, err := client.NewProxyServiceClient(cc).Proxy(ctx)
-	require.NoError(t, err)
-	require.NoError(t, stream.Send(wire.DialReq("tcp", "127.0.0.1:9", 7)))
-	req, err := a.stream.Recv()
-	require.NoError(t, err)
-	a.send(wire.DialRsp(req.GetDialRequest().GetRandom(), 1, ""))
-	rsp, err := stream.Recv()
-	require.NoError(t, err)
-	require.Empty(t, rsp.GetDialResponse().GetError())
+	_, stream := tunnelThroughAgent(t, ctx, e, "deaf")
 
 	// Send until the server's receive loop for this frontend waits for
 	// room in the agent's queue; Send blocks once the server stops

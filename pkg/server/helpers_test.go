@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/klog/v2/textlogger"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
@@ -445,4 +447,53 @@ func echoServer(t *testing.T) string {
 		wg.Wait()
 	})
 	return lis.Addr().String()
+}
+
+// tunnelThroughAgent connects an agent named id and opens a gRPC frontend
+// tunnel through it to a dummy address: the agent answers the one dial,
+// and then reads only when the test makes it. The frontend's stream ends
+// with ctx.
+func tunnelThroughAgent(t *testing.T, ctx context.Context, e *env, id string) (*testAgent, client.ProxyService_ProxyClient) {
+	t.Helper()
+	a, err := connectAgent(t, e, agentOpts{id: id})
+	require.NoError(t, err)
+	t.Cleanup(func() { a.cancel(); a.cc.Close() })
+	waitBackends(t, e, 1)
+
+	cc, err := grpc.NewClient(e.frontAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.frontTLS)))
+	require.NoError(t, err)
+	t.Cleanup(func() { cc.Close() })
+	stream, err := client.NewProxyServiceClient(cc).Proxy(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(wire.DialReq("tcp", "127.0.0.1:9", 7)))
+	req, err := a.stream.Recv()
+	require.NoError(t, err)
+	a.send(wire.DialRsp(req.GetDialRequest().GetRandom(), 1, ""))
+	rsp, err := stream.Recv()
+	require.NoError(t, err)
+	require.Empty(t, rsp.GetDialResponse().GetError())
+	return a, stream
+}
+
+// queuedBytesWatch reads servercount_server_queued_bytes from reg and
+// remembers the highest value read: queued may be called from
+// Eventually's goroutine, where require must not stop the test, and
+// check fails the test if that highest value passed bound.
+func queuedBytesWatch(t *testing.T, reg *prometheus.Registry, bound float64) (queued func() float64, check func()) {
+	var mu sync.Mutex
+	highest := 0.0
+	queued = func() float64 {
+		v, _ := metricstest.Value(reg, "servercount_server_queued_bytes")
+		mu.Lock()
+		highest = max(highest, v)
+		mu.Unlock()
+		return v
+	}
+	check = func() {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		require.LessOrEqual(t, highest, bound, "a queue held more than (QueueSize+1) x MaxDataPayload bytes")
+	}
+	return queued, check
 }

@@ -1,18 +1,15 @@
 package server_test
 
 import (
-	"context"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/internal/metricstest"
 
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
@@ -39,17 +36,7 @@ func TestAgentQueueBoundedInBytes(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{Registerer: reg})
 	bound := float64((server.QueueSize + 1) * wire.MaxDataPayload)
-	var mu sync.Mutex
-	highest := 0.0
-	// Looked at from Eventually's goroutine too, where require must not
-	// stop the test: the highest value seen is checked at the end.
-	queued := func() float64 {
-		v, _ := metricstest.Value(reg, "servercount_server_queued_bytes")
-		mu.Lock()
-		highest = max(highest, v)
-		mu.Unlock()
-		return v
-	}
+	queued, checkBound := queuedBytesWatch(t, reg, bound)
 	waiting := func() float64 {
 		v, _ := metricstest.Value(reg, "servercount_server_frontends_waiting_for_agent")
 		return v
@@ -57,25 +44,7 @@ func TestAgentQueueBoundedInBytes(t *testing.T) {
 
 	// The agent answers one dial, then does not read until the queue is
 	// full.
-	a, err := connectAgent(t, e, agentOpts{id: "slow"})
-	require.NoError(t, err)
-	t.Cleanup(func() { a.cancel(); a.cc.Close() })
-	waitBackends(t, e, 1)
-
-	cc, err := grpc.NewClient(e.frontAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.frontTLS)))
-	require.NoError(t, err)
-	defer cc.Close()
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	stream, err := client.NewProxyServiceClient(cc).Proxy(ctx)
-	require.NoError(t, err)
-	require.NoError(t, stream.Send(wire.DialReq("tcp", "127.0.0.1:9", 7)))
-	req, err := a.stream.Recv()
-	require.NoError(t, err)
-	a.send(wire.DialRsp(req.GetDialRequest().GetRandom(), 1, ""))
-	rsp, err := stream.Recv()
-	require.NoError(t, err)
-	require.Empty(t, rsp.GetDialResponse().GetError())
+	a, stream := tunnelThroughAgent(t, t.Context(), e, "slow")
 
 	const (
 		packetLen = 2 << 20 // under the test agent's 4 MiB receive limit
@@ -101,12 +70,6 @@ func TestAgentQueueBoundedInBytes(t *testing.T) {
 		q := queued()
 		return q > bound || q >= float64(server.QueueSize*wire.MaxDataPayload) && waiting() == 1
 	}, waitFor, 5*time.Millisecond, "the agent's queue never filled")
-	checkBound := func() {
-		t.Helper()
-		mu.Lock()
-		defer mu.Unlock()
-		require.LessOrEqual(t, highest, bound, "the agent's queue held more than (QueueSize+1) x MaxDataPayload bytes")
-	}
 	checkBound()
 
 	// The agent reads: every byte arrives, in order, the gauge looked at
@@ -137,21 +100,7 @@ func TestHTTPConnectQueueBoundedInBytes(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{Registerer: reg})
 	bound := float64((server.QueueSize + 1) * wire.MaxDataPayload)
-	var mu sync.Mutex
-	highest := 0.0
-	queued := func() float64 {
-		v, _ := metricstest.Value(reg, "servercount_server_queued_bytes")
-		mu.Lock()
-		highest = max(highest, v)
-		mu.Unlock()
-		return v
-	}
-	checkBound := func() {
-		t.Helper()
-		mu.Lock()
-		defer mu.Unlock()
-		require.LessOrEqual(t, highest, bound, "the tunnel's queue held more than (QueueSize+1) x MaxDataPayload bytes")
-	}
+	queued, checkBound := queuedBytesWatch(t, reg, bound)
 
 	a, err := connectAgent(t, e, agentOpts{id: "big-writer"})
 	require.NoError(t, err)
