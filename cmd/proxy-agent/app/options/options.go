@@ -22,7 +22,7 @@ import (
 
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/kubeclient"
-	"github.com/servercount/servercount/internal/leasecount"
+	"github.com/servercount/servercount/internal/leaseopts"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -78,7 +78,7 @@ type Options struct {
 
 	// Leases counts servers by their Kubernetes Leases
 	// (--count-server-leases), through the API client of Kube.
-	Leases *leasecount.Options
+	Leases *leaseopts.CountOptions
 	Kube   kubeclient.Options
 
 	// Accepted for compatibility with upstream manifests; they tune what
@@ -100,7 +100,7 @@ func NewOptions() *Options {
 		HealthServerPort:    8093,
 		AdminBindAddress:    "127.0.0.1",
 		AdminServerPort:     8094,
-		Leases:              leasecount.NewOptions(),
+		Leases:              leaseopts.NewCountOptions(),
 		Kube:                kubeclient.Options{ContentType: kubeclient.DefaultContentType},
 		XfrChannelSize:      150,
 		DNS:                 dnscount.NewOptions(),

@@ -16,7 +16,7 @@ import (
 
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/kubeclient"
-	"github.com/servercount/servercount/internal/leasepublish"
+	"github.com/servercount/servercount/internal/leaseopts"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tokenreview"
 	"github.com/servercount/servercount/pkg/lease"
@@ -79,7 +79,7 @@ type Options struct {
 	AuthenticationAudience string
 
 	// Leases publishes this server's Lease (--enable-lease-controller).
-	Leases *leasepublish.Options
+	Leases *leaseopts.PublishOptions
 	// Kube is the API client of TokenReviews and leases.
 	Kube kubeclient.Options
 
@@ -108,7 +108,7 @@ func NewOptions() *Options {
 		FrontendKeepaliveTime:   time.Hour,
 		GracefulShutdownTimeout: 15 * time.Second,
 		DNS:                     dnscount.NewOptions(),
-		Leases:                  leasepublish.NewOptions(),
+		Leases:                  leaseopts.NewPublishOptions(),
 		Kube:                    kubeclient.Options{ContentType: kubeclient.DefaultContentType},
 	}
 }

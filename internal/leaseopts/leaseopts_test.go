@@ -1,4 +1,4 @@
-package leasecount_test
+package leaseopts_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/servercount/servercount/internal/leasecount"
+	"github.com/servercount/servercount/internal/leaseopts"
 	"github.com/servercount/servercount/internal/metricstest"
 )
 
@@ -22,16 +22,16 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func parse(t *testing.T, args ...string) *leasecount.Options {
+func parse(t *testing.T, args ...string) *leaseopts.CountOptions {
 	t.Helper()
-	o := leasecount.NewOptions()
+	o := leaseopts.NewCountOptions()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	o.AddFlags(fs)
 	require.NoError(t, fs.Parse(args))
 	return o
 }
 
-func TestFlags(t *testing.T) {
+func TestCountFlags(t *testing.T) {
 	o := parse(t)
 	assert.False(t, o.Enabled)
 	assert.Equal(t, "kube-system", o.Namespace)
@@ -69,4 +69,23 @@ func TestUnreachableAPIServer(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond, "failed lists counted")
 	_, ok := metricstest.Value(reg, "konnectivity_network_proxy_agent_lease_watches_total")
 	assert.False(t, ok, "no watch series before a watch: upstream creates series when they happen")
+}
+
+func TestPublishFlags(t *testing.T) {
+	parse := func(args ...string) *leaseopts.PublishOptions {
+		o := leaseopts.NewPublishOptions()
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		require.NoError(t, fs.Parse(args))
+		return o
+	}
+	o := parse()
+	assert.False(t, o.Enabled)
+	assert.Equal(t, "kube-system", o.Namespace)
+	assert.Equal(t, "k8s-app=konnectivity-server", o.Labels)
+	assert.Empty(t, parse("--enable-lease-controller", "--lease-label=a=b,c=d").Validate())
+	errs := parse("--enable-lease-controller", "--lease-label=a", "--lease-namespace=").Validate()
+	require.Len(t, errs, 2)
+	assert.ErrorContains(t, errs[0], "--lease-namespace")
+	assert.ErrorContains(t, errs[1], `invalid --lease-label "a"`)
 }

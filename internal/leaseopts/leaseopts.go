@@ -1,0 +1,218 @@
+// Package leaseopts turns the binaries' lease flags, with upstream's names
+// and defaults, into pkg/lease's counter (the agent's --count-server-leases)
+// and publisher (the server's --enable-lease-controller), each with
+// upstream's lease metrics.
+package leaseopts
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/servercount/servercount/pkg/lease"
+)
+
+// CountOptions are the agent's lease flags.
+type CountOptions struct {
+	// Enabled counts servers by their leases (--count-server-leases).
+	Enabled bool
+	// Namespace holds the leases (--lease-namespace).
+	Namespace string
+	// LabelSelector selects them (--lease-label-selector, or the
+	// deprecated --lease-label).
+	LabelSelector string
+}
+
+// NewCountOptions returns upstream's defaults.
+func NewCountOptions() *CountOptions {
+	return &CountOptions{Namespace: lease.DefaultNamespace, LabelSelector: lease.DefaultLabelSelector}
+}
+
+// AddFlags adds the lease flags to fs.
+func (o *CountOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.BoolVar(&o.Enabled, "count-server-leases", o.Enabled, "count proxy-servers by their Kubernetes Leases (needs get, list and watch on leases in --lease-namespace)")
+	fs.StringVar(&o.Namespace, "lease-namespace", o.Namespace, "namespace of the proxy-servers' leases")
+	fs.StringVar(&o.LabelSelector, "lease-label-selector", o.LabelSelector, "label selector of the proxy-servers' leases")
+	fs.StringVar(&o.LabelSelector, "lease-label", o.LabelSelector, "label selector of the proxy-servers' leases")
+	_ = fs.MarkDeprecated("lease-label", "use --lease-label-selector")
+}
+
+// Validate returns every problem with o, each naming its flag.
+func (o *CountOptions) Validate() []error {
+	if !o.Enabled {
+		return nil
+	}
+	var errs []error
+	if o.Namespace == "" {
+		errs = append(errs, errors.New("--lease-namespace must not be empty with --count-server-leases"))
+	}
+	if _, err := labels.Parse(o.LabelSelector); err != nil {
+		errs = append(errs, fmt.Errorf("invalid --lease-label-selector %q: %w", o.LabelSelector, err))
+	}
+	return errs
+}
+
+// Build starts counting leases through client, and registers upstream's
+// agent lease metrics with reg (which may be nil).
+func (o *CountOptions) Build(client kubernetes.Interface, reg prometheus.Registerer) (*lease.Counter, error) {
+	m := newCountMetrics()
+	if err := register(reg, m.lists, m.watches, m.latency); err != nil {
+		return nil, err
+	}
+	c, err := lease.NewCounter(lease.CounterConfig{Client: client, Namespace: o.Namespace, LabelSelector: o.LabelSelector, Observe: m.observe})
+	if err != nil {
+		return nil, fmt.Errorf("--count-server-leases: %w", err)
+	}
+	return c, nil
+}
+
+// metrics are upstream's agent lease metrics, with its names, labels, HELP
+// texts and buckets; a labelled series appears when it first happens.
+type countMetrics struct {
+	lists, watches *prometheus.CounterVec
+	latency        *prometheus.HistogramVec
+}
+
+func newCountMetrics() *countMetrics {
+	const ns, sub = "konnectivity_network_proxy", "agent"
+	return &countMetrics{
+		lists: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_lists_total",
+			Help: "Count of server lease list calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",
+		}, []string{"http_response_code", "reason"}),
+		watches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_watches_total",
+			Help: "Count of server lease watch calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",
+		}, []string{"http_response_code", "reason"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_list_latency_seconds",
+			Help:    "Latency of server lease listing in seconds",
+			Buckets: []float64{0.005, 0.025, 0.1, 0.5, 2.5, 10, 30},
+		}, []string{"http_response_code"}),
+	}
+}
+
+func (m *countMetrics) observe(c lease.Call) {
+	code := strconv.Itoa(c.Code)
+	switch c.Verb {
+	case "list":
+		m.lists.WithLabelValues(code, c.Reason).Inc()
+		m.latency.WithLabelValues(code).Observe(c.Duration.Seconds())
+	case "watch":
+		m.watches.WithLabelValues(code, c.Reason).Inc()
+	}
+}
+
+// PublishOptions are the server's lease flags.
+type PublishOptions struct {
+	// Enabled publishes this server's lease and collects expired ones
+	// (--enable-lease-controller).
+	Enabled bool
+	// Namespace holds the leases (--lease-namespace).
+	Namespace string
+	// Labels label the lease (--lease-label).
+	Labels string
+}
+
+// NewPublishOptions returns upstream's defaults.
+func NewPublishOptions() *PublishOptions {
+	return &PublishOptions{Namespace: lease.DefaultNamespace, Labels: lease.DefaultLabelSelector}
+}
+
+// AddFlags adds the lease flags to fs.
+func (o *PublishOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.BoolVar(&o.Enabled, "enable-lease-controller", o.Enabled, "publish and renew this server's Lease, and delete expired ones (needs get, list, create, update and delete on leases in --lease-namespace)")
+	fs.StringVar(&o.Namespace, "lease-namespace", o.Namespace, "namespace of the proxy-servers' leases")
+	fs.StringVar(&o.Labels, "lease-label", o.Labels, "labels of the published lease, key=value pairs separated by commas")
+}
+
+// Validate returns every problem with o, each naming its flag.
+func (o *PublishOptions) Validate() []error {
+	if !o.Enabled {
+		return nil
+	}
+	var errs []error
+	if o.Namespace == "" {
+		errs = append(errs, errors.New("--lease-namespace must not be empty with --enable-lease-controller"))
+	}
+	if set, err := labels.ConvertSelectorToLabelsMap(o.Labels); err != nil || len(set) == 0 {
+		errs = append(errs, fmt.Errorf("invalid --lease-label %q: want key=value pairs separated by commas", o.Labels))
+	}
+	return errs
+}
+
+// Build returns the publisher of serverID's lease, and registers
+// upstream's lease controller metrics with reg (which may be nil).
+func (o *PublishOptions) Build(client kubernetes.Interface, serverID string, reg prometheus.Registerer) (*lease.Publisher, error) {
+	m := newPublishMetrics()
+	if err := register(reg, m.culled, m.deletes, m.lists, m.latency); err != nil {
+		return nil, err
+	}
+	p, err := lease.NewPublisher(lease.PublisherConfig{Client: client, ServerID: serverID, Namespace: o.Namespace, Labels: o.Labels, Observe: m.observe})
+	if err != nil {
+		return nil, fmt.Errorf("--enable-lease-controller: %w", err)
+	}
+	return p, nil
+}
+
+// metrics are upstream's server lease metrics, with its names, labels and
+// HELP texts (typos included: dashboards match them); a labelled series
+// appears when it first happens.
+type publishMetrics struct {
+	culled, deletes, lists *prometheus.CounterVec
+	latency                *prometheus.HistogramVec
+}
+
+func newPublishMetrics() *publishMetrics {
+	const ns, sub = "konnectivity_network_proxy", "server"
+	return &publishMetrics{
+		culled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "culled_leases_count",
+			Help: "Count of expired leases that the lease garbage collection controller has culled.",
+		}, []string{"http_status_code"}),
+		deletes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_delete_total",
+			Help: "Count of lease delection calls by the garbage collection controller. Labeled by HTTP status code and reason.",
+		}, []string{"http_status_code", "reason"}),
+		lists: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_list_total",
+			Help: "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason.",
+		}, []string{"http_status_code", "reason"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "lease_list_latency_seconds",
+			Help: "Latency of lease list calls by the garbage collection controller in seconds.",
+		}, []string{"http_status_code"}),
+	}
+}
+
+func (m *publishMetrics) observe(c lease.Call) {
+	code := strconv.Itoa(c.Code)
+	switch c.Verb {
+	case "list":
+		m.lists.WithLabelValues(code, c.Reason).Inc()
+		m.latency.WithLabelValues(code).Observe(c.Duration.Seconds())
+	case "delete":
+		m.deletes.WithLabelValues(code, c.Reason).Inc()
+		if c.Culled {
+			m.culled.WithLabelValues(code).Inc()
+		}
+	}
+}
+
+// register registers cs with reg, unless reg is nil.
+func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("register lease metrics: %w", err)
+		}
+	}
+	return nil
+}
