@@ -67,11 +67,17 @@ func (cs *ClientSet) syncLoop(ctx context.Context) {
 	)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	for {
-		var changed <-chan struct{}
-		if cs.cfg.CountChanged != nil {
-			changed = cs.cfg.CountChanged.Changed()
+	// The change signal is taken before each round reads the count, as
+	// Notifier asks: a change during the round then wakes the next wait
+	// at once instead of waiting for the timer.
+	subscribe := func() <-chan struct{} {
+		if cs.cfg.CountChanged == nil {
+			return nil
 		}
+		return cs.cfg.CountChanged.Changed()
+	}
+	changed := subscribe()
+	for {
 		select {
 		case <-ctx.Done():
 			return
@@ -79,6 +85,7 @@ func (cs *ClientSet) syncLoop(ctx context.Context) {
 		case <-changed:
 			logger.V(4).Info("Server count changed, syncing now")
 		}
+		changed = subscribe()
 		wait := cs.syncRound(ctx, bo)
 		cs.metrics.syncRound()
 		logger.V(5).Info("Finished sync round", "wait", wait)

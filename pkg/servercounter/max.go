@@ -33,10 +33,14 @@ func NewMaxCounter(counters ...Counter) *MaxCounter {
 		if !ok {
 			continue
 		}
+		// Subscribed here, and again before each relay, never after: a
+		// change between a relay and the next subscription would be lost.
+		changed := n.Changed()
 		m.wg.Go(func() {
 			for {
 				select {
-				case <-n.Changed():
+				case <-changed:
+					changed = n.Changed()
 					m.signal()
 				case <-m.stop:
 					return
