@@ -18,6 +18,13 @@ import (
 // the address.
 func rawUDPServer(t testing.TB, reply func(q *dns.Msg) []byte, tcp dns.Handler) string {
 	t.Helper()
+	return rawUDPServerN(t, func(q *dns.Msg) [][]byte { return [][]byte{reply(q)} }, tcp)
+}
+
+// rawUDPServerN is rawUDPServer sending each query every packet replies
+// returns, in order.
+func rawUDPServerN(t testing.TB, replies func(q *dns.Msg) [][]byte, tcp dns.Handler) string {
+	t.Helper()
 	for try := 0; ; try++ {
 		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 		require.NoError(t, err)
@@ -46,8 +53,10 @@ func rawUDPServer(t testing.TB, reply func(q *dns.Msg) []byte, tcp dns.Handler) 
 				if q.Unpack(buf[:n]) != nil {
 					continue
 				}
-				if b := reply(q); b != nil {
-					_, _ = pc.WriteTo(b, from)
+				for _, b := range replies(q) {
+					if b != nil {
+						_, _ = pc.WriteTo(b, from)
+					}
 				}
 			}
 		}()
