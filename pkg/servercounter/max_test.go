@@ -105,7 +105,7 @@ func TestMaxCounterRelaysEveryChange(t *testing.T) {
 	src := &notifyingCounter{count: 1, changed: make(chan struct{})}
 	m := servercounter.NewMaxCounter(servercounter.StaticServerCounter(1), src)
 	defer m.Close()
-	for n := 2; n < 500; n++ {
+	for n := 2; n < 100; n++ {
 		ch := m.Changed()
 		src.set(n)
 		select {
