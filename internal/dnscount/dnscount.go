@@ -140,7 +140,7 @@ func (o *Options) Build(reg prometheus.Registerer, subsystem string, fallback in
 	m.outage, m.logger, m.name = outage.New("count proxy-servers through DNS (--server-count-dns)", nil), o.Logger, o.Name
 	return servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{
 		Expiry: o.CacheTTL, MinExpiry: o.CacheTTLMin, MaxExpiry: o.CacheTTLMax,
-		Fallback: fallback, Background: true, Observe: m.observe,
+		Fallback: fallback, Background: true, Spread: true, Observe: m.observe,
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +47,12 @@ type CacheConfig struct {
 	// after the source changes even when nobody reads. It costs one
 	// refresh per expiry while the cache is open.
 	Background bool
+	// Spread draws the first good count's expiry at random between
+	// MinExpiry and its usual value; later expiries are exact. A fleet
+	// of caches started together (agents after a rollout) then refreshes
+	// spread over one expiry instead of in step, and none refreshes more
+	// often than once per expiry after the first.
+	Spread bool
 	// Observe, when set, is called after each refresh with the source's
 	// result and error, in the refresh goroutine and before the result is
 	// published: metrics hook in here. It must return quickly.
@@ -279,10 +286,14 @@ func (c *CachedServerCounter) refreshOnce(ctx context.Context) {
 	if err != nil {
 		klog.FromContext(ctx).V(4).Info("Server count refresh failed, keeping the last count", "err", err)
 	} else {
+		first := c.good == nil
 		c.good = &res
 		fresh = c.cfg.Expiry
 		if fresh == 0 {
 			fresh = min(max(res.TTL, c.cfg.MinExpiry), c.cfg.MaxExpiry)
+		}
+		if first && c.cfg.Spread && fresh > c.cfg.MinExpiry {
+			fresh = c.cfg.MinExpiry + rand.N(fresh-c.cfg.MinExpiry+1)
 		}
 	}
 	e := c.publish(klog.FromContext(ctx))

@@ -342,3 +342,30 @@ func TestCachedBackgroundRefreshSignalsChanges(t *testing.T) {
 		eventually(t, func() bool { res, _ := c.Count(t.Context()); return res.Count == n }, "the new count")
 	}
 }
+
+// With Spread, caches started together draw their first expiry between
+// MinExpiry and the TTL, then refresh once per TTL exactly.
+func TestCachedSpreadsTheFirstExpiry(t *testing.T) {
+	t.Parallel()
+	const ttl = 10 * time.Second
+	firsts := map[time.Duration]bool{}
+	for range 20 {
+		var calls atomic.Int32
+		src := counterFunc(func(context.Context) (servercounter.Result, error) {
+			calls.Add(1)
+			return servercounter.Result{Count: 1, TTL: ttl, Source: servercounter.SourceDNS}, nil
+		})
+		c, clk := newCache(t, src, servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, Spread: true})
+		c.CountServers()
+		var first time.Duration
+		eventually(t, func() bool { d, ok := clk.Next(); first = d; return ok }, "a first expiry")
+		require.GreaterOrEqual(t, first, time.Second, "not before MinExpiry")
+		require.LessOrEqual(t, first, ttl, "not after the TTL")
+		firsts[first] = true
+		clk.Step(first)
+		c.CountServers()
+		eventually(t, func() bool { return calls.Load() == 2 }, "a refresh once expired")
+		expire(t, clk, ttl) // the second expiry is the TTL itself
+	}
+	assert.Greater(t, len(firsts), 1, "20 caches drew %v: the first expiry is not spread", firsts)
+}
