@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -283,6 +284,17 @@ func (c *Cluster) PauseAPIServer(d time.Duration) error {
 	c.apiserver.Stop()
 	time.Sleep(d) // the outage itself, not a wait for a condition
 	return c.runAPIServer()
+}
+
+// APIServerMetrics reads kube-apiserver's own /metrics with the admin
+// identity, e.g. apiserver_request_total, to count the requests a test
+// caused from the server's side.
+func (c *Cluster) APIServerMetrics(ctx context.Context) (Metrics, error) {
+	body, err := c.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read kube-apiserver's /metrics: %w", err)
+	}
+	return ParseMetrics(bytes.NewReader(body))
 }
 
 // Close stops CoreDNS, kube-apiserver and etcd, and removes the directory

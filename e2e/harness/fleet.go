@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -349,6 +350,33 @@ func (m Metrics) Sum(name string) float64 {
 	var s float64
 	for k, v := range m {
 		if k == name || strings.HasPrefix(k, name+"{") {
+			s += v
+		}
+	}
+	return s
+}
+
+// SumWith returns the sum of every series of name that has all the given
+// label pairs (name, value, name, value...), whatever its other labels:
+// e.g. apiserver_request_total of one resource, over every code.
+func (m Metrics) SumWith(name string, labels ...string) float64 {
+	var want []string
+	for i := 0; i+1 < len(labels); i += 2 {
+		want = append(want, fmt.Sprintf("%s=%q", labels[i], labels[i+1]))
+	}
+	var s float64
+	for k, v := range m {
+		rest, ok := strings.CutPrefix(k, name+"{")
+		if !ok {
+			if k == name && len(want) == 0 {
+				s += v
+			}
+			continue
+		}
+		// Match whole pairs, each between commas (the braces become
+		// commas), so that code="20" does not match code="200".
+		have := "," + strings.TrimSuffix(rest, "}") + ","
+		if !slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(have, ","+w+",") }) {
 			s += v
 		}
 	}

@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/servercount/servercount/e2e/harness"
+	"github.com/servercount/servercount/internal/tokenreview"
+)
+
+// Scenario 10 (issue #12): a proxy-server caches its TokenReviews, so K
+// agents that each reconnect R times cost the real kube-apiserver about K
+// reviews, not K x (R+1). The count comes from the API server's own
+// apiserver_request_total, not from our metrics, and our metrics must
+// agree with it.
+//
+// Without the cache every connection would be reviewed: K x (R+1) = 24
+// reviews here, above both the ceiling of about K and K x R, and the
+// server would report no cache hits; so each of those three checks
+// fails.
+func TestTokenReviewsAreCached(t *testing.T) {
+	const (
+		audience   = "system:konnectivity-server"
+		sa         = "konnectivity-agent"
+		agents     = 4 // K
+		reconnects = 5 // R, after the first connection
+		// cacheTTL is how long the server trusts an accepted token
+		// (the tokens live 10 minutes, longer than this).
+		cacheTTL = tokenreview.DefaultCacheTTL
+	)
+	e := newEnv(t, false)
+	ctx := t.Context()
+	_, err := the.cluster.Client.CoreV1().ServiceAccounts(e.ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
+	require.NoError(t, err)
+
+	// Each agent has a token of its own, so each costs one review:
+	// singleflight cannot merge two agents' reviews.
+	var cfgs []harness.AgentConfig
+	for i := range agents {
+		tr, err := the.cluster.Client.CoreV1().ServiceAccounts(e.ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: new(int64(600))},
+		}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		f := filepath.Join(t.TempDir(), fmt.Sprintf("token-%d", i))
+		require.NoError(t, os.WriteFile(f, []byte(tr.Status.Token), 0o600))
+		cfgs = append(cfgs, harness.AgentConfig{
+			Name: fmt.Sprintf("agent-%s-%d", e.ns, i), DNSName: e.svc.SRVName("agent"), DNSServer: the.cluster.DNS.Addr,
+			DialMode: "resolved", Extra: []string{"--service-account-token-path=" + f},
+		})
+	}
+
+	// The API server's count before this test's server exists. The
+	// suite's tests run one at a time (an earlier test's proxy-server
+	// has stopped by now) and nothing else sends TokenReviews, so the
+	// delta is this server's reviews alone.
+	before := apiServerTokenReviews(t)
+
+	ip := e.ip(0)
+	srv := e.fleet.StartServer(t, ip,
+		"--agent-namespace="+e.ns, "--agent-service-account="+sa,
+		"--authentication-audience="+audience, "--kubeconfig="+the.cluster.Kubeconfig)
+	e.servers[ip] = srv
+	e.setReady(ip)
+	e.waitCount(e.svc.SRVName("agent"), 1)
+
+	// authenticated is how many agent streams the server has judged:
+	// each is either a cache hit or a review.
+	authenticated := func(m harness.Metrics) int {
+		return int(m.Sum("servercount_server_token_review_cache_hits_total") + m.Sum("servercount_server_token_reviews_total"))
+	}
+	// waitServer waits until the server holds want agent streams and, if
+	// minAuth > 0, has authenticated at least minAuth of them in all.
+	waitServer := func(want, minAuth int, what string) {
+		t.Helper()
+		var conns, auth int
+		require.Eventually(t, func() bool {
+			m, err := srv.Metrics()
+			if err != nil {
+				return false
+			}
+			conns = int(m.Get("konnectivity_network_proxy_server_ready_backend_connections"))
+			auth = authenticated(m)
+			return conns == want && auth >= minAuth
+		}, 30*time.Second, 50*time.Millisecond, "%s: want %d agent streams and at least %d authenticated; server has %d streams, %d authenticated", what, want, minAuth, conns, auth)
+	}
+
+	start := time.Now() // before the first review
+	var running []*harness.Agent
+	for _, cfg := range cfgs {
+		running = append(running, e.fleet.StartAgent(t, cfg))
+	}
+	waitConnections(t, running, 1, 30*time.Second)
+	waitServer(agents, agents, "first connections")
+
+	// Each round breaks every agent's stream for real (the process
+	// exits, its TCP connection closes) and waits until the server has
+	// dropped them all, then starts the agents again with the same
+	// tokens against the same server process, whose cache is in memory.
+	for round := 1; round <= reconnects; round++ {
+		var wg sync.WaitGroup
+		for _, a := range running {
+			wg.Go(a.Proc.Stop)
+		}
+		wg.Wait()
+		waitServer(0, 0, fmt.Sprintf("round %d: agents stopped", round))
+		running = running[:0]
+		for _, cfg := range cfgs {
+			running = append(running, e.fleet.StartAgent(t, cfg))
+		}
+		waitConnections(t, running, 1, 30*time.Second)
+		waitServer(agents, agents*(round+1), fmt.Sprintf("round %d: agents back", round))
+	}
+	elapsed := time.Since(start)
+
+	m, err := srv.Metrics()
+	require.NoError(t, err)
+	accepted := int(m.Get("servercount_server_token_reviews_total", "result", "accepted"))
+	refused := int(m.Get("servercount_server_token_reviews_total", "result", "refused"))
+	failed := int(m.Get("servercount_server_token_reviews_total", "result", "error"))
+	reviews := accepted + refused + failed
+	hits := int(m.Sum("servercount_server_token_review_cache_hits_total"))
+
+	// kube-apiserver counts a request once it has answered it, which
+	// can be just after the server read the answer: wait until its
+	// count has caught up with what the server sent (it can be lower by
+	// failed reviews that never reached it, never higher).
+	var after harness.Metrics
+	var delta int
+	require.Eventually(t, func() bool {
+		after = apiServerTokenReviews(t)
+		delta = int(tokenReviews(after) - tokenReviews(before))
+		return delta >= accepted+refused
+	}, 10*time.Second, 100*time.Millisecond, "kube-apiserver counts the %d TokenReviews the server says it got answers to; it counts %d", accepted+refused, delta)
+
+	// The slack above K: a review that got no answer (result "error")
+	// is no verdict and is not cached, and the agent's retry is
+	// reviewed again; and an accepted verdict expires after cacheTTL,
+	// so a run longer than that may review each token once more per
+	// cacheTTL. Both are 0 in a normal run, and neither is what a
+	// missing cache would add.
+	expiries := int(elapsed / cacheTTL)
+	slack := failed + agents*expiries
+	t.Logf("K=%d agents, R=%d reconnects each, %d connections in %s", agents, reconnects, agents*(reconnects+1), elapsed.Round(time.Millisecond))
+	t.Logf("kube-apiserver: %d TokenReviews (apiserver_request_total of tokenreviews: %v before, %v after)", delta, tokenReviews(before), tokenReviews(after))
+	for _, s := range tokenReviewSeries(after) {
+		t.Logf("  %s", s)
+	}
+	t.Logf("proxy-server: %d reviews (%d accepted, %d refused, %d error), %d cache hits, %d authentications", reviews, accepted, refused, failed, hits, hits+reviews)
+	t.Logf("bounds: K=%d <= %d <= K+slack=%d (slack: %d failed reviews, %d cache expiries), and < K*R=%d", agents, delta, agents+slack, failed, expiries, agents*reconnects)
+
+	assert.GreaterOrEqual(t, delta, agents, "kube-apiserver reviewed each of the %d tokens at least once", agents)
+	assert.LessOrEqual(t, delta, agents+slack, "kube-apiserver reviews: about one per agent, not one per connection")
+	assert.Less(t, delta, agents*reconnects, "kube-apiserver reviews: fewer than K x R")
+	// The server's metrics agree with the API server's.
+	assert.Equal(t, 0, refused, "no valid token is refused")
+	assert.LessOrEqual(t, accepted, delta, "each accepted review reached kube-apiserver")
+	assert.LessOrEqual(t, delta, reviews, "kube-apiserver counts no review the server did not send")
+	assert.GreaterOrEqual(t, hits, agents*reconnects, "every reconnection is judged from the cache")
+}
+
+// apiServerTokenReviews reads kube-apiserver's metrics.
+func apiServerTokenReviews(t *testing.T) harness.Metrics {
+	t.Helper()
+	m, err := the.cluster.APIServerMetrics(t.Context())
+	require.NoError(t, err)
+	return m
+}
+
+// tokenReviews is how many TokenReviews kube-apiserver has served, over
+// every response code (create is the resource's only verb).
+func tokenReviews(m harness.Metrics) float64 {
+	return m.SumWith("apiserver_request_total", "group", "authentication.k8s.io", "resource", "tokenreviews")
+}
+
+// tokenReviewSeries are the apiserver_request_total series of
+// tokenreviews, with their values, for the log.
+func tokenReviewSeries(m harness.Metrics) []string {
+	var out []string
+	for k, v := range m {
+		if strings.HasPrefix(k, "apiserver_request_total{") && strings.Contains(k, `resource="tokenreviews"`) {
+			out = append(out, fmt.Sprintf("%s %v", k, v))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
