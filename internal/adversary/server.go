@@ -177,6 +177,20 @@ func (s *HostileServer) NextStream(tb testing.TB) *ServerStream {
 	}
 }
 
+// TakeStreams returns the streams the server accepted that NextStream has
+// not returned, oldest first, without waiting.
+func (s *HostileServer) TakeStreams() []*ServerStream {
+	var all []*ServerStream
+	for {
+		select {
+		case ss := <-s.streams:
+			all = append(all, ss)
+		default:
+			return all
+		}
+	}
+}
+
 // Metadata returns the agent's handshake headers.
 func (ss *ServerStream) Metadata() metadata.MD { return ss.md }
 
