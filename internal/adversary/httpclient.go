@@ -18,10 +18,6 @@ type HTTPClientConfig struct {
 	Addr string
 	// TLS is the client-side TLS configuration; nil means plain HTTP.
 	TLS *tls.Config
-	// ReadBuffer, if above zero, is the socket's receive buffer size
-	// (SO_RCVBUF), so that the server finds the client full after a few
-	// KiB instead of after the megabytes loopback auto-tuning allows.
-	ReadBuffer int
 }
 
 // DeafHTTPClient is an HTTP CONNECT client that has its tunnel and never
@@ -41,11 +37,6 @@ func DialDeafHTTPClient(ctx context.Context, cfg HTTPClientConfig, target string
 	conn, err := d.DialContext(ctx, "tcp", cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("adversary: HTTP CONNECT client: %w", err)
-	}
-	if cfg.ReadBuffer > 0 {
-		if tc, ok := conn.(*net.TCPConn); ok {
-			_ = tc.SetReadBuffer(cfg.ReadBuffer) // a hint: the kernel may round it
-		}
 	}
 	if cfg.TLS != nil {
 		conn = tls.Client(conn, cfg.TLS)
