@@ -24,12 +24,7 @@ func dnsCounter(t *testing.T, addrs ...string) (*servercounter.CachedServerCount
 	t.Helper()
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.SRVRecords(srvName, addrs...)...)
-	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: srvName, Servers: []string{srv.Addr()}, Timeout: time.Second})
-	require.NoError(t, err)
-	cache, err := servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{Expiry: 20 * time.Millisecond, MinExpiry: 10 * time.Millisecond, Background: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cache.Close() })
-	return cache, srv
+	return cachedDNSCounter(t, srv.Addr(), time.Second), srv
 }
 
 func TestResolvedModeReachesEachServerInOneDial(t *testing.T) {
