@@ -76,6 +76,9 @@ type ServerStream struct {
 	sendMu   sync.Mutex // serialises Send, as gRPC requires
 	// recv carries the agent's packets.
 	recv chan *client.Packet
+	// end is closed by End; endOnce guards it.
+	end     chan struct{}
+	endOnce sync.Once
 	// done is closed when the handler has returned: the stream is over.
 	done chan struct{}
 }
@@ -144,23 +147,36 @@ func (s *HostileServer) Connect(stream wire.AgentConnectServer) error {
 	if err := stream.SendHeader(hdr); err != nil {
 		return err
 	}
-	ss := &ServerStream{md: md, serverID: id, stream: stream, recv: make(chan *client.Packet, streamBuffer), done: make(chan struct{})}
+	ss := &ServerStream{md: md, serverID: id, stream: stream, recv: make(chan *client.Packet, streamBuffer),
+		end: make(chan struct{}), done: make(chan struct{})}
 	defer close(ss.done)
 	select {
 	case s.streams <- ss:
 	default:
 		return errors.New("adversary: hostile server: too many streams")
 	}
-	for {
-		p, err := stream.Recv()
-		if err != nil {
-			return nil
+	// The reader stops when the handler returns: gRPC then cancels the
+	// stream's context, which ends Recv.
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for {
+			p, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			select {
+			case ss.recv <- p:
+			case <-stream.Context().Done():
+				return
+			}
 		}
-		select {
-		case ss.recv <- p:
-		case <-stream.Context().Done():
-			return nil
-		}
+	}()
+	select {
+	case <-read:
+		return nil
+	case <-ss.end:
+		return nil
 	}
 }
 
@@ -259,6 +275,14 @@ func (ss *ServerStream) DialOK(tb testing.TB, address string, random int64) int6
 		tb.Fatalf("adversary: DIAL_RSP %v, want success for random %d", rsp, random)
 	}
 	return rsp.GetConnectID()
+}
+
+// End ends the stream from the server's side, as a proxy-server that
+// goes away does, and waits until it is over. It may be called more
+// than once.
+func (ss *ServerStream) End() {
+	ss.endOnce.Do(func() { close(ss.end) })
+	<-ss.done
 }
 
 // Done returns a channel that is closed when the stream is over.

@@ -370,7 +370,7 @@ func refusedAddr(t *testing.T) string {
 }
 
 // echoServer starts a TCP server that echoes every connection.
-func echoServer(t *testing.T) string {
+func echoServer(t testing.TB) string {
 	t.Helper()
 	lis := listen(t)
 	var wg sync.WaitGroup
