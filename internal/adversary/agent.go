@@ -132,6 +132,20 @@ func (a *DeafAgent) Recv() (*client.Packet, error) {
 	return a.stream.Recv()
 }
 
+// RecvN reads the server's next n packets and then stops reading: the
+// agent that hears a little and then goes deaf.
+func (a *DeafAgent) RecvN(n int) ([]*client.Packet, error) {
+	pkts := make([]*client.Packet, 0, n)
+	for range n {
+		p, err := a.stream.Recv()
+		if err != nil {
+			return pkts, err
+		}
+		pkts = append(pkts, p)
+	}
+	return pkts, nil
+}
+
 // AcceptDial reads packets until a DIAL_REQ, answers it with a
 // successful DIAL_RSP carrying connectID, and returns the request. The
 // packets before it are dropped. The agent is deaf again afterwards.
