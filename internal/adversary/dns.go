@@ -31,11 +31,11 @@ func StartLyingDNS(tb testing.TB) *LyingDNS {
 }
 
 // ClaimRecords returns the SRV records, with their glue, of a headless
-// Service name claiming n servers: the first are real (each "ip:port"),
-// the others point at distinct loopback addresses where, presumably,
-// nothing listens. n below len(real) serves real alone.
+// Service name claiming n servers: the first are the real ones (each
+// "ip:port"), as many as n allows, the others point at distinct loopback
+// addresses where, presumably, nothing listens.
 func ClaimRecords(name string, n int, real ...string) []dns.RR {
-	addrs := append([]string(nil), real...)
+	addrs := append([]string(nil), real[:min(n, len(real))]...)
 	for i := len(addrs); i < n; i++ {
 		// 127.1.0.1 and up: loopback, never 127.0.0.1 where the tests'
 		// servers listen.

@@ -50,6 +50,41 @@ func TestLyingDNSCountCappedByServerCountMax(t *testing.T) {
 	assert.Equal(t, float64(max), v)
 }
 
+// A DNS server whose answer flaps between one server and 100000 never
+// takes the agent past ServerCountMax either, at any step of the flapping.
+func TestFlappingDNSNeverExceedsServerCountMax(t *testing.T) {
+	const max = 3
+	tt := newTestTLS(t)
+	var addrs []string
+	for _, id := range []string{"s0", "s1", "s2", "s3", "s4"} {
+		addrs = append(addrs, newTestServer(t, tt, adversary.ServerConfig{ID: id, Count: "1"}).Addr())
+	}
+	lb := newTestLB(t, addrs...)
+	liar := adversary.StartLyingDNS(t)
+	counts := []int{100000, 1}
+	liar.Flap(srvName, counts, addrs...)
+	counter := cachedDNSCounter(t, liar.Addr(), waitFor)
+
+	cfg := testConfig(tt, lb.addr)
+	cfg.TargetPolicy = TargetCounted
+	cfg.Counter, cfg.CountChanged = counter, counter
+	cfg.ServerCountMax = max
+	a := startAgent(t, cfg)
+	require.Eventually(t, func() bool { return a.Connected() == max }, waitFor, tick)
+	for flip := range 6 {
+		i := liar.Flip()
+		// The agent has seen the new answer, and a few rounds have run
+		// with it.
+		require.Eventually(t, func() bool {
+			n := counter.CountServers()
+			return (counts[i] == 1) == (n == 1)
+		}, waitFor, tick, "flip %d: the counter never saw %d records", flip, counts[i])
+		a.waitSyncRounds(t, 5)
+		assert.LessOrEqual(t, a.Target(), max, "flip %d", flip)
+		assert.LessOrEqual(t, a.Connected(), max, "flip %d", flip)
+	}
+}
+
 // A server that says serverCount 1e9 and gives every stream a new server
 // ID, as the hostile server of issue 10 item 5 did (7368 connections in
 // 20 s), gets ServerCountMax streams and no more.
