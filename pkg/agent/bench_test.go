@@ -39,12 +39,12 @@ func BenchmarkTunnelThroughput(b *testing.B) {
 	b.Run("to-endpoint", func(b *testing.B) {
 		_, st := oneStream(b)
 		sink, got := newSink(b)
-		id := st.dialOK(b, sink, 1)
+		id := st.DialOK(b, sink, 1)
 		b.SetBytes(benchSize)
 		b.ReportAllocs()
 		for b.Loop() {
 			for off := 0; off < benchSize; off += len(chunk) {
-				st.send(b, wire.Data(id, chunk))
+				st.Send(b, wire.Data(id, chunk))
 			}
 			<-got
 		}
@@ -53,7 +53,7 @@ func BenchmarkTunnelThroughput(b *testing.B) {
 	b.Run("from-endpoint", func(b *testing.B) {
 		_, st := oneStream(b)
 		src := newTestTarget(b, false)
-		id := st.dialOK(b, src.addr, 1)
+		id := st.DialOK(b, src.addr, 1)
 		conn := src.accepted(b)
 		b.SetBytes(benchSize)
 		b.ReportAllocs()
@@ -66,7 +66,7 @@ func BenchmarkTunnelThroughput(b *testing.B) {
 				}
 			}()
 			for n := 0; n < benchSize; {
-				d := st.nextOf(b, pb.PacketType_DATA).GetData()
+				d := st.NextOf(b, pb.PacketType_DATA).GetData()
 				if d.GetConnectID() != id {
 					b.Fatalf("DATA for connectID %d, want %d", d.GetConnectID(), id)
 				}

@@ -14,27 +14,28 @@ import (
 	"go.uber.org/goleak"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
 func TestHandshakeSendsAgentMetadata(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
 	tokenPath := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(tokenPath, []byte("tok-1\n"), 0o600))
 
-	cfg := testConfig(tt, srv.addr)
+	cfg := testConfig(tt, srv.Addr())
 	cfg.AgentID = "agent-7"
 	cfg.Identifiers = wire.Identifiers{Host: []string{"node1"}, IPv4: []string{"10.0.0.1"}, DefaultRoute: true}
 	cfg.TokenPath = tokenPath
 	cfg.SyncForever = true // keep dialing, to see the token re-read
 	a := startAgent(t, cfg)
 
-	st := srv.nextStream(t)
-	assert.Equal(t, []string{"agent-7"}, st.md.Get(wire.HeaderAgentID))
-	assert.Equal(t, []string{"Bearer tok-1"}, st.md.Get(wire.HeaderAuthorization))
-	ids := st.md.Get(wire.HeaderAgentIdentifiers)
+	st := srv.NextStream(t)
+	assert.Equal(t, []string{"agent-7"}, st.Metadata().Get(wire.HeaderAgentID))
+	assert.Equal(t, []string{"Bearer tok-1"}, st.Metadata().Get(wire.HeaderAuthorization))
+	ids := st.Metadata().Get(wire.HeaderAgentIdentifiers)
 	require.Len(t, ids, 1)
 	got, err := wire.ParseIdentifiers(ids[0])
 	require.NoError(t, err)
@@ -44,40 +45,40 @@ func TestHandshakeSendsAgentMetadata(t *testing.T) {
 	// The token is read again on every dial.
 	require.NoError(t, os.WriteFile(tokenPath, []byte("tok-2"), 0o600))
 	deadline := time.Now().Add(waitFor)
-	for st := srv.nextStream(t); st.md.Get(wire.HeaderAuthorization)[0] != "Bearer tok-2"; st = srv.nextStream(t) {
+	for st := srv.NextStream(t); st.Metadata().Get(wire.HeaderAuthorization)[0] != "Bearer tok-2"; st = srv.NextStream(t) {
 		require.True(t, time.Now().Before(deadline), "new token not sent within %v", waitFor)
 	}
 }
 
 func TestHandshakeWithoutIdentifiersOrToken(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
-	startAgent(t, testConfig(tt, srv.addr))
-	st := srv.nextStream(t)
-	assert.Empty(t, st.md.Get(wire.HeaderAgentIdentifiers))
-	assert.Empty(t, st.md.Get(wire.HeaderAuthorization))
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	startAgent(t, testConfig(tt, srv.Addr()))
+	st := srv.NextStream(t)
+	assert.Empty(t, st.Metadata().Get(wire.HeaderAgentIdentifiers))
+	assert.Empty(t, st.Metadata().Get(wire.HeaderAuthorization))
 }
 
 func TestHandshakeRejectsBadHeaders(t *testing.T) {
 	tests := []struct {
 		name string
-		opts serverOpts
+		opts adversary.ServerConfig
 	}{
-		{name: "no serverID", opts: serverOpts{omitID: true, count: "1"}},
-		{name: "empty serverID", opts: serverOpts{id: "", count: "1"}},
-		{name: "no serverCount", opts: serverOpts{id: "s1", omitCount: true}},
-		{name: "serverCount not a number", opts: serverOpts{id: "s1", count: "three"}},
-		{name: "negative serverCount", opts: serverOpts{id: "s1", count: "-1"}},
+		{name: "no serverID", opts: adversary.ServerConfig{OmitID: true, Count: "1"}},
+		{name: "empty serverID", opts: adversary.ServerConfig{ID: "", Count: "1"}},
+		{name: "no serverCount", opts: adversary.ServerConfig{ID: "s1", OmitCount: true}},
+		{name: "serverCount not a number", opts: adversary.ServerConfig{ID: "s1", Count: "three"}},
+		{name: "negative serverCount", opts: adversary.ServerConfig{ID: "s1", Count: "-1"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tt := newTestTLS(t)
 			srv := newTestServer(t, tt, tc.opts)
-			a := startAgent(t, testConfig(tt, srv.addr))
+			a := startAgent(t, testConfig(tt, srv.Addr()))
 			// Each rejected stream is closed by the agent; it retries.
 			for range 2 {
-				st := srv.nextStream(t)
-				require.Eventually(t, st.ended, waitFor, tick, "rejected stream left open")
+				st := srv.NextStream(t)
+				require.Eventually(t, st.Ended, waitFor, tick, "rejected stream left open")
 			}
 			assert.Equal(t, 0, a.Connected())
 			assert.False(t, a.Ready())
@@ -101,23 +102,23 @@ func TestDuplicateServerIDKeepsOldStream(t *testing.T) {
 	tt := newTestTLS(t)
 	// The server asks for 2 servers but there is one: every further dial
 	// lands on the same serverID.
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "2"})
-	a := startAgent(t, testConfig(tt, srv.addr))
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
+	a := startAgent(t, testConfig(tt, srv.Addr()))
 
-	first := srv.nextStream(t)
+	first := srv.NextStream(t)
 	for range 3 {
-		dup := srv.nextStream(t)
-		require.Eventually(t, dup.ended, waitFor, tick, "duplicate stream left open")
+		dup := srv.NextStream(t)
+		require.Eventually(t, dup.Ended, waitFor, tick, "duplicate stream left open")
 	}
-	assert.False(t, first.ended(), "the first stream was closed")
+	assert.False(t, first.Ended(), "the first stream was closed")
 	assert.Equal(t, 1, a.Connected())
 	assert.Equal(t, 2, a.Target())
 	n, _ := a.metric(t, "servercount_agent_server_dials_total", "result", "duplicate")
 	assert.GreaterOrEqual(t, n, 3.0)
 
 	// The kept stream still serves.
-	first.send(t, wire.CloseReq(77))
-	assert.Equal(t, int64(77), first.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
+	first.Send(t, wire.CloseReq(77))
+	assert.Equal(t, int64(77), first.NextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
 }
 
 func TestReachesTargetThroughLoadBalancer(t *testing.T) {
@@ -133,10 +134,10 @@ func TestReachesTargetThroughLoadBalancer(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tt := newTestTLS(t)
-			s1 := newTestServer(t, tt, serverOpts{id: "s1", count: tc.count})
-			s2 := newTestServer(t, tt, serverOpts{id: "s2", count: tc.count})
-			s3 := newTestServer(t, tt, serverOpts{id: "s3", count: tc.count})
-			lb := newTestLB(t, s1.addr, s2.addr, s3.addr)
+			s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: tc.count})
+			s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: tc.count})
+			s3 := newTestServer(t, tt, adversary.ServerConfig{ID: "s3", Count: tc.count})
+			lb := newTestLB(t, s1.Addr(), s2.Addr(), s3.Addr())
 			cfg := testConfig(tt, lb.addr)
 			cfg.Counter = servercounter.StaticServerCounter(tc.counter)
 			cfg.TargetPolicy = tc.policy
@@ -150,63 +151,60 @@ func TestReachesTargetThroughLoadBalancer(t *testing.T) {
 			assert.Equal(t, 3.0, v)
 
 			// A server goes away.
-			lb.setBackends(s1.addr, s3.addr)
-			s2.stop()
+			lb.setBackends(s1.Addr(), s3.Addr())
+			s2.Stop()
 			require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick)
 
 			// A fresh one comes up.
-			s4 := newTestServer(t, tt, serverOpts{id: "s4", count: tc.count})
-			lb.setBackends(s1.addr, s3.addr, s4.addr)
+			s4 := newTestServer(t, tt, adversary.ServerConfig{ID: "s4", Count: tc.count})
+			lb.setBackends(s1.Addr(), s3.Addr(), s4.Addr())
 			require.Eventually(t, func() bool { return a.Connected() == 3 }, waitFor, tick)
-			s4.nextStream(t)
+			s4.NextStream(t)
 		})
 	}
 }
 
 func TestNoChurnWhenTargetReached(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
-	a := startAgent(t, testConfig(tt, srv.addr))
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	a := startAgent(t, testConfig(tt, srv.Addr()))
 	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
-	opened := srv.opened.Load()
+	opened := srv.Opened()
 
 	a.waitSyncRounds(t, 30)
-	assert.Equal(t, opened, srv.opened.Load(), "Connect streams opened with the target reached")
+	assert.Equal(t, opened, srv.Opened(), "Connect streams opened with the target reached")
 	assert.Equal(t, 1, a.Connected())
 }
 
 func TestSyncForeverKeepsDialing(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
-	cfg := testConfig(tt, srv.addr)
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	cfg := testConfig(tt, srv.Addr())
 	cfg.SyncForever = true
 	a := startAgent(t, cfg)
 	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
-	opened := srv.opened.Load()
-	require.Eventually(t, func() bool { return srv.opened.Load() >= opened+3 }, waitFor, tick)
+	opened := srv.Opened()
+	require.Eventually(t, func() bool { return srv.Opened() >= opened+3 }, waitFor, tick)
 	assert.Equal(t, 1, a.Connected())
 }
 
 func TestDrain(t *testing.T) {
 	tt := newTestTLS(t)
-	s1 := newTestServer(t, tt, serverOpts{id: "s1", count: "2"})
-	s2 := newTestServer(t, tt, serverOpts{id: "s2", count: "2"})
-	lb := newTestLB(t, s1.addr, s2.addr)
+	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
+	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "2"})
+	lb := newTestLB(t, s1.Addr(), s2.Addr())
 	target := newTestTarget(t, true)
 	a := startAgent(t, testConfig(tt, lb.addr))
 	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick)
 	// The stream each server kept; duplicates end at once. The target is
 	// reached, so no dial is in flight.
-	live := func(s *testServer) *testStream {
-		var all []*testStream
-		for len(s.streams) > 0 {
-			all = append(all, <-s.streams)
-		}
-		var l *testStream
+	live := func(s *adversary.HostileServer) *adversary.ServerStream {
+		all := s.TakeStreams()
+		var l *adversary.ServerStream
 		require.Eventually(t, func() bool {
 			n := 0
 			for _, st := range all {
-				if !st.ended() {
+				if !st.Ended() {
 					n, l = n+1, st
 				}
 			}
@@ -218,28 +216,28 @@ func TestDrain(t *testing.T) {
 
 	a.Drain(t.Context())
 	a.Drain(t.Context()) // once only
-	st1.nextOf(t, pb.PacketType_DRAIN)
-	st2.nextOf(t, pb.PacketType_DRAIN)
+	st1.NextOf(t, pb.PacketType_DRAIN)
+	st2.NextOf(t, pb.PacketType_DRAIN)
 
 	// No new server connections: one server leaves, the agent stays at 1.
-	lb.setBackends(s1.addr)
-	s2.stop()
+	lb.setBackends(s1.Addr())
+	s2.Stop()
 	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
-	opened := s1.opened.Load()
+	opened := s1.Opened()
 	a.waitSyncRounds(t, 30)
-	assert.Equal(t, opened, s1.opened.Load(), "dialed while draining")
+	assert.Equal(t, opened, s1.Opened(), "dialed while draining")
 	assert.Equal(t, 1, a.Connected())
 
 	// Tunnels still work, new ones included, and no second DRAIN came.
-	id := st1.dialOK(t, target.addr, 1)
-	st1.send(t, wire.Data(id, []byte("ping")))
-	d := st1.nextOf(t, pb.PacketType_DATA).GetData()
+	id := st1.DialOK(t, target.addr, 1)
+	st1.Send(t, wire.Data(id, []byte("ping")))
+	d := st1.NextOf(t, pb.PacketType_DATA).GetData()
 	assert.Equal(t, "ping", string(d.GetData()))
 }
 
 func TestHealth(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
 	lb := newTestLB(t) // no backend yet
 	a := newAgent(t, testConfig(tt, lb.addr))
 	hs := httptest.NewServer(a.Health())
@@ -257,12 +255,12 @@ func TestHealth(t *testing.T) {
 	a.waitSyncRounds(t, 3)
 	assert.Equal(t, http.StatusServiceUnavailable, httpStatus(t, hs.URL+"/readyz"), "ready with no server")
 
-	lb.setBackends(srv.addr)
+	lb.setBackends(srv.Addr())
 	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/readyz") == http.StatusOK }, waitFor, tick)
 	assert.True(t, a.Ready())
 
 	lb.setBackends()
-	srv.stop()
+	srv.Stop()
 	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/readyz") == http.StatusServiceUnavailable }, waitFor, tick)
 
 	cancel()
@@ -275,22 +273,22 @@ func TestRunClosesEverything(t *testing.T) {
 	// Runs last (cleanups are LIFO): after servers, targets and agent.
 	t.Cleanup(func() { goleak.VerifyNone(t) })
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
 	target := newTestTarget(t, false)
-	a := startAgent(t, testConfig(tt, srv.addr))
-	st := srv.nextStream(t)
-	id := st.dialOK(t, target.addr, 1)
+	a := startAgent(t, testConfig(tt, srv.Addr()))
+	st := srv.NextStream(t)
+	id := st.DialOK(t, target.addr, 1)
 	conn := target.accepted(t)
-	st.dialOK(t, target.addr, 2)
+	st.DialOK(t, target.addr, 2)
 	_ = target.accepted(t)
-	st.send(t, wire.Data(id, []byte("x")))
+	st.Send(t, wire.Data(id, []byte("x")))
 	buf := make([]byte, 1)
 	_, err := conn.Read(buf)
 	require.NoError(t, err)
 
 	a.stop()
 	assert.Equal(t, 0, a.Connected())
-	require.Eventually(t, st.ended, waitFor, tick)
+	require.Eventually(t, st.Ended, waitFor, tick)
 	// The endpoint connection was closed.
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitFor)))
 	_, err = conn.Read(buf)

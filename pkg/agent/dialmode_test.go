@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -23,20 +24,15 @@ func dnsCounter(t *testing.T, addrs ...string) (*servercounter.CachedServerCount
 	t.Helper()
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.SRVRecords(srvName, addrs...)...)
-	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: srvName, Servers: []string{srv.Addr()}, Timeout: time.Second})
-	require.NoError(t, err)
-	cache, err := servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{Expiry: 20 * time.Millisecond, MinExpiry: 10 * time.Millisecond, Background: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cache.Close() })
-	return cache, srv
+	return cachedDNSCounter(t, srv.Addr(), time.Second), srv
 }
 
 func TestResolvedModeReachesEachServerInOneDial(t *testing.T) {
 	tt := newTestTLS(t)
 	var addrs []string
 	for i := range 5 {
-		s := newTestServer(t, tt, serverOpts{id: fmt.Sprintf("s%d", i), count: "5"})
-		addrs = append(addrs, s.addr)
+		s := newTestServer(t, tt, adversary.ServerConfig{ID: fmt.Sprintf("s%d", i), Count: "5"})
+		addrs = append(addrs, s.Addr())
 	}
 	counter, dns := dnsCounter(t, addrs[:3]...)
 	cfg := testConfig(tt, "127.0.0.1:1") // the load balancer is never needed
@@ -62,10 +58,10 @@ func TestResolvedModeReachesEachServerInOneDial(t *testing.T) {
 
 func TestResolvedModeBacksOffOnUnreachableServers(t *testing.T) {
 	tt := newTestTLS(t)
-	s0 := newTestServer(t, tt, serverOpts{id: "s0", count: "3"})
-	s1 := newTestServer(t, tt, serverOpts{id: "s1", count: "3"})
+	s0 := newTestServer(t, tt, adversary.ServerConfig{ID: "s0", Count: "3"})
+	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "3"})
 	// Three more listed that nobody serves: nothing listens on port 1.
-	counter, _ := dnsCounter(t, s0.addr, s1.addr, "127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1")
+	counter, _ := dnsCounter(t, s0.Addr(), s1.Addr(), "127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1")
 	cfg := testConfig(tt, "127.0.0.1:1")
 	cfg.DialMode, cfg.TargetPolicy = DialResolved, TargetCounted
 	cfg.Counter, cfg.CountChanged = counter, counter

@@ -3,13 +3,11 @@ package agent
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,12 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
-	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/pki"
-	"github.com/servercount/servercount/pkg/wire"
 )
 
 // waitFor bounds every wait in these tests.
@@ -60,168 +56,20 @@ func newTestTLS(t testing.TB) testTLS {
 	}
 }
 
-// serverOpts say what a test proxy-server sends in its handshake.
-type serverOpts struct {
-	id    string
-	count string
-	// omitID and omitCount leave the header out.
-	omitID, omitCount bool
-}
-
-// testServer is a proxy-server's agent port, for tests: it answers the
-// handshake as told and hands each Connect stream to the test.
-type testServer struct {
-	opts serverOpts
-	addr string
-	gs   *grpc.Server
-	// opened counts Connect streams accepted.
-	opened atomic.Int64
-	// streams receives every stream, in order.
-	streams  chan *testStream
-	stopOnce sync.Once
-}
-
-// testStream is one agent's Connect stream as the test server sees it.
-type testStream struct {
-	md     metadata.MD
-	stream wire.AgentConnectServer
-	sendMu sync.Mutex
-	// recv carries the agent's packets.
-	recv chan *pb.Packet
-	// done is closed when the handler has returned: the stream is over.
-	done chan struct{}
-}
-
-func newTestServer(t testing.TB, tt testTLS, opts serverOpts) *testServer {
+// newTestServer starts a hostile proxy-server (see adversary.HostileServer)
+// with tt's server credentials: it answers the handshake as cfg says and
+// hands each Connect stream to the test.
+func newTestServer(t testing.TB, tt testTLS, cfg adversary.ServerConfig) *adversary.HostileServer {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	return newTestServerOn(t, tt, opts, lis)
+	cfg.Creds = tt.server
+	return adversary.StartHostileServer(t, cfg)
 }
 
 // newTestServerOn is newTestServer on a listener of the test's choosing.
-func newTestServerOn(t testing.TB, tt testTLS, opts serverOpts, lis net.Listener) *testServer {
+func newTestServerOn(t testing.TB, tt testTLS, cfg adversary.ServerConfig, lis net.Listener) *adversary.HostileServer {
 	t.Helper()
-	s := &testServer{
-		opts:    opts,
-		addr:    lis.Addr().String(),
-		gs:      grpc.NewServer(grpc.Creds(tt.server), grpc.WaitForHandlers(true)),
-		streams: make(chan *testStream, 1024),
-	}
-	wire.RegisterAgentServiceServer(s.gs, s)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = s.gs.Serve(lis) // returns when stopped
-	}()
-	t.Cleanup(func() {
-		s.stop()
-		<-served
-	})
-	return s
-}
-
-// stop closes the listener and every stream, and waits for the handlers.
-func (s *testServer) stop() {
-	s.stopOnce.Do(func() {
-		s.gs.Stop() // WaitForHandlers: returns when every handler has
-	})
-}
-
-// Connect implements wire.AgentServiceServer.
-func (s *testServer) Connect(stream wire.AgentConnectServer) error {
-	s.opened.Add(1)
-	md, _ := metadata.FromIncomingContext(stream.Context())
-	hdr := metadata.MD{}
-	if !s.opts.omitID {
-		hdr.Set(wire.HeaderServerID, s.opts.id)
-	}
-	if !s.opts.omitCount {
-		hdr.Set(wire.HeaderServerCount, s.opts.count)
-	}
-	if err := stream.SendHeader(hdr); err != nil {
-		return err
-	}
-	ts := &testStream{md: md, stream: stream, recv: make(chan *pb.Packet, 4096), done: make(chan struct{})}
-	defer close(ts.done)
-	select {
-	case s.streams <- ts:
-	default:
-		return errors.New("test server: too many streams")
-	}
-	for {
-		p, err := stream.Recv()
-		if err != nil {
-			return nil
-		}
-		select {
-		case ts.recv <- p:
-		case <-stream.Context().Done():
-			return nil
-		}
-	}
-}
-
-// nextStream returns the next stream the server accepted.
-func (s *testServer) nextStream(t testing.TB) *testStream {
-	t.Helper()
-	select {
-	case ts := <-s.streams:
-		return ts
-	case <-time.After(waitFor):
-		t.Fatalf("server %s accepted no stream within %v", s.opts.id, waitFor)
-		return nil
-	}
-}
-
-// send sends p to the agent.
-func (ts *testStream) send(t testing.TB, p *pb.Packet) {
-	t.Helper()
-	ts.sendMu.Lock()
-	defer ts.sendMu.Unlock()
-	require.NoError(t, ts.stream.Send(p))
-}
-
-// next returns the agent's next packet.
-func (ts *testStream) next(t testing.TB) *pb.Packet {
-	t.Helper()
-	select {
-	case p := <-ts.recv:
-		return p
-	case <-time.After(waitFor):
-		t.Fatalf("no packet from the agent within %v", waitFor)
-		return nil
-	}
-}
-
-// nextOf returns the agent's next packet and checks its type.
-func (ts *testStream) nextOf(t testing.TB, typ pb.PacketType) *pb.Packet {
-	t.Helper()
-	p := ts.next(t)
-	require.Equal(t, typ, p.GetType(), "packet %v", p)
-	return p
-}
-
-// ended reports whether the stream is over.
-func (ts *testStream) ended() bool {
-	select {
-	case <-ts.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// dialOK sends DIAL_REQ for address and returns the connectID of a
-// successful DIAL_RSP.
-func (ts *testStream) dialOK(t testing.TB, address string, random int64) int64 {
-	t.Helper()
-	ts.send(t, wire.DialReq("tcp", address, random))
-	rsp := ts.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
-	require.Empty(t, rsp.GetError())
-	require.Equal(t, random, rsp.GetRandom())
-	require.Positive(t, rsp.GetConnectID())
-	return rsp.GetConnectID()
+	cfg.Listener = lis
+	return newTestServer(t, tt, cfg)
 }
 
 // testLB is a random TCP load balancer: each accepted connection goes to

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
@@ -30,13 +31,13 @@ func TestReceivedCountClampedByServerCountMax(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tt := newTestTLS(t)
-			srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1000000000"})
-			cfg := testConfig(tt, srv.addr)
+			srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1000000000"})
+			cfg := testConfig(tt, srv.Addr())
 			cfg.Counter = servercounter.StaticServerCounter(2)
 			cfg.TargetPolicy = tc.policy
 			cfg.ServerCountMax = tc.max
 			a := startAgent(t, cfg)
-			srv.nextStream(t)
+			srv.NextStream(t)
 			require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
 			assert.Equal(t, tc.want, a.Target())
 			v, _ := a.metric(t, "konnectivity_network_proxy_agent_known_server_count")
@@ -58,22 +59,22 @@ func TestCountedCountClampedByServerCountMax(t *testing.T) {
 // 10, item 4), and a closed tunnel frees its slot.
 func TestDialReqOverTunnelLimitIsRefused(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
-	cfg := testConfig(tt, srv.addr)
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	cfg := testConfig(tt, srv.Addr())
 	cfg.MaxTunnelsPerServer = 2
 	a := startAgent(t, cfg)
-	st := srv.nextStream(t)
+	st := srv.NextStream(t)
 	target := newTestTarget(t, false)
 
-	first := st.dialOK(t, target.addr, 1)
+	first := st.DialOK(t, target.addr, 1)
 	target.accepted(t)
-	st.dialOK(t, target.addr, 2)
+	st.DialOK(t, target.addr, 2)
 	target.accepted(t)
 	v, _ := a.metric(t, "servercount_agent_busiest_server_tunnels")
 	assert.Equal(t, 2.0, v)
 
-	st.send(t, wire.DialReq("tcp", target.addr, 3))
-	rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+	st.Send(t, wire.DialReq("tcp", target.addr, 3))
+	rsp := st.NextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 	assert.Equal(t, int64(3), rsp.GetRandom())
 	assert.Zero(t, rsp.GetConnectID())
 	assert.Contains(t, rsp.GetError(), "--max-tunnels-per-server")
@@ -83,10 +84,10 @@ func TestDialReqOverTunnelLimitIsRefused(t *testing.T) {
 	assert.Equal(t, 2.0, v, "the refused DIAL_REQ opened no connection")
 
 	// Closing a tunnel frees its slot for the next dial.
-	st.send(t, wire.CloseReq(first))
-	assert.Equal(t, first, st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
+	st.Send(t, wire.CloseReq(first))
+	assert.Equal(t, first, st.NextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
 	require.Eventually(t, func() bool { return a.OpenTunnels() == 1 }, waitFor, tick)
-	st.dialOK(t, target.addr, 4)
+	st.DialOK(t, target.addr, 4)
 	target.accepted(t)
 	assert.Equal(t, 2, a.OpenTunnels())
 }
@@ -96,23 +97,23 @@ func TestDialReqOverTunnelLimitIsRefused(t *testing.T) {
 func TestDialReqOverConcurrentDialLimitIsRefused(t *testing.T) {
 	hang := nettest.Blackhole(t)
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
-	cfg := testConfig(tt, srv.addr)
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	cfg := testConfig(tt, srv.Addr())
 	cfg.MaxConcurrentDials = 2
 	cfg.DialTimeout = time.Minute // the hung dials end with the stream, at cleanup
 	a := startAgent(t, cfg)
-	st := srv.nextStream(t)
+	st := srv.NextStream(t)
 
-	st.send(t, wire.DialReq("tcp", hang, 1))
-	st.send(t, wire.DialReq("tcp", hang, 2))
+	st.Send(t, wire.DialReq("tcp", hang, 1))
+	st.Send(t, wire.DialReq("tcp", hang, 2))
 	require.Eventually(t, func() bool {
 		v, _ := a.metric(t, "servercount_agent_endpoint_dials_in_flight")
 		return v == 2
 	}, waitFor, tick)
 
 	target := newTestTarget(t, false)
-	st.send(t, wire.DialReq("tcp", target.addr, 3))
-	rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+	st.Send(t, wire.DialReq("tcp", target.addr, 3))
+	rsp := st.NextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 	assert.Equal(t, int64(3), rsp.GetRandom(), "the refusal comes before the hung dials' answers")
 	assert.Zero(t, rsp.GetConnectID())
 	assert.Contains(t, rsp.GetError(), "--max-concurrent-dials")
@@ -127,19 +128,17 @@ func TestDialReqOverConcurrentDialLimitIsRefused(t *testing.T) {
 func TestDialReqFloodIsBounded(t *testing.T) {
 	hang := nettest.Blackhole(t)
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
-	cfg := testConfig(tt, srv.addr)
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	cfg := testConfig(tt, srv.Addr())
 	cfg.MaxConcurrentDials = 8
 	cfg.DialTimeout = time.Minute // the hung dials end with the stream, at cleanup
 	a := startAgent(t, cfg)
-	st := srv.nextStream(t)
+	st := srv.NextStream(t)
 
 	const flood = 500
-	for i := range flood {
-		st.send(t, wire.DialReq("tcp", hang, int64(i+1)))
-	}
+	st.FloodDialReqs(t, hang, flood)
 	for range flood - cfg.MaxConcurrentDials {
-		rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+		rsp := st.NextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 		require.Contains(t, rsp.GetError(), "--max-concurrent-dials")
 	}
 	v, _ := a.metric(t, "servercount_agent_endpoint_dials_in_flight")

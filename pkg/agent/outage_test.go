@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/internal/logtest"
 )
 
@@ -50,7 +51,7 @@ func TestRefusedServerPortLoggedOnceAtLevelZero(t *testing.T) {
 	// The port comes alive: the agent connects and says it recovered.
 	lis, err = net.Listen("tcp", addr)
 	require.NoError(t, err)
-	newTestServerOn(t, tt, serverOpts{id: "s1", count: "1"}, lis)
+	newTestServerOn(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"}, lis)
 	require.Eventually(t, a.Ready, waitFor, tick)
 	require.Eventually(t, func() bool {
 		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
@@ -62,9 +63,9 @@ func TestRefusedServerPortLoggedOnceAtLevelZero(t *testing.T) {
 // operator must see without -v, once, and its end too.
 func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
 	trusted, other := newTestTLS(t), newTestTLS(t)
-	wrong := newTestServer(t, other, serverOpts{id: "wrong", count: "1"})
-	right := newTestServer(t, trusted, serverOpts{id: "right", count: "1"})
-	lb := newTestLB(t, wrong.addr)
+	wrong := newTestServer(t, other, adversary.ServerConfig{ID: "wrong", Count: "1"})
+	right := newTestServer(t, trusted, adversary.ServerConfig{ID: "right", Count: "1"})
+	lb := newTestLB(t, wrong.Addr())
 
 	a, logs := runLogged(t, testConfig(trusted, lb.addr))
 	a.waitSyncRounds(t, 10)
@@ -72,7 +73,7 @@ func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), out)
 	assert.Contains(t, out, "certificate signed by unknown authority")
 
-	lb.setBackends(right.addr)
+	lb.setBackends(right.Addr())
 	require.Eventually(t, a.Ready, waitFor, tick)
 	require.Eventually(t, func() bool {
 		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
@@ -86,9 +87,9 @@ func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
 // start it again, within outage.DefaultQuiet).
 func TestOneBadServerBehindBalancerLoggedOnce(t *testing.T) {
 	trusted, other := newTestTLS(t), newTestTLS(t)
-	good := newTestServer(t, trusted, serverOpts{id: "good", count: "2"})
-	bad := newTestServer(t, other, serverOpts{id: "bad", count: "2"})
-	lb := newTestLB(t, good.addr, bad.addr)
+	good := newTestServer(t, trusted, adversary.ServerConfig{ID: "good", Count: "2"})
+	bad := newTestServer(t, other, adversary.ServerConfig{ID: "bad", Count: "2"})
+	lb := newTestLB(t, good.Addr(), bad.Addr())
 
 	a, logs := runLogged(t, testConfig(trusted, lb.addr))
 	require.Eventually(t, a.Ready, waitFor, tick)

@@ -29,7 +29,7 @@ func pattern(off, n int) []byte {
 func TestTunnelQueueBoundedInBytes(t *testing.T) {
 	a, st := oneStream(t)
 	target := newTestTarget(t, false)
-	id := st.dialOK(t, target.addr, 7)
+	id := st.DialOK(t, target.addr, 7)
 	conn := target.accepted(t) // not read until the queue is full
 
 	const (
@@ -44,10 +44,8 @@ func TestTunnelQueueBoundedInBytes(t *testing.T) {
 	// when the data is read or, if the test fails, when the agent stops.
 	sent := make(chan error, 1)
 	go func() {
-		st.sendMu.Lock()
-		defer st.sendMu.Unlock()
 		for i := range packets {
-			if err := st.stream.Send(wire.Data(id, pattern(i*packetLen, packetLen))); err != nil {
+			if err := st.SendPacket(wire.Data(id, pattern(i*packetLen, packetLen))); err != nil {
 				sent <- err
 				return
 			}

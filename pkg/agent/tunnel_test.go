@@ -13,31 +13,32 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
 // oneStream starts a server and an agent and returns the agent's stream.
-func oneStream(t testing.TB) (*testAgent, *testStream) {
+func oneStream(t testing.TB) (*testAgent, *adversary.ServerStream) {
 	t.Helper()
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
-	a := startAgent(t, testConfig(tt, srv.addr))
-	return a, srv.nextStream(t)
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	a := startAgent(t, testConfig(tt, srv.Addr()))
+	return a, srv.NextStream(t)
 }
 
 func TestTunnelRoundTrip(t *testing.T) {
 	a, st := oneStream(t)
 	target := newTestTarget(t, false)
 
-	id := st.dialOK(t, target.addr, 42)
+	id := st.DialOK(t, target.addr, 42)
 	assert.Equal(t, int64(1), id, "connectIDs start at 1")
 	conn := target.accepted(t)
 	v, _ := a.metric(t, "konnectivity_network_proxy_agent_open_endpoint_connections")
 	assert.Equal(t, 1.0, v)
 
 	// Server to endpoint.
-	st.send(t, wire.Data(id, []byte("hello ")))
-	st.send(t, wire.Data(id, []byte("endpoint")))
+	st.Send(t, wire.Data(id, []byte("hello ")))
+	st.Send(t, wire.Data(id, []byte("endpoint")))
 	got := make([]byte, len("hello endpoint"))
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitFor)))
 	_, err := io.ReadFull(conn, got)
@@ -49,14 +50,14 @@ func TestTunnelRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	var back []byte
 	for len(back) < len("hello server") {
-		d := st.nextOf(t, pb.PacketType_DATA).GetData()
+		d := st.NextOf(t, pb.PacketType_DATA).GetData()
 		assert.Equal(t, id, d.GetConnectID())
 		back = append(back, d.GetData()...)
 	}
 	assert.Equal(t, "hello server", string(back))
 
 	// The next tunnel gets the next ID.
-	assert.Equal(t, int64(2), st.dialOK(t, target.addr, 43))
+	assert.Equal(t, int64(2), st.DialOK(t, target.addr, 43))
 }
 
 func TestTunnelDialErrors(t *testing.T) {
@@ -84,8 +85,8 @@ func TestTunnelDialErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			random := int64(100 + i)
 			start := time.Now()
-			st.send(t, wire.DialReq("tcp", tc.address(t), random))
-			rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+			st.Send(t, wire.DialReq("tcp", tc.address(t), random))
+			rsp := st.NextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 			assert.Less(t, time.Since(start), 2*time.Second, "longer than DialTimeout")
 			assert.NotEmpty(t, rsp.GetError())
 			assert.Equal(t, random, rsp.GetRandom())
@@ -96,8 +97,8 @@ func TestTunnelDialErrors(t *testing.T) {
 	assert.Equal(t, float64(len(tests)), v)
 
 	t.Run("unsupported protocol", func(t *testing.T) {
-		st.send(t, wire.DialReq("unix", "/run/x.sock", 9))
-		rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+		st.Send(t, wire.DialReq("unix", "/run/x.sock", 9))
+		rsp := st.NextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 		assert.Contains(t, rsp.GetError(), "unsupported protocol")
 	})
 }
@@ -105,13 +106,13 @@ func TestTunnelDialErrors(t *testing.T) {
 func TestTunnelCloseRequest(t *testing.T) {
 	a, st := oneStream(t)
 	target := newTestTarget(t, false)
-	id := st.dialOK(t, target.addr, 1)
+	id := st.DialOK(t, target.addr, 1)
 	conn := target.accepted(t)
 
 	// Data sent before CLOSE_REQ still reaches the endpoint.
-	st.send(t, wire.Data(id, []byte("last words")))
-	st.send(t, wire.CloseReq(id))
-	rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+	st.Send(t, wire.Data(id, []byte("last words")))
+	st.Send(t, wire.CloseReq(id))
+	rsp := st.NextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
 	assert.Equal(t, id, rsp.GetConnectID())
 	assert.Empty(t, rsp.GetError())
 
@@ -125,8 +126,8 @@ func TestTunnelCloseRequest(t *testing.T) {
 	}, waitFor, tick)
 
 	// The connectID is gone now.
-	st.send(t, wire.Data(id, []byte("late")))
-	rsp = st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+	st.Send(t, wire.Data(id, []byte("late")))
+	rsp = st.NextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
 	assert.Equal(t, id, rsp.GetConnectID())
 	assert.NotEmpty(t, rsp.GetError())
 }
@@ -134,7 +135,7 @@ func TestTunnelCloseRequest(t *testing.T) {
 func TestTunnelEndpointCloses(t *testing.T) {
 	_, st := oneStream(t)
 	target := newTestTarget(t, false)
-	id := st.dialOK(t, target.addr, 1)
+	id := st.DialOK(t, target.addr, 1)
 	conn := target.accepted(t)
 
 	_, err := conn.Write([]byte("bye"))
@@ -142,7 +143,7 @@ func TestTunnelEndpointCloses(t *testing.T) {
 	require.NoError(t, conn.Close())
 	var got []byte
 	for {
-		p := st.next(t)
+		p := st.Next(t)
 		if p.GetType() == pb.PacketType_CLOSE_RSP {
 			assert.Equal(t, id, p.GetCloseResponse().GetConnectID())
 			assert.Empty(t, p.GetCloseResponse().GetError())
@@ -154,8 +155,8 @@ func TestTunnelEndpointCloses(t *testing.T) {
 	assert.Equal(t, "bye", string(got))
 
 	// One CLOSE_RSP only: the next packet answers the next request.
-	st.send(t, wire.CloseReq(id))
-	rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+	st.Send(t, wire.CloseReq(id))
+	rsp := st.NextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
 	assert.Equal(t, id, rsp.GetConnectID())
 	assert.NotEmpty(t, rsp.GetError(), "a second CLOSE_RSP for the closed tunnel")
 }
@@ -171,16 +172,16 @@ func TestTunnelUnknownConnectID(t *testing.T) {
 	_, st := oneStream(t)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			st.send(t, tc.pkt)
-			rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+			st.Send(t, tc.pkt)
+			rsp := st.NextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
 			assert.Equal(t, int64(999), rsp.GetConnectID())
 			assert.Equal(t, errUnknownConnectID, rsp.GetError())
 		})
 	}
 	t.Run("DIAL_CLS is ignored", func(t *testing.T) {
-		st.send(t, wire.DialCls(5))
-		st.send(t, wire.CloseReq(998))
-		assert.Equal(t, int64(998), st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
+		st.Send(t, wire.DialCls(5))
+		st.Send(t, wire.CloseReq(998))
+		assert.Equal(t, int64(998), st.NextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
 	})
 }
 
@@ -194,11 +195,11 @@ func TestTunnelsConcurrent(t *testing.T) {
 	target := newTestTarget(t, true)
 
 	for i := range tunnels {
-		st.send(t, wire.DialReq("tcp", target.addr, int64(i+1)))
+		st.Send(t, wire.DialReq("tcp", target.addr, int64(i+1)))
 	}
 	ids := map[int64]int{} // connectID -> tunnel index
 	for range tunnels {
-		rsp := st.nextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
+		rsp := st.NextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 		require.Empty(t, rsp.GetError())
 		ids[rsp.GetConnectID()] = int(rsp.GetRandom() - 1)
 	}
@@ -217,9 +218,7 @@ func TestTunnelsConcurrent(t *testing.T) {
 	for id, i := range ids {
 		go func() {
 			for off := 0; off < size; off += chunk {
-				st.sendMu.Lock()
-				err := st.stream.Send(wire.Data(id, payloads[i][off:off+chunk]))
-				st.sendMu.Unlock()
+				err := st.SendPacket(wire.Data(id, payloads[i][off:off+chunk]))
 				if err != nil {
 					sendErr <- err
 					return
@@ -231,7 +230,7 @@ func TestTunnelsConcurrent(t *testing.T) {
 	got := make(map[int64][]byte, tunnels)
 	complete := 0
 	for complete < tunnels {
-		d := st.nextOf(t, pb.PacketType_DATA).GetData()
+		d := st.NextOf(t, pb.PacketType_DATA).GetData()
 		id := d.GetConnectID()
 		_, ok := ids[id]
 		require.True(t, ok, "DATA for connectID %d", id)
@@ -251,10 +250,10 @@ func TestTunnelsConcurrent(t *testing.T) {
 	assert.Equal(t, float64(tunnels), v)
 
 	for id := range ids {
-		st.send(t, wire.CloseReq(id))
+		st.Send(t, wire.CloseReq(id))
 	}
 	for range tunnels {
-		rsp := st.nextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
+		rsp := st.NextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse()
 		require.Empty(t, rsp.GetError(), fmt.Sprint(rsp))
 	}
 	require.Eventually(t, func() bool {
@@ -266,15 +265,15 @@ func TestTunnelsConcurrent(t *testing.T) {
 // A stream that ends closes its tunnels and is dropped.
 func TestStreamEndClosesTunnels(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, serverOpts{id: "s1", count: "1"})
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
 	target := newTestTarget(t, false)
-	a := startAgent(t, testConfig(tt, srv.addr))
-	st := srv.nextStream(t)
-	st.dialOK(t, target.addr, 1)
+	a := startAgent(t, testConfig(tt, srv.Addr()))
+	st := srv.NextStream(t)
+	st.DialOK(t, target.addr, 1)
 	conn := target.accepted(t)
 	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
 
-	srv.stop()
+	srv.Stop()
 	require.Eventually(t, func() bool { return a.Connected() == 0 }, waitFor, tick)
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitFor)))
 	_, err := conn.Read(make([]byte, 1))

@@ -99,7 +99,7 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 	go func() {
 		defer close(agentDone)
 		for {
-			pkt, err := a.stream.Recv()
+			pkt, err := a.Recv()
 			if err != nil {
 				return
 			}
@@ -109,15 +109,15 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 				_, portText, _ := net.SplitHostPort(req.GetAddress())
 				port, _ := strconv.Atoi(portText)
 				conns[port-1].Close()
-				a.send(wire.DialRsp(req.GetRandom(), int64(port), ""))
+				_ = a.Send(wire.DialRsp(req.GetRandom(), int64(port), ""))
 			case client.PacketType_CLOSE_REQ:
 				id := pkt.GetCloseRequest().GetConnectID()
 				closed <- id
-				a.send(wire.CloseRsp(id, ""))
+				_ = a.Send(wire.CloseRsp(id, ""))
 			}
 		}
 	}()
-	t.Cleanup(func() { a.cancel(); <-agentDone; a.cc.Close() })
+	t.Cleanup(func() { a.Close(); <-agentDone })
 	for i, c := range conns {
 		_, _ = fmt.Fprintf(c, "CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n", i+1, i+1)
 	}

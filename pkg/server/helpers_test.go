@@ -19,11 +19,11 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/textlogger"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/pkg/server"
@@ -167,15 +167,11 @@ func startEnv(t testing.TB, cfg server.Config) *env {
 	return e
 }
 
-// testAgent stands in for pkg/agent: a real gRPC client on
-// /AgentService/Connect that dials what it is asked to and relays DATA.
+// testAgent stands in for pkg/agent: an adversary.DeafAgent made to hear,
+// which dials what it is asked to and relays DATA.
 type testAgent struct {
+	*adversary.DeafAgent
 	t       testing.TB
-	cc      *grpc.ClientConn
-	stream  wire.AgentConnectClient
-	cancel  context.CancelFunc
-	header  metadata.MD
-	sendMu  sync.Mutex
 	dials   atomic.Int64
 	closeCh chan int64 // CLOSE_REQ connectIDs received; buffered, extra dropped
 	done    chan struct{}
@@ -192,52 +188,28 @@ type agentOpts struct {
 	extraMD                []string // appended as key, value pairs
 }
 
-// connectAgent opens the agent's stream and returns it with the
-// handshake's error, without serving.
-func connectAgent(t testing.TB, e *env, o agentOpts) (*testAgent, error) {
+// connectAgent opens an agent's stream, which reads nothing until the test
+// makes it, and returns it with the handshake's error. The stream ends
+// with the test.
+func connectAgent(t testing.TB, e *env, o agentOpts) (*adversary.DeafAgent, error) {
 	t.Helper()
-	// Windows as an agent should set them (see server.GRPCServerOptions).
-	cc, err := grpc.NewClient(e.agentAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.agentTLS)),
-		grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(4<<20))
-	require.NoError(t, err)
-	var kv []string
-	if o.id != "" {
-		kv = append(kv, wire.HeaderAgentID, o.id)
-	}
-	if o.identifiers != "" {
-		kv = append(kv, wire.HeaderAgentIdentifiers, o.identifiers)
-	}
-	if o.token != "" {
-		kv = append(kv, wire.HeaderAuthorization, "Bearer "+o.token)
-	}
-	kv = append(kv, o.extraMD...)
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), kv...))
-	a := &testAgent{t: t, cc: cc, cancel: cancel, closeCh: make(chan int64, 1024), done: make(chan struct{}), conns: map[int64]net.Conn{}}
-	fail := func(err error) (*testAgent, error) {
-		cancel()
-		cc.Close()
+	a, err := adversary.DialDeafAgent(context.Background(), adversary.AgentConfig{
+		Addr: e.agentAddr, TLS: e.agentTLS,
+		ID: o.id, Identifiers: o.identifiers, Token: o.token, Metadata: o.extraMD,
+	})
+	if err != nil {
 		return nil, err
 	}
-	a.stream, err = wire.Connect(ctx, cc)
-	if err != nil {
-		return fail(err)
-	}
-	a.header, err = a.stream.Header()
-	if err != nil {
-		return fail(err)
-	}
-	if len(a.header) == 0 { // trailers-only: the server refused the stream
-		_, err = a.stream.Recv()
-		return fail(err)
-	}
+	t.Cleanup(a.Close)
 	return a, nil
 }
 
 // startAgent connects and serves an agent until the test ends.
 func startAgent(t testing.TB, e *env, o agentOpts) *testAgent {
 	t.Helper()
-	a, err := connectAgent(t, e, o)
+	da, err := connectAgent(t, e, o)
 	require.NoError(t, err)
+	a := &testAgent{DeafAgent: da, t: t, closeCh: make(chan int64, 1024), done: make(chan struct{}), conns: map[int64]net.Conn{}}
 	go a.serve()
 	t.Cleanup(a.stop)
 	return a
@@ -245,15 +217,12 @@ func startAgent(t testing.TB, e *env, o agentOpts) *testAgent {
 
 // stop ends the agent's stream and waits for its goroutines.
 func (a *testAgent) stop() {
-	a.cancel()
+	a.Close()
 	<-a.done
-	a.cc.Close()
 }
 
 func (a *testAgent) send(p *client.Packet) {
-	a.sendMu.Lock()
-	defer a.sendMu.Unlock()
-	_ = a.stream.Send(p)
+	_ = a.Send(p)
 }
 
 func (a *testAgent) drain() {
@@ -293,7 +262,7 @@ func (a *testAgent) serve() {
 		a.mu.Unlock()
 	}()
 	for {
-		pkt, err := a.stream.Recv()
+		pkt, err := a.Recv()
 		if err != nil {
 			return
 		}
@@ -401,7 +370,7 @@ func refusedAddr(t *testing.T) string {
 }
 
 // echoServer starts a TCP server that echoes every connection.
-func echoServer(t *testing.T) string {
+func echoServer(t testing.TB) string {
 	t.Helper()
 	lis := listen(t)
 	var wg sync.WaitGroup
@@ -449,30 +418,26 @@ func echoServer(t *testing.T) string {
 	return lis.Addr().String()
 }
 
-// tunnelThroughAgent connects an agent named id and opens a gRPC frontend
-// tunnel through it to a dummy address: the agent answers the one dial,
-// and then reads only when the test makes it. The frontend's stream ends
-// with ctx.
-func tunnelThroughAgent(t *testing.T, ctx context.Context, e *env, id string) (*testAgent, client.ProxyService_ProxyClient) {
+// tunnelThroughAgent connects a deaf agent named id and opens a tunnel
+// through it to a dummy address from a deaf gRPC frontend: the agent
+// answers the one dial (connectID 1), and then reads only when the test
+// makes it. The frontend's stream ends with ctx.
+func tunnelThroughAgent(t *testing.T, ctx context.Context, e *env, id string) (*adversary.DeafAgent, *adversary.DeafFrontend) {
 	t.Helper()
 	a, err := connectAgent(t, e, agentOpts{id: id})
 	require.NoError(t, err)
-	t.Cleanup(func() { a.cancel(); a.cc.Close() })
 	waitBackends(t, e, 1)
 
-	cc, err := grpc.NewClient(e.frontAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.frontTLS)))
+	f, err := adversary.DialDeafFrontend(ctx, adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
-	t.Cleanup(func() { cc.Close() })
-	stream, err := client.NewProxyServiceClient(cc).Proxy(ctx)
+	t.Cleanup(f.Close)
+	accepted := make(chan error, 1)
+	go func() { _, err := a.AcceptDial(1); accepted <- err }()
+	connectID, err := f.Dial("127.0.0.1:9", 7)
 	require.NoError(t, err)
-	require.NoError(t, stream.Send(wire.DialReq("tcp", "127.0.0.1:9", 7)))
-	req, err := a.stream.Recv()
-	require.NoError(t, err)
-	a.send(wire.DialRsp(req.GetDialRequest().GetRandom(), 1, ""))
-	rsp, err := stream.Recv()
-	require.NoError(t, err)
-	require.Empty(t, rsp.GetDialResponse().GetError())
-	return a, stream
+	require.NoError(t, <-accepted)
+	require.Equal(t, int64(1), connectID)
+	return a, f
 }
 
 // queuedBytesWatch reads servercount_server_queued_bytes from reg and

@@ -124,13 +124,13 @@ func TestHandshakeHeadersFollowCounter(t *testing.T) {
 	e := startEnv(t, server.Config{ServerID: "server-a", Counter: counter, Registerer: reg})
 
 	a := startAgent(t, e, agentOpts{id: "agent-1"})
-	assert.Equal(t, []string{"server-a"}, a.header.Get(wire.HeaderServerID))
-	assert.Equal(t, []string{"3"}, a.header.Get(wire.HeaderServerCount))
+	assert.Equal(t, []string{"server-a"}, a.Header().Get(wire.HeaderServerID))
+	assert.Equal(t, []string{"3"}, a.Header().Get(wire.HeaderServerCount))
 	assert.Equal(t, 3.0, metricValue(t, reg, "servercount_server_reported_server_count", nil))
 
 	counter.n.Store(5)
 	b := startAgent(t, e, agentOpts{id: "agent-1"}) // a second stream of the same agent
-	assert.Equal(t, []string{"5"}, b.header.Get(wire.HeaderServerCount))
+	assert.Equal(t, []string{"5"}, b.Header().Get(wire.HeaderServerCount))
 	waitBackends(t, e, 2)
 	assert.Equal(t, 5.0, metricValue(t, reg, "servercount_server_reported_server_count", nil))
 	assert.Equal(t, 2.0, metricValue(t, reg, "konnectivity_network_proxy_server_ready_backend_connections", nil))
@@ -185,9 +185,8 @@ func TestHandshakeRejections(t *testing.T) {
 			a, err := connectAgent(t, tc.env, tc.opts)
 			if tc.wantCode == codes.OK {
 				require.NoError(t, err)
-				assert.Equal(t, []string{"s1"}, a.header.Get(wire.HeaderServerID))
-				a.cancel()
-				a.cc.Close()
+				assert.Equal(t, []string{"s1"}, a.Header().Get(wire.HeaderServerID))
+				a.Close()
 				return
 			}
 			require.Error(t, err)
@@ -345,9 +344,8 @@ func TestHTTPConnectBackendDialTimeout(t *testing.T) {
 	t.Parallel()
 	e := startEnv(t, server.Config{BackendDialTimeout: 200 * time.Millisecond})
 	// An agent that never answers dials.
-	a, err := connectAgent(t, e, agentOpts{id: "mute"})
+	_, err := connectAgent(t, e, agentOpts{id: "mute"})
 	require.NoError(t, err)
-	t.Cleanup(func() { a.cancel(); a.cc.Close() })
 	waitBackends(t, e, 1)
 	_, _, code := connectVia(t, e, http.MethodConnect, "127.0.0.1:9")
 	assert.Equal(t, http.StatusGatewayTimeout, code)
