@@ -241,7 +241,7 @@ func (s *Server) Queries(network string) int {
 // TTL of 30 seconds. $INCLUDE is not allowed. On a parse error SetZone
 // returns an error naming the line and keeps the current records.
 func (s *Server) SetZone(text string) error {
-	rrs, err := parseZone(text)
+	rrs, err := ParseZone(text)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -59,9 +58,15 @@ txtonly.example. 30 IN TXT "x"
 // newCounter starts a counter of name against srv with fast retries.
 func newCounter(t *testing.T, srv *dnstest.Server, name string, mod ...func(*servercounter.Config)) *servercounter.DNSServerCounter {
 	t.Helper()
+	return newCounterAt(t, srv.Addr(), name, mod...)
+}
+
+// newCounterAt is newCounter against the server at addr.
+func newCounterAt(t *testing.T, addr, name string, mod ...func(*servercounter.Config)) *servercounter.DNSServerCounter {
+	t.Helper()
 	cfg := servercounter.Config{
 		Name:       name,
-		Servers:    []string{srv.Addr()},
+		Servers:    []string{addr},
 		ResolvConf: emptyResolvConf(t),
 		Timeout:    500 * time.Millisecond,
 		// Back-offs short enough that a retried count costs the test
@@ -129,17 +134,16 @@ func countOnClock(t *testing.T, c *servercounter.DNSServerCounter, clk *clocktes
 // package's test time.
 func emptyResolvConf(testing.TB) string { return os.DevNull }
 
-func writeResolvConf(t testing.TB, text string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "resolv.conf")
-	require.NoError(t, os.WriteFile(p, []byte(text), 0o644))
-	return p
-}
+// searchResolvConf searches three domains with ndots:5, as a pod's
+// resolv.conf does, and names a nameserver no test asks. Like every
+// resolv.conf these tests read, it is a file in testdata rather than one
+// written to a temporary directory per test, for the same reason as
+// emptyResolvConf.
+const searchResolvConf = "testdata/search.resolv.conf"
 
 func TestDNSCount(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
+	addr := headless3Shared.addr(t)
 
 	tests := []struct {
 		name        string
@@ -171,7 +175,7 @@ func TestDNSCount(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c := newCounter(t, srv, tc.qname, func(cfg *servercounter.Config) { cfg.Type = tc.typ })
+			c := newCounterAt(t, addr, tc.qname, func(cfg *servercounter.Config) { cfg.Type = tc.typ })
 			res, err := c.Count(t.Context())
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantCount, res.Count, "count")
@@ -181,7 +185,7 @@ func TestDNSCount(t *testing.T) {
 			assert.Equal(t, tc.wantTTL, res.TTL, "ttl")
 			assert.Len(t, res.Answer, tc.wantAnswer, "answer")
 			assert.Len(t, res.Extra, tc.wantExtra, "extra")
-			assert.Equal(t, srv.Addr(), res.Server)
+			assert.Equal(t, addr, res.Server)
 			assert.Equal(t, servercounter.TransportUDP, res.Transport)
 			assert.False(t, res.Truncated)
 			assert.Equal(t, strings.ToLower(tc.qname), res.Name)
@@ -224,9 +228,7 @@ func TestDNSCountFollowsRecordChanges(t *testing.T) {
 
 func TestDNSCountSearchList(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
-	resolv := writeResolvConf(t, "nameserver 192.0.2.1\nsearch kube-system.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n")
+	addr := headless3Shared.addr(t)
 
 	tests := []struct {
 		name      string
@@ -245,7 +247,7 @@ func TestDNSCountSearchList(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c := newCounter(t, srv, tc.qname, func(c *servercounter.Config) { c.ResolvConf = resolv })
+			c := newCounterAt(t, addr, tc.qname, func(c *servercounter.Config) { c.ResolvConf = searchResolvConf })
 			if tc.wantNames != nil {
 				assert.Equal(t, tc.wantNames, c.Names())
 			}
@@ -259,11 +261,9 @@ func TestDNSCountSearchList(t *testing.T) {
 
 func TestDNSCountFailureOnSearchNameIsNotZero(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
+	srv := newHeadless3Server(t)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
-	resolv := writeResolvConf(t, "search kube-system.svc.cluster.local\noptions ndots:5\n")
-	c := newCounter(t, srv, "proxy", func(c *servercounter.Config) { c.ResolvConf = resolv })
+	c := newCounter(t, srv, "proxy", func(c *servercounter.Config) { c.ResolvConf = searchResolvConf })
 	_, err := c.Count(t.Context())
 	var de *servercounter.DNSError
 	require.ErrorAs(t, err, &de)
@@ -289,8 +289,7 @@ func TestDNSCountFaults(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			srv := dnstest.NewServer(t)
-			srv.MustSetZone(t, headless3)
+			srv := newHeadless3Server(t)
 			srv.SetFault(tc.fault)
 			clk := clocktest.New(time.Now())
 			c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) {
@@ -330,8 +329,7 @@ func TestDNSCountMismatchOverTCPIsMalformed(t *testing.T) {
 	} {
 		t.Run(tc.fault.String(), func(t *testing.T) {
 			t.Parallel()
-			srv := dnstest.NewServer(t)
-			srv.MustSetZone(t, headless3)
+			srv := newHeadless3Server(t)
 			srv.SetFault(dnstest.Fault{Kind: tc.fault})
 			c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP, c.Attempts = true, 1 })
 			_, err := c.Count(t.Context())
@@ -345,9 +343,7 @@ func TestDNSCountMismatchOverTCPIsMalformed(t *testing.T) {
 
 func TestDNSCountCNAMELoopIsAnError(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
-	_, err := newCounter(t, srv, "loop1.example.").Count(t.Context())
+	_, err := newCounterAt(t, headless3Shared.addr(t), "loop1.example.").Count(t.Context())
 	var de *servercounter.DNSError
 	require.ErrorAs(t, err, &de, "a CNAME loop is broken DNS, not zero servers")
 	assert.Equal(t, servercounter.ErrorMalformed, de.Kind)
@@ -359,8 +355,7 @@ func TestDNSCountRetriesAfterTransientFailure(t *testing.T) {
 	for _, kind := range []dnstest.FaultKind{dnstest.FaultServFail, dnstest.FaultRefused, dnstest.FaultDrop, dnstest.FaultGarbage} {
 		t.Run(kind.String(), func(t *testing.T) {
 			t.Parallel()
-			srv := dnstest.NewServer(t)
-			srv.MustSetZone(t, headless3)
+			srv := newHeadless3Server(t)
 			srv.SetFault(dnstest.Fault{Kind: kind, Count: 2})
 			clk := clocktest.New(time.Now())
 			c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) { c.Timeout, c.Clock = faultTimeout, clk })
@@ -380,8 +375,7 @@ func TestDNSCountRetriesAfterTransientFailure(t *testing.T) {
 // answer counts, where closing its socket would have lost it.
 func TestDNSCountLateAnswerToEarlierTryCounts(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
+	srv := newHeadless3Server(t)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultHold})
 	clk := clocktest.New(time.Now())
 	c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) {
@@ -411,17 +405,16 @@ func TestDNSCountLateAnswerToEarlierTryCounts(t *testing.T) {
 
 func TestDNSCountTriesNextNameserver(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
+	addr := headless3Shared.addr(t)
 	down := closedUDPAddr(t)
-	c := newCounter(t, srv, svc, func(c *servercounter.Config) {
-		c.Servers = []string{down, srv.Addr()}
+	c := newCounterAt(t, addr, svc, func(c *servercounter.Config) {
+		c.Servers = []string{down, addr}
 		c.Timeout = 200 * time.Millisecond
 	})
 	res, err := c.Count(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, 3, res.Count)
-	assert.Equal(t, srv.Addr(), res.Server)
+	assert.Equal(t, addr, res.Server)
 }
 
 func TestDNSCountServerDown(t *testing.T) {
@@ -485,8 +478,7 @@ func TestDNSCountTruncatedUDPFallsBackToTCP(t *testing.T) {
 
 func TestDNSCountTruncatedOverTCPIsLowerBound(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
+	srv := newHeadless3Server(t)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultTruncate})
 	res, err := newCounter(t, srv, "_agent._tcp."+svc).Count(t.Context())
 	require.NoError(t, err, "a truncated answer is a lower bound, not an error")
@@ -498,11 +490,14 @@ func TestDNSCountTruncatedOverTCPIsLowerBound(t *testing.T) {
 func TestDNSCountHugeAnswerIsClamped(t *testing.T) {
 	t.Parallel()
 	srv := dnstest.NewServer(t)
-	// SRV targets are never compressed (RFC 2782), so 400 records with
-	// 200-byte targets overflow even TCP's 64 KiB, as thousands of A
-	// records would, for a tenth of the work.
-	const records = 400
-	long := strings.Repeat("a", 60) + "." + strings.Repeat("b", 60) + "." + strings.Repeat("c", 60) + ".example."
+	// SRV targets are never compressed (RFC 2782), so records with
+	// targets of the longest name DNS allows, 255 bytes on the wire,
+	// take 273 bytes each: TCP's 64 KiB carries 239, not 256, as
+	// thousands of A records would, for a tenth of the work. The fewer
+	// the records for those bytes, the less the test costs.
+	const records = 256
+	long := strings.Repeat("a", 63) + "." + strings.Repeat("b", 63) + "." + strings.Repeat("c", 63) + "." +
+		strings.Repeat("d", 44) + ".example."
 	rrs := make([]dns.RR, 0, records)
 	for i := range records {
 		rrs = append(rrs, &dns.SRV{
@@ -518,14 +513,13 @@ func TestDNSCountHugeAnswerIsClamped(t *testing.T) {
 	assert.Equal(t, 100, res.Count)
 	assert.Greater(t, res.Found, 100, "TCP carries hundreds of these records")
 	assert.Less(t, res.Found, records, "64 KiB cannot carry them all")
-	assert.True(t, res.Truncated, "64 KiB cannot carry 400 records of 220 bytes")
+	assert.True(t, res.Truncated, "64 KiB cannot carry 256 records of 273 bytes")
 	assert.Equal(t, servercounter.TransportUDPThenTCP, res.Transport)
 }
 
 func TestDNSCountMinClamp(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	res, err := newCounter(t, srv, svc, func(c *servercounter.Config) { c.Min = 1 }).Count(t.Context())
+	res, err := newCounterAt(t, headless3Shared.addr(t), "gone.kube-system.svc.cluster.local.", func(c *servercounter.Config) { c.Min = 1 }).Count(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, 1, res.Count)
 	assert.Equal(t, 0, res.Found)
@@ -534,8 +528,7 @@ func TestDNSCountMinClamp(t *testing.T) {
 
 func TestDNSCountOverTCP(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
+	srv := newHeadless3Server(t)
 	res, err := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP = true }).Count(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, 3, res.Count)
@@ -545,8 +538,7 @@ func TestDNSCountOverTCP(t *testing.T) {
 
 func TestDNSCountLogsChangesOnly(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.MustSetZone(t, headless3)
+	srv := newHeadless3Server(t)
 	logger, buf := logtest.NewLogger(2)
 	ctx := klog.NewContext(t.Context(), logger)
 	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.Attempts = 1 })
@@ -560,7 +552,7 @@ func TestDNSCountLogsChangesOnly(t *testing.T) {
 		require.Error(t, err)
 	}
 	srv.ClearFault()
-	srv.MustSetZone(t, "")
+	srv.SetRecords()
 	for range 3 {
 		_, err := c.Count(ctx)
 		require.NoError(t, err)
@@ -606,7 +598,7 @@ func TestNewDNSServerCounterRejectsBadConfig(t *testing.T) {
 
 func TestNewDNSServerCounterReadsResolvConf(t *testing.T) {
 	t.Parallel()
-	resolv := writeResolvConf(t, "nameserver 10.96.0.10\nnameserver fd00::10\nsearch ns.svc.cluster.local\noptions ndots:5\n")
+	const resolv = "testdata/nameservers.resolv.conf"
 	c, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: "proxy", ResolvConf: resolv})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"10.96.0.10:53", "[fd00::10]:53"}, c.Servers())
