@@ -430,7 +430,8 @@ func TestDNSCountServerDown(t *testing.T) {
 	down := closedUDPAddr(t)
 	c, err := servercounter.NewDNSServerCounter(servercounter.Config{
 		Name: svc, Servers: []string{down}, ResolvConf: emptyResolvConf(t),
-		Timeout: 200 * time.Millisecond, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+		Timeout:        200 * time.Millisecond,
+		InitialBackoff: 50 * time.Microsecond, MaxBackoff: 200 * time.Microsecond, // as newCounter's
 	})
 	require.NoError(t, err)
 	_, err = c.Count(t.Context())
