@@ -471,23 +471,33 @@ func TestDNSCountHonoursContextDeadline(t *testing.T) {
 func TestDNSCountTruncatedUDPFallsBackToTCP(t *testing.T) {
 	t.Parallel()
 	srv := dnstest.NewServer(t)
-	// 80 records overflow the 1232-byte EDNS0 UDP payload, which carries
-	// 74 A records of a compressed name.
-	const records = 80
+	// The 1232-byte EDNS0 UDP payload carries 74 A records of a
+	// compressed name, and 30 SRV records whose targets are the 21-byte
+	// names of a short Service's endpoints (SRV targets are never
+	// compressed, RFC 2782): 80 addresses and 40 endpoints overflow it,
+	// and keep the TCP answers small.
+	const (
+		addrName, addresses = "a.example.", 80
+		srvName, endpoints  = "_agent._tcp.p.example.", 40
+	)
 	var ips []string
-	for i := range records {
-		ips = append(ips, net.IPv4(10, 1, byte(i/250), byte(i%250+1)).String())
+	for i := range addresses {
+		ips = append(ips, net.IPv4(10, 1, 0, byte(i+1)).String())
 	}
-	// SRV targets are never compressed (RFC 2782): a short Service name
-	// keeps the TCP answer small.
-	const short = "p.example."
-	srv.SetRecords(dnstest.Headless(short, "agent", "tcp", 8091, ips...)...)
-	for _, name := range []string{short, "_agent._tcp." + short} {
-		res, err := newCounter(t, srv, name).Count(t.Context())
+	rrs := dnstest.Headless("p.example.", "agent", "tcp", 8091, ips[:endpoints]...)
+	for _, ip := range ips {
+		rrs = append(rrs, &dns.A{Hdr: dns.RR_Header{Name: addrName, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: net.ParseIP(ip)})
+	}
+	srv.SetRecords(rrs...)
+	for _, tc := range []struct {
+		name string
+		want int
+	}{{addrName, addresses}, {srvName, endpoints}} {
+		res, err := newCounter(t, srv, tc.name).Count(t.Context())
 		require.NoError(t, err)
-		assert.Equal(t, records, res.Count, name)
-		assert.Equal(t, servercounter.TransportUDPThenTCP, res.Transport, name)
-		assert.False(t, res.Truncated, name)
+		assert.Equal(t, tc.want, res.Count, tc.name)
+		assert.Equal(t, servercounter.TransportUDPThenTCP, res.Transport, tc.name)
+		assert.False(t, res.Truncated, tc.name)
 	}
 	assert.Positive(t, srv.Queries("tcp"))
 }
@@ -557,7 +567,8 @@ func TestDNSCountLogsChangesOnly(t *testing.T) {
 	srv := newHeadless3Server(t)
 	logger, buf := logtest.NewLogger(2)
 	ctx := klog.NewContext(t.Context(), logger)
-	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.Attempts = 1 })
+	// One query per count: what is logged is under test, not the type.
+	c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.Attempts, c.Type = 1, servercounter.TypeA })
 	// Two counts of each state: the second must log nothing.
 	const repeats = 2
 	for range repeats {
