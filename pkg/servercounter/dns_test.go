@@ -78,7 +78,10 @@ func newCounterAt(t *testing.T, addr, name string, mod ...func(*servercounter.Co
 		Name:       name,
 		Servers:    []string{addr},
 		ResolvConf: emptyResolvConf(t),
-		Timeout:    500 * time.Millisecond,
+		// Every query these counters send is answered, so the timeout
+		// only bounds a loaded machine's delays: 500 ms ran out under a
+		// load of 16 on two cores.
+		Timeout: waitFor,
 		// Back-offs short enough that a retried count costs the test
 		// nothing measurable, long enough to be real waits.
 		InitialBackoff: 50 * time.Microsecond,
