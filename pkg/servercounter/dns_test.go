@@ -272,11 +272,8 @@ func TestDNSCountFailureOnSearchNameIsNotZero(t *testing.T) {
 	t.Parallel()
 	srv := newHeadless3Server(t)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
-	// One try, as long as a loaded machine needs: a retry would fail the
-	// same way.
-	c := newCounter(t, srv, "proxy", func(c *servercounter.Config) {
-		c.ResolvConf, c.Attempts, c.Timeout = searchResolvConf, 1, waitFor
-	})
+	// One try: a retry would fail the same way.
+	c := newCounter(t, srv, "proxy", func(c *servercounter.Config) { c.ResolvConf, c.Attempts = searchResolvConf, 1 })
 	_, err := c.Count(t.Context())
 	var de *servercounter.DNSError
 	require.ErrorAs(t, err, &de)
@@ -356,11 +353,9 @@ func TestDNSCountMismatchOverTCPIsMalformed(t *testing.T) {
 
 func TestDNSCountCNAMELoopIsAnError(t *testing.T) {
 	t.Parallel()
-	// One try, as long as a loaded machine needs: the answer's
-	// classification is under test, not the retries.
-	_, err := newCounterAt(t, headless3Shared.addr(t), "loop1.example.", func(c *servercounter.Config) {
-		c.Attempts, c.Timeout = 1, waitFor
-	}).Count(t.Context())
+	// One try: the answer's classification is under test, not the
+	// retries.
+	_, err := newCounterAt(t, headless3Shared.addr(t), "loop1.example.", func(c *servercounter.Config) { c.Attempts = 1 }).Count(t.Context())
 	var de *servercounter.DNSError
 	require.ErrorAs(t, err, &de, "a CNAME loop is broken DNS, not zero servers")
 	assert.Equal(t, servercounter.ErrorMalformed, de.Kind)
@@ -519,11 +514,11 @@ func TestDNSCountTruncatedOverTCPIsLowerBound(t *testing.T) {
 func TestDNSCountHugeAnswerIsClamped(t *testing.T) {
 	t.Parallel()
 	srv := dnstest.NewServer(t)
-	// SRV targets are never compressed (RFC 2782), so records with
-	// targets of the longest name DNS allows, 255 bytes on the wire,
-	// take 273 bytes each: TCP's 64 KiB carries 239, not 256, as
-	// thousands of A records would, for a tenth of the work. The fewer
-	// the records for those bytes, the less the test costs.
+	// SRV targets are never compressed (RFC 2782), so a record whose
+	// target is as long as a DNS name can be, 255 bytes on the wire,
+	// takes 273: TCP's 64 KiB carries 239 of 256 and overflows, as with
+	// thousands of A records, for a fraction of the work. The longer the
+	// targets, the fewer records fill those bytes.
 	const records = 256
 	long := strings.Repeat("a", 63) + "." + strings.Repeat("b", 63) + "." + strings.Repeat("c", 63) + "." +
 		strings.Repeat("d", 44) + ".example."
