@@ -341,7 +341,9 @@ func TestDNSCountMismatchOverTCPIsMalformed(t *testing.T) {
 			t.Parallel()
 			srv := newHeadless3Server(t)
 			srv.SetFault(dnstest.Fault{Kind: tc.fault})
-			c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP, c.Attempts = true, 1 })
+			// One query, of one type: the check of the reply is under
+			// test, and each query over TCP costs a connection.
+			c := newCounter(t, srv, svc, func(c *servercounter.Config) { c.TCP, c.Attempts, c.Type = true, 1, servercounter.TypeA })
 			_, err := c.Count(t.Context())
 			var de *servercounter.DNSError
 			require.ErrorAs(t, err, &de)
