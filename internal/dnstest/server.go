@@ -14,9 +14,15 @@ import (
 	"github.com/miekg/dns"
 )
 
-// bindAttempts is how many random ports Start tries. Binding UDP to port 0
-// picks a port that is free for UDP only, so TCP's bind on the same number can
+// bindAttempts is how many random ports Start tries. Binding TCP to port 0
+// picks a port that is free for TCP only, so UDP's bind on the same number can
 // fail when another process holds it; a fresh port almost always works.
+//
+// TCP goes first because its ports are the scarce ones: a machine that makes
+// many TCP connections keeps thousands of client ports in TIME_WAIT, and a
+// listener cannot bind those, while few UDP ports are ever taken. Binding UDP
+// first made every try fail when other tests on the machine had used up most
+// of the ephemeral range.
 const bindAttempts = 10
 
 // Server is a DNS server on 127.0.0.1 serving UDP and TCP on the same port.
@@ -113,18 +119,18 @@ func Start() (*Server, error) {
 	return s, nil
 }
 
-// listen binds UDP on a random port of 127.0.0.1 and then TCP on the same
+// listen binds TCP on a random port of 127.0.0.1 and then UDP on the same
 // port.
 func listen() (net.PacketConn, net.Listener, error) {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, nil, fmt.Errorf("listen udp: %w", err)
+		return nil, nil, fmt.Errorf("listen tcp: %w", err)
 	}
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	port := l.Addr().(*net.TCPAddr).Port
+	pc, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	if err != nil {
-		pc.Close()
-		return nil, nil, fmt.Errorf("listen tcp on the udp port %d: %w", port, err)
+		l.Close()
+		return nil, nil, fmt.Errorf("listen udp on the tcp port %d: %w", port, err)
 	}
 	return pc, l, nil
 }
@@ -241,7 +247,7 @@ func (s *Server) Queries(network string) int {
 // TTL of 30 seconds. $INCLUDE is not allowed. On a parse error SetZone
 // returns an error naming the line and keeps the current records.
 func (s *Server) SetZone(text string) error {
-	rrs, err := parseZone(text)
+	rrs, err := ParseZone(text)
 	if err != nil {
 		return err
 	}

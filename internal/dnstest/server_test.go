@@ -88,7 +88,7 @@ func rrStrings(rrs []dns.RR) []string {
 // the result.
 func zoneStrings(t testing.TB, text string) []string {
 	t.Helper()
-	rrs, err := parseZone(text)
+	rrs, err := ParseZone(text)
 	require.NoError(t, err)
 	return rrStrings(rrs)
 }

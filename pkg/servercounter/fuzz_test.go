@@ -3,6 +3,7 @@ package servercounter_test
 import (
 	"encoding/binary"
 	"net"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,36 +47,29 @@ func FuzzDNSCountAnswer(f *testing.F) {
 		f.Add(uint8(seed.typ), b)
 	}
 
-	var reply atomic.Pointer[[]byte]
-	// Each query gets the fuzzed reply, then a well-formed REFUSED: a
-	// reply the client drops as not its own (another question, bytes
-	// that do not parse) is followed by one it takes, so that an input
-	// costs one exchange, not a timeout.
-	addr := rawUDPServerN(f, func(q *dns.Msg) [][]byte {
-		refused, err := new(dns.Msg).SetRcode(q, dns.RcodeRefused).Pack()
-		if err != nil {
-			return nil
-		}
-		p := reply.Load()
-		if p == nil || len(*p) < 2 {
-			return [][]byte{refused}
-		}
-		b := append([]byte(nil), *p...)
-		binary.BigEndian.PutUint16(b, q.Id)
-		return [][]byte{b, refused}
-	}, nil)
+	// Under go test the inputs run in parallel, each on a server of its
+	// own from servers, which holds as many as run at once (-parallel
+	// defaults to GOMAXPROCS; more only wait their turn). Fuzzing runs
+	// one input at a time, on one server, as it always did.
+	servers := make(chan *fuzzServer, runtime.GOMAXPROCS(0))
+	for range cap(servers) {
+		servers <- newFuzzServer(f)
+	}
 	resolvConf := emptyResolvConf(f)
 	f.Fuzz(func(t *testing.T, typ uint8, data []byte) {
+		t.Parallel()
+		srv := <-servers
+		defer func() { servers <- srv }()
 		rt := servercounter.RecordType(typ % 5)
 		name := "s.example."
 		if rt == servercounter.TypeSRV {
 			name = "_a._tcp.s.example."
 		}
-		reply.Store(&data)
+		srv.reply.Store(&data)
 		// The REFUSED after each reply ends a try the fuzzed reply did
 		// not; the timeout is only a bound for a loaded machine.
 		c, err := servercounter.NewDNSServerCounter(servercounter.Config{
-			Name: name, Type: rt, Servers: []string{addr}, ResolvConf: resolvConf,
+			Name: name, Type: rt, Servers: []string{srv.addr}, ResolvConf: resolvConf,
 			Timeout: 10 * time.Second, Attempts: 1, Max: 100,
 		})
 		if err != nil {
@@ -96,4 +90,33 @@ func FuzzDNSCountAnswer(f *testing.F) {
 			t.Fatalf("count %d above Max 100", res.Count)
 		}
 	})
+}
+
+// fuzzServer answers each query with the reply an input stored, its ID
+// patched in so that the reply is read and not dropped as a stray.
+type fuzzServer struct {
+	addr  string
+	reply atomic.Pointer[[]byte]
+}
+
+func newFuzzServer(f *testing.F) *fuzzServer {
+	s := new(fuzzServer)
+	// Each query gets the fuzzed reply, then a well-formed REFUSED: a
+	// reply the client drops as not its own (another question, bytes
+	// that do not parse) is followed by one it takes, so that an input
+	// costs one exchange, not a timeout.
+	s.addr = rawUDPServerN(f, func(q *dns.Msg) [][]byte {
+		refused, err := new(dns.Msg).SetRcode(q, dns.RcodeRefused).Pack()
+		if err != nil {
+			return nil
+		}
+		p := s.reply.Load()
+		if p == nil || len(*p) < 2 {
+			return [][]byte{refused}
+		}
+		b := append([]byte(nil), *p...)
+		binary.BigEndian.PutUint16(b, q.Id)
+		return [][]byte{b, refused}
+	}, nil)
+	return s
 }

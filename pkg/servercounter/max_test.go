@@ -16,9 +16,9 @@ import (
 
 func TestMaxCounter(t *testing.T) {
 	t.Parallel()
-	srv := dnstest.NewServer(t)
-	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
-	cache, _ := newCache(t, newCounter(t, srv, svc), servercounter.CacheConfig{Expiry: time.Minute})
+	// headless3 has two A records there.
+	dc := newCounterAt(t, headless3Shared.addr(t), "dual.kube-system.svc.cluster.local.", func(c *servercounter.Config) { c.Type = servercounter.TypeA })
+	cache, _ := newCache(t, dc, servercounter.CacheConfig{Expiry: time.Minute})
 	failing := counterFunc(func(context.Context) (servercounter.Result, error) {
 		return servercounter.Result{}, errors.New("API server down")
 	})

@@ -3,7 +3,6 @@ package servercounter_test
 import (
 	"net"
 	"testing"
-	"time"
 
 	"github.com/miekg/dns"
 	"github.com/stretchr/testify/assert"
@@ -26,16 +25,25 @@ func rawUDPServer(t testing.TB, reply func(q *dns.Msg) []byte, tcp dns.Handler) 
 func rawUDPServerN(t testing.TB, replies func(q *dns.Msg) [][]byte, tcp dns.Handler) string {
 	t.Helper()
 	for try := 0; ; try++ {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		require.NoError(t, err)
-		addr := pc.LocalAddr().String()
+		// TCP first, as dnstest does: a port free for TCP is the scarce
+		// one on a machine with thousands of connections in TIME_WAIT.
+		addr := "127.0.0.1:0"
 		var tl net.Listener
 		if tcp != nil {
-			if tl, err = net.Listen("tcp", addr); err != nil {
-				pc.Close()
-				require.Less(t, try, 5, "no port free for UDP and TCP")
-				continue
-			}
+			var err error
+			tl, err = net.Listen("tcp", addr)
+			require.NoError(t, err)
+			addr = tl.Addr().String()
+		}
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			require.NotNil(t, tl, "listen udp: %v", err)
+			tl.Close()
+			require.Less(t, try, 5, "no port free for TCP and UDP: %v", err)
+			continue
+		}
+		addr = pc.LocalAddr().String()
+		if tl != nil {
 			srv := &dns.Server{Listener: tl, Handler: tcp}
 			go srv.ActivateAndServe() //nolint:errcheck // ends with Shutdown
 			t.Cleanup(func() { _ = srv.Shutdown() })
@@ -82,7 +90,10 @@ func rawCounter(t *testing.T, addr, name string, typ servercounter.RecordType) *
 	t.Helper()
 	c, err := servercounter.NewDNSServerCounter(servercounter.Config{
 		Name: name, Type: typ, Servers: []string{addr}, ResolvConf: emptyResolvConf(t),
-		Timeout: 300 * time.Millisecond, Attempts: 1,
+		// Every query is answered, or refused over TCP: the timeout only
+		// bounds a loaded machine's delays, and 300 ms ran out under a
+		// load of 16 on two cores.
+		Timeout: waitFor, Attempts: 1,
 	})
 	require.NoError(t, err)
 	return c
