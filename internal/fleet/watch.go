@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/servercount/servercount/internal/proxytest"
 )
 
 // Wait reads every agent every PollInterval until cond holds for each, or
@@ -145,4 +147,31 @@ func MaxInWindow(ts []time.Time, w time.Duration) int {
 		best = max(best, hi-lo+1)
 	}
 	return best
+}
+
+// WaitServers reads servers every PollInterval until each holds n agent
+// streams, or ctx ends, and returns when they all did. With every agent
+// holding as many servers as there are in servers, this is the proof that
+// each agent holds these servers and not others.
+func (f *Fleet) WaitServers(ctx context.Context, servers []*proxytest.Server, n int) (time.Time, error) {
+	ticker := time.NewTicker(f.cfg.PollInterval)
+	defer ticker.Stop()
+	for {
+		now := time.Now()
+		all := true
+		for _, s := range servers {
+			if s.Core().Backends() != n {
+				all = false
+				break
+			}
+		}
+		if all {
+			return now, nil
+		}
+		select {
+		case <-ticker.C:
+		case <-ctx.Done():
+			return now, fmt.Errorf("servers never all held %d agent streams: %w", n, ctx.Err())
+		}
+	}
 }

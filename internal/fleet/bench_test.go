@@ -1,0 +1,322 @@
+package fleet
+
+import (
+	"context"
+	"flag"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/servercount/servercount/internal/metricstest"
+	"github.com/servercount/servercount/pkg/agent"
+)
+
+// The benchmarks' flags, after -args or through BENCH_FLEET_FLAGS.
+var (
+	flagAgents = flag.Int("fleet.agents", 1000, "agents in each benchmark's fleet")
+	flagSteady = flag.Duration("fleet.steady", 60*time.Second, "how long BenchmarkSteady watches a converged fleet")
+)
+
+// benchWait bounds each wait of a benchmark: a fleet that has not
+// converged by then is reported as such.
+const benchWait = 5 * time.Minute
+
+// newBenchFleet raises the file limit and returns a fleet of
+// -fleet.agents agents and 3 servers in mode.
+func newBenchFleet(b *testing.B, mode agent.DialMode) *Fleet {
+	b.Helper()
+	raiseFileLimit(b)
+	return New(b, Config{Agents: *flagAgents, Mode: mode})
+}
+
+// raiseFileLimit raises the soft limit on open files to the hard one: each
+// agent stream is a socket at both ends, and in LB mode two more in the
+// balancer. (Go raises it at start-up too; this says so where it matters.)
+func raiseFileLimit(b *testing.B) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		b.Logf("read the open file limit: %v", err)
+		return
+	}
+	if lim.Cur < lim.Max {
+		lim.Cur = lim.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+			b.Logf("raise the open file limit to %d: %v", lim.Max, err)
+		}
+	}
+	b.Logf("open file limit %d", lim.Cur)
+}
+
+// converge starts the fleet's agents and waits until every one holds n
+// servers, failing the benchmark if they do not within benchWait. It
+// returns the start and when each agent got there.
+func converge(b *testing.B, f *Fleet, n int) (time.Time, []time.Time) {
+	b.Helper()
+	start := f.StartAgents()
+	reached := waitAll(b, f, "cold start", Holding(n))
+	return start, reached
+}
+
+// waitAll waits until cond holds for every agent, failing the benchmark
+// after benchWait.
+func waitAll(b *testing.B, f *Fleet, what string, cond func(*Agent) bool) []time.Time {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(b.Context(), benchWait)
+	defer cancel()
+	reached, err := f.Wait(ctx, cond)
+	if err != nil {
+		b.Fatalf("%s: %v", what, err)
+	}
+	return reached
+}
+
+// seconds returns how long after start the last and the median agent
+// reached their condition.
+func seconds(start time.Time, reached []time.Time) (last, median float64) {
+	ds := make([]float64, len(reached))
+	for i, t := range reached {
+		ds[i] = t.Sub(start).Seconds()
+	}
+	slices.Sort(ds)
+	return ds[len(ds)-1], ds[len(ds)/2]
+}
+
+// lags returns, per agent, after[i] - before[i] in seconds, the largest
+// and the median.
+func lags(before, after []time.Time) (last, median float64) {
+	ds := make([]float64, len(after))
+	for i := range after {
+		ds[i] = max(0, after[i].Sub(before[i]).Seconds())
+	}
+	slices.Sort(ds)
+	return ds[len(ds)-1], ds[len(ds)/2]
+}
+
+// dials sums the agents' server dials with result (ok, duplicate, error).
+func dials(f *Fleet, result string) float64 {
+	var sum float64
+	for _, a := range f.Agents() {
+		if v, ok := metricstest.Value(a.Registry(), "servercount_agent_server_dials_total", "result", result); ok {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// BenchmarkColdStart starts a whole fleet at once against 3 servers that
+// DNS already lists, and reports the seconds until the last (and the
+// median) agent holds all 3, and what the start cost per agent: Connect
+// streams, TLS handshakes, DNS queries and TokenReviews.
+func BenchmarkColdStart(b *testing.B) {
+	for _, mode := range []agent.DialMode{agent.DialResolved, agent.DialLoadBalancer} {
+		b.Run("mode="+string(mode), func(b *testing.B) {
+			f := newBenchFleet(b, mode)
+			start, reached := converge(b, f, DefaultServers)
+			last, median := seconds(start, reached)
+			c := f.Counts()
+			n := float64(len(f.Agents()))
+			b.ReportMetric(last, "s-last-agent")
+			b.ReportMetric(median, "s-median-agent")
+			b.ReportMetric(float64(c.Connects)/n, "connects/agent")
+			b.ReportMetric(float64(c.Handshakes)/n, "handshakes/agent")
+			b.ReportMetric(float64(c.DNSQueries)/n, "dns-queries/agent")
+			b.ReportMetric(float64(c.TokenReviews)/n, "reviews/agent")
+			b.ReportMetric(dials(f, "duplicate")/n, "duplicates/agent")
+			b.ReportMetric(dials(f, "error")/n, "failed-dials/agent")
+			b.ReportMetric(n, "agents")
+			b.ReportMetric(0, "ns/op") // the wall time is s-last-agent
+			b.Logf("%s: %v", mode, c)
+		})
+	}
+}
+
+// BenchmarkScale grows a converged fleet's servers from 3 to 5 through
+// DNS (two new servers, then the new records), then shrinks them back to
+// 3 (the records first, and the two servers stop at once, as pods do
+// when a Deployment scales down). For each step it reports the seconds
+// from the DNS change until the last agent follows (holds the new set and
+// counts it), the largest and median lag between an agent's DNS counter
+// showing the new count and the agent holding it, Connect streams per
+// agent, and the streams dropped on the way: on a scale-up every stream
+// that ended, on a scale-down those that ended beyond the removed
+// servers' own.
+//
+// Resolved mode only: 5 servers behind the load balancer need 4 sockets
+// per agent stream, 20 per agent, over this machine's open file limit at
+// 1000 agents.
+func BenchmarkScale(b *testing.B) {
+	f := newBenchFleet(b, agent.DialResolved)
+	converge(b, f, 3)
+	n := float64(len(f.Agents()))
+	three := f.Servers()
+
+	b.Run("step=3to5", func(b *testing.B) {
+		five := append(slices.Clone(three), f.StartServer(), f.StartServer())
+		before := f.Counts()
+		at := time.Now()
+		f.Publish(five...)
+		seen, held := waitBoth(b, f, 5)
+		d := f.Counts().Sub(before)
+		last, median := seconds(at, held)
+		lagLast, lagMedian := lags(seen, held)
+		b.ReportMetric(last, "s-last-agent")
+		b.ReportMetric(median, "s-median-agent")
+		b.ReportMetric(lagLast, "s-after-dns-last")
+		b.ReportMetric(lagMedian, "s-after-dns-median")
+		b.ReportMetric(float64(d.Connects)/n, "connects/agent")
+		b.ReportMetric(float64(d.StreamEnds), "dropped")
+		b.ReportMetric(0, "ns/op")
+		b.Logf("3 -> 5: %v", d)
+	})
+	b.Run("step=5to3", func(b *testing.B) {
+		five := f.Servers()
+		if len(five) != 5 {
+			b.Skip("needs the 3 -> 5 step first")
+		}
+		before := f.Counts()
+		failedBefore := dials(f, "error")
+		at := time.Now()
+		f.Publish(five[:3]...)
+		for _, s := range five[3:] {
+			s.Stop()
+		}
+		seen, held := waitBoth(b, f, 3)
+		d := f.Counts().Sub(before)
+		last, median := seconds(at, held)
+		lagLast, lagMedian := lags(seen, held)
+		b.ReportMetric(last, "s-last-agent")
+		b.ReportMetric(median, "s-median-agent")
+		b.ReportMetric(lagLast, "s-after-dns-last")
+		b.ReportMetric(lagMedian, "s-after-dns-median")
+		b.ReportMetric(float64(d.Connects)/n, "connects/agent")
+		b.ReportMetric((dials(f, "error")-failedBefore)/n, "failed-dials/agent")
+		// Each agent loses its 2 streams to the stopped servers; any other
+		// end is a stream to a kept server dropped.
+		b.ReportMetric(float64(d.StreamEnds)-2*n, "dropped")
+		b.ReportMetric(0, "ns/op")
+		b.Logf("5 -> 3: %v", d)
+	})
+}
+
+// waitBoth waits until every agent's DNS counter shows n and every agent
+// holds n, and returns when each did each.
+func waitBoth(b *testing.B, f *Fleet, n int) (seen, held []time.Time) {
+	b.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Not waitAll: b.Fatalf must not run outside the benchmark's
+		// goroutine. The held wait below fails first anyway.
+		ctx, cancel := context.WithTimeout(b.Context(), benchWait)
+		defer cancel()
+		seen, _ = f.Wait(ctx, func(a *Agent) bool { return a.Counted() == n })
+	}()
+	held = waitAll(b, f, "follow", func(a *Agent) bool { return a.Counted() == n && a.Held() == n })
+	<-done
+	return seen, held
+}
+
+// BenchmarkRolling replaces each of a converged fleet's 3 servers in turn,
+// as a Deployment's rolling update with a surge of 1 does: a new server
+// starts, DNS (and the balancer) list it instead of the old one, and the
+// old one stops; the next step starts once every agent holds 3 servers
+// again. It reports the fewest servers any agent held at any moment, the
+// seconds from the first step until every agent is whole after the last,
+// and per agent the Connect streams, failed dials and TokenReviews the
+// rollout cost.
+func BenchmarkRolling(b *testing.B) {
+	if testing.Short() {
+		b.Skip("-short: a rollout of 1000 agents takes tens of seconds")
+	}
+	for _, mode := range []agent.DialMode{agent.DialResolved, agent.DialLoadBalancer} {
+		b.Run("mode="+string(mode), func(b *testing.B) {
+			f := newBenchFleet(b, mode)
+			converge(b, f, 3)
+			n := float64(len(f.Agents()))
+			current := f.Servers()
+			before := f.Counts()
+			failedBefore := dials(f, "error")
+			w := f.Watch()
+			start := time.Now()
+			var steps []float64
+			for i := range current {
+				stepStart := time.Now()
+				old := current[i]
+				current[i] = f.StartServer()
+				f.Publish(current...)
+				old.Stop()
+				// An agent may still count the old server for a moment
+				// after it stopped: the step ends when the servers of
+				// the new set hold every agent, and every agent 3.
+				ctx, cancel := context.WithTimeout(b.Context(), benchWait)
+				served, err := f.WaitServers(ctx, current, len(f.Agents()))
+				cancel()
+				if err != nil {
+					b.Fatalf("rolling step %d: %v", i, err)
+				}
+				reached := waitAll(b, f, "rolling step", func(a *Agent) bool { return a.Held() == 3 })
+				last, _ := seconds(stepStart, append(reached, served))
+				steps = append(steps, last)
+			}
+			whole := time.Since(start).Seconds()
+			fewest := w.Stop()
+			d := f.Counts().Sub(before)
+			b.ReportMetric(float64(fewest), "fewest-held")
+			b.ReportMetric(whole, "s-until-whole")
+			b.ReportMetric(slices.Max(steps), "s-longest-step")
+			b.ReportMetric(float64(d.Connects)/n, "connects/agent")
+			b.ReportMetric((dials(f, "error")-failedBefore)/n, "failed-dials/agent")
+			b.ReportMetric(float64(d.TokenReviews)/n, "reviews/agent")
+			b.ReportMetric(0, "ns/op")
+			b.Logf("rolling (%s): steps %v s; %v", mode, steps, d)
+		})
+	}
+}
+
+// BenchmarkSteady watches a converged fleet (resolved mode) for
+// -fleet.steady and reports Connect streams, DNS queries and TokenReviews
+// per second; DNS queries per agent per TTL (at most 1 wanted); and the
+// most DNS queries in any 100 ms window against the average per 100 ms
+// (refreshes spread over the TTL keep it near 1).
+func BenchmarkSteady(b *testing.B) {
+	if testing.Short() {
+		b.Skip("-short: watches a fleet for a minute")
+	}
+	f := newBenchFleet(b, agent.DialResolved)
+	converge(b, f, 3)
+	// The cold start's queries come in step; the caches' first expiry is
+	// spread over one TTL, so steady state starts one TTL on.
+	settle := time.NewTimer(DefaultDNSTTL)
+	select {
+	case <-settle.C:
+	case <-b.Context().Done():
+		return
+	}
+	before := f.Counts()
+	from := time.Now()
+	watch := time.NewTimer(*flagSteady)
+	select {
+	case <-watch.C:
+	case <-b.Context().Done():
+		return
+	}
+	to := time.Now()
+	d := f.Counts().Sub(before)
+	secs := to.Sub(from).Seconds()
+	n := float64(len(f.Agents()))
+	const window = 100 * time.Millisecond
+	times := f.QueryTimes(from, to)
+	peak := float64(MaxInWindow(times, window))
+	avg := float64(len(times)) / (to.Sub(from).Seconds() / window.Seconds())
+	b.ReportMetric(float64(d.Connects)/secs, "connects/s")
+	b.ReportMetric(float64(d.DNSQueries)/secs, "dns-queries/s")
+	b.ReportMetric(float64(d.DNSQueries)/n/(secs/DefaultDNSTTL.Seconds()), "dns-queries/agent/ttl")
+	b.ReportMetric(peak, "dns-peak/100ms")
+	b.ReportMetric(avg, "dns-avg/100ms")
+	b.ReportMetric(peak/avg, "dns-peak/avg")
+	b.ReportMetric(float64(d.TokenReviews)/secs, "reviews/s")
+	b.ReportMetric(secs, "s-watched")
+	b.ReportMetric(0, "ns/op")
+	b.Logf("steady %.0f s: %v", secs, d)
+}
