@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"os"
@@ -119,7 +120,15 @@ type Fleet struct {
 	nextID  int
 
 	agents []*Agent // set once by New
+	// started is how long StartAgents took; written by StartAgents, read
+	// after it returns.
+	started time.Duration
 }
+
+// StartTook returns how long [Fleet.StartAgents] took to start every
+// agent: on a loaded machine, the agents started first are converging
+// meanwhile, and the last ones start late.
+func (f *Fleet) StartTook() time.Duration { return f.started }
 
 // Agent is one agent of a Fleet.
 type Agent struct {
@@ -131,15 +140,44 @@ type Agent struct {
 	dns *dnscount.Options
 	// cache is the agent's DNS counter, as cmd/proxy-agent builds it from
 	// dns; set by StartAgents.
-	cache *servercounter.CachedServerCounter
-	run   *proxytest.Agent // set by StartAgents
+	cache atomic.Pointer[servercounter.CachedServerCounter]
+	// run is the running agent; set by StartAgents while waits and
+	// watches may read it.
+	run atomic.Pointer[proxytest.Agent]
 }
 
-// Held returns how many servers the agent holds a stream to.
-func (a *Agent) Held() int { return a.run.ClientSet().Connected() }
+// Held returns how many servers the agent holds a stream to: 0 before it
+// starts.
+func (a *Agent) Held() int {
+	if r := a.run.Load(); r != nil {
+		return r.ClientSet().Connected()
+	}
+	return 0
+}
 
-// Counted returns what the agent's DNS counter answers now.
-func (a *Agent) Counted() int { return a.cache.CountServers() }
+// Counted returns what the agent's DNS counter answers now: 0 before the
+// agent starts and before DNS has answered.
+func (a *Agent) Counted() int {
+	c := a.cache.Load()
+	if c == nil {
+		return 0
+	}
+	// CountServers would wait for the first answer; Count with a context
+	// that is already done does not.
+	res, err := c.Count(doneContext)
+	if err != nil {
+		return 0
+	}
+	return res.Count
+}
+
+// doneContext is a context that is already done, so that Count never
+// waits. It holds no state anyone can change.
+var doneContext = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // Registry holds the agent's metrics, its DNS counter's included.
 func (a *Agent) Registry() *prometheus.Registry { return a.reg }
@@ -207,20 +245,22 @@ func (f *Fleet) newAgent(i int, tokenDir string) *Agent {
 	return a
 }
 
-// StartAgents starts every agent, at once, and returns when it started
-// them: the fleet's start.
+// StartAgents starts every agent, one after the other as fast as it can,
+// and returns when it started the first: the fleet's start. Waits and
+// watches may run meanwhile; an agent not yet started holds 0 servers.
 func (f *Fleet) StartAgents() time.Time {
 	f.tb.Helper()
 	start := time.Now()
+	defer func() { f.started = time.Since(start) }()
 	for _, a := range f.agents {
 		// The counter starts with the agent, as in the binary: its first
 		// query is part of the cold start.
 		cache, err := a.dns.Build(a.reg, "agent", a.dns.Fallback)
 		require.NoError(f.tb, err, "build DNS counter of %s", a.ID)
 		f.tb.Cleanup(func() { _ = cache.Close() }) // Close does not fail
-		a.cache = cache
+		a.cache.Store(cache)
 		a.cfg.Counter, a.cfg.CountChanged = cache, cache
-		a.run = proxytest.StartAgent(f.tb, f.env, a.cfg)
+		a.run.Store(proxytest.StartAgent(f.tb, f.env, a.cfg))
 	}
 	return start
 }
