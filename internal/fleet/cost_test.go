@@ -1,7 +1,9 @@
 package fleet
 
 import (
+	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -46,6 +48,9 @@ var (
 		"google.golang.org/grpc.(*clientStream)",
 		"google.golang.org/grpc.newClientStream",
 		"google.golang.org/grpc.NewClient",
+		// Only client connections run callback serializers (resolver,
+		// balancer and pick-first wrappers): grpc.Server starts none.
+		"grpc/internal/grpcsync.(*CallbackSerializer)",
 		"(*tlsCreds).ClientHandshake",
 		"crypto/tls.(*Conn).clientHandshake",
 		"crypto/tls.(*clientHandshakeState",
@@ -139,6 +144,47 @@ func goroutinesBySide() map[side]int {
 	return out
 }
 
+// unattributed returns the innermost function of each goroutine that
+// classify cannot attribute, with how many run it, most first.
+func unattributed() []string {
+	var recs []runtime.StackRecord
+	n, _ := runtime.GoroutineProfile(nil)
+	for {
+		recs = make([]runtime.StackRecord, n+100)
+		var ok bool
+		n, ok = runtime.GoroutineProfile(recs)
+		if ok {
+			break
+		}
+	}
+	counts := map[string]int{}
+	for _, r := range recs[:n] {
+		if classify(r.Stack()) != sideOther {
+			continue
+		}
+		// The outermost frame names what started the goroutine.
+		frames := runtime.CallersFrames(r.Stack())
+		var outer string
+		for {
+			fr, more := frames.Next()
+			if fr.Function != "runtime.goexit" {
+				outer = fr.Function
+			}
+			if !more {
+				break
+			}
+		}
+		counts[outer]++
+	}
+	var out []string
+	for fn, c := range counts {
+		out = append(out, fmt.Sprintf("%6d %s", c, fn))
+	}
+	slices.Sort(out)
+	slices.Reverse(out)
+	return out
+}
+
 func heapInuse() uint64 {
 	runtime.GC()
 	var ms runtime.MemStats
@@ -175,4 +221,5 @@ func BenchmarkCost(b *testing.B) {
 	b.ReportMetric(float64(g[sideOther]-g0[sideOther])/n, "other-goroutines/agent")
 	b.ReportMetric((float64(inuse)-float64(inuse0))/n, "heapinuse-B/agent")
 	b.ReportMetric(0, "ns/op")
+	b.Logf("goroutines not attributed, by the function that runs them:\n%s", strings.Join(unattributed(), "\n"))
 }
