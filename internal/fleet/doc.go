@@ -54,7 +54,9 @@
 // measures its DNS bursts against reference timers in the same window
 // for that reason.
 //
-// The package does not measure tunnels' throughput (see
-// internal/proxytest's benchmarks) and does not run the binaries as
-// processes.
+// BenchmarkAgentProcess runs one proxy-agent binary as a process against
+// the fleet's servers and reports its resident memory (VmRSS) and
+// goroutines. The package does not measure tunnels' throughput (see
+// internal/proxytest's benchmarks) and does not run the proxy-server as a
+// process.
 package fleet
