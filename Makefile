@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: all build test lint bench demo demo-probe clean certs e2e fuzz soak cross images push image-test rules-test
+.PHONY: all build test lint bench bench-fleet demo demo-probe clean certs e2e fuzz soak cross images push image-test rules-test
 
 all: lint test build
 
@@ -135,6 +135,12 @@ soak:
 ## bench: the benchmarks quoted in the README
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./pkg/...
+
+## bench-fleet: a fleet of agents (1000 unless BENCH_FLEET_FLAGS says
+## -fleet.agents=N) against proxy-servers in this process: cold start,
+## scale through DNS, rolling replacement, a steady minute, memory per stream
+bench-fleet:
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./internal/fleet/ $(BENCH_FLEET_FLAGS)
 
 ## demo: an agent following proxy-servers as they scale 3 -> 5 -> 2, through DNS
 demo:

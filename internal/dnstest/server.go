@@ -55,6 +55,10 @@ type Server struct {
 
 	udpQueries atomic.Int64
 	tcpQueries atomic.Int64
+
+	// observer, when set, is called for every query as it arrives; see
+	// ObserveQueries.
+	observer atomic.Pointer[func(network string)]
 }
 
 // transport is one of the two miekg servers behind a Server.
@@ -167,6 +171,9 @@ func (s *Server) newTransport(network string, srv *dns.Server) *transport {
 	}
 	srv.MsgAcceptFunc = func(dh dns.Header) dns.MsgAcceptAction {
 		counter.Add(1)
+		if f := s.observer.Load(); f != nil {
+			(*f)(network)
+		}
 		return dns.DefaultMsgAcceptFunc(dh)
 	}
 	return &transport{network: network, srv: srv, served: make(chan error, 1)}
@@ -238,6 +245,19 @@ func (s *Server) Queries(network string) int {
 	default:
 		return 0
 	}
+}
+
+// ObserveQueries calls f for every query as it arrives, with its network
+// ("udp" or "tcp"), counted as [Server.Queries] counts them: a benchmark
+// records when queries come, to find bursts. f runs in the server's
+// goroutine before the query is handled, so it must return quickly. A nil
+// f stops the calls.
+func (s *Server) ObserveQueries(f func(network string)) {
+	if f == nil {
+		s.observer.Store(nil)
+		return
+	}
+	s.observer.Store(&f)
 }
 
 // SetZone replaces all records with those parsed from text, in the zone file

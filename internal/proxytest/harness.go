@@ -107,6 +107,13 @@ type ServerOptions struct {
 	// Registry receives the server's metrics and is served on /metrics of
 	// the health port; default a new registry, see [Server.Registry].
 	Registry *prometheus.Registry
+	// EditTLS, if set, may change the server's TLS configuration (every
+	// port's) before the server starts, e.g. to count handshakes with
+	// VerifyConnection.
+	EditTLS func(*tls.Config)
+	// AgentGRPCOptions are added to the agent port's gRPC server options,
+	// e.g. a stream interceptor that counts Connect streams.
+	AgentGRPCOptions []grpc.ServerOption
 }
 
 // Server is a proxy-server running in the test process: pkg/server behind
@@ -157,6 +164,9 @@ func StartServer(tb testing.TB, env *Env, opts ServerOptions) *Server {
 	s := &Server{tb: tb, id: opts.ID, core: core, reg: opts.Registry, frontendTLS: env.ClientTLS(tb, "kube-apiserver")}
 
 	serverTLS := env.ServerTLS(tb, host)
+	if opts.EditTLS != nil {
+		opts.EditTLS(serverTLS)
+	}
 	var ls []net.Listener
 	for _, addr := range []string{opts.Addr, net.JoinHostPort(host, "0"), net.JoinHostPort(host, "0"), net.JoinHostPort(host, "0")} {
 		l, err := net.Listen("tcp", addr)
@@ -172,7 +182,8 @@ func StartServer(tb testing.TB, env *Env, opts ServerOptions) *Server {
 	al, gl, cl, hl := ls[0], ls[1], ls[2], ls[3]
 	s.agentAddr, s.grpcAddr, s.connectAddr, s.healthAddr = al.Addr().String(), gl.Addr().String(), cl.Addr().String(), hl.Addr().String()
 
-	s.agentGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent")))...)
+	agentOpts := append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent")))
+	s.agentGRPC = grpc.NewServer(append(agentOpts, opts.AgentGRPCOptions...)...)
 	wire.RegisterAgentServiceServer(s.agentGRPC, core)
 	s.frontendGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "frontend")))...)
 	client.RegisterProxyServiceServer(s.frontendGRPC, core)

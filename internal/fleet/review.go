@@ -1,0 +1,83 @@
+package fleet
+
+import (
+	"encoding/json"
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// The service account whose tokens the fleet's servers accept.
+const (
+	reviewNamespace      = "kube-system"
+	reviewServiceAccount = "konnectivity-agent"
+)
+
+// tokenPrefix starts every token the review endpoint accepts.
+const tokenPrefix = "token-of-"
+
+// reviewPath is where kube-apiserver takes TokenReviews.
+const reviewPath = "/apis/authentication.k8s.io/v1/tokenreviews"
+
+// reviewEndpoint stands in for kube-apiserver's TokenReview API over
+// HTTPS: it accepts every token that starts with tokenPrefix as the
+// agents' service account's, and counts the reviews. The real API server
+// is the e2e suite's job; here only the number of reviews matters.
+type reviewEndpoint struct {
+	srv   *httptest.Server
+	count atomic.Int64
+}
+
+func startReviewEndpoint(tb testing.TB) *reviewEndpoint {
+	e := &reviewEndpoint{}
+	e.srv = httptest.NewTLSServer(http.HandlerFunc(e.serve))
+	tb.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *reviewEndpoint) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != reviewPath {
+		http.NotFound(w, r)
+		return
+	}
+	var tr authenticationv1.TokenReview
+	if err := json.NewDecoder(r.Body).Decode(&tr); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	e.count.Add(1)
+	tr.APIVersion, tr.Kind = "authentication.k8s.io/v1", "TokenReview"
+	tr.Status = authenticationv1.TokenReviewStatus{
+		Authenticated: strings.HasPrefix(tr.Spec.Token, tokenPrefix),
+		User:          authenticationv1.UserInfo{Username: "system:serviceaccount:" + reviewNamespace + ":" + reviewServiceAccount},
+		Audiences:     tr.Spec.Audiences,
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(&tr) // the client has gone: nothing to do
+}
+
+// client returns an API client for the endpoint, limited to qps and
+// burst as --kubeconfig-qps and --kubeconfig-burst limit the server's.
+// It speaks JSON: the endpoint does not decode protobuf.
+func (e *reviewEndpoint) client(tb testing.TB, qps float32, burst int) kubernetes.Interface {
+	tb.Helper()
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: e.srv.Certificate().Raw})
+	c, err := kubernetes.NewForConfig(&rest.Config{
+		Host:            e.srv.URL,
+		TLSClientConfig: rest.TLSClientConfig{CAData: ca},
+		ContentConfig:   rest.ContentConfig{ContentType: "application/json"},
+		QPS:             qps,
+		Burst:           burst,
+	})
+	require.NoError(tb, err, "build TokenReview client")
+	return c
+}
