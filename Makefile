@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: all build test lint bench demo demo-probe clean certs e2e fuzz soak cross images push image-test rules-test
+.PHONY: all build test lint bench bench-tunnel demo demo-probe clean certs e2e fuzz soak cross images push image-test rules-test
 
 all: lint test build
 
@@ -127,6 +127,13 @@ soak:
 ## bench: the benchmarks quoted in the README
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./pkg/...
+
+## bench-tunnel: tunnel throughput and time to first byte through the built
+## proxy-server and proxy-agent as processes, as ratios to a direct
+## connection in the same run (BENCH_TUNNEL_FLAGS=-tunnelbench.profile=DIR
+## also writes CPU profiles of both)
+bench-tunnel:
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./internal/tunnelbench/ $(BENCH_TUNNEL_FLAGS)
 
 ## demo: an agent following proxy-servers as they scale 3 -> 5 -> 2, through DNS
 demo:
