@@ -130,7 +130,7 @@ bench:
 
 ## bench-tunnel: tunnel throughput and time to first byte through the built
 ## proxy-server and proxy-agent as processes, as ratios to a direct
-## connection in the same run (BENCH_TUNNEL_FLAGS=-tunnelbench.profile=DIR
+## connection in the same run (BENCH_TUNNEL_FLAGS=-tunnelbench.profile=/abs/dir
 ## also writes CPU profiles of both)
 bench-tunnel:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./internal/tunnelbench/ $(BENCH_TUNNEL_FLAGS)

@@ -17,7 +17,8 @@ import (
 
 var (
 	profileDir = flag.String("tunnelbench.profile", "",
-		"write CPU profiles of each proxy-server and proxy-agent into this directory, taken during extra tunnel downloads after the throughput rounds")
+		"write CPU profiles of each proxy-server and proxy-agent into this directory, taken during extra tunnel downloads after the throughput rounds "+
+			"(go test runs in the package's directory: give an absolute path)")
 	profileSeconds = flag.Int("tunnelbench.profile-seconds", 8, "length of each CPU profile, in seconds")
 )
 
