@@ -47,7 +47,10 @@ func BenchmarkTunnel(b *testing.B) {
 // benchThroughput downloads bulkSize bytes over a connection opened
 // beforehand, alternating direct and tunnel downloads, rounds times. It
 // reports the median of each round's tunnel rate over the direct rate just
-// before it (x-direct-<mode>), and the median rates.
+// before it (x-direct-<mode>), the median rates, and the CPU time the
+// server and the agent used per GB through them (Linux only): the figure
+// to compare two builds on a busy machine, where the rates vary with the
+// load.
 //
 // With -tunnelbench.profile, it then profiles each server and agent
 // during more tunnel downloads.
@@ -76,11 +79,26 @@ func benchThroughput(b *testing.B, f *fixture) {
 
 	ratios := map[string][]float64{}
 	rates := map[string][]float64{}
+	// CPU time of each server and agent over its tunnel downloads: unlike
+	// the rates, it hardly depends on what else the machine runs.
+	serverCPU := map[string]time.Duration{}
+	agentCPU := map[string]time.Duration{}
+	cpu := func(pid int) time.Duration {
+		b.Helper()
+		d, err := cpuTime(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return d
+	}
 	for b.Loop() {
 		for range rounds {
 			for _, p := range f.pairs {
 				direct := download(dialDirect)
+				s0, a0 := cpu(p.serverPID), cpu(p.agentPID)
 				tunnel := download(p.dial())
+				serverCPU[p.name] += cpu(p.serverPID) - s0
+				agentCPU[p.name] += cpu(p.agentPID) - a0
 				rates["direct"] = append(rates["direct"], direct)
 				rates[p.name] = append(rates[p.name], tunnel)
 				ratios[p.name] = append(ratios[p.name], tunnel/direct)
@@ -90,6 +108,9 @@ func benchThroughput(b *testing.B, f *fixture) {
 	for _, p := range f.pairs {
 		b.ReportMetric(median(ratios[p.name]), "x-direct-"+p.name)
 		b.ReportMetric(median(rates[p.name]), "MB/s-"+p.name)
+		gb := float64(len(rates[p.name])) * bulkSize / 1e9
+		b.ReportMetric(serverCPU[p.name].Seconds()/gb, "server-cpu-s/GB-"+p.name)
+		b.ReportMetric(agentCPU[p.name].Seconds()/gb, "agent-cpu-s/GB-"+p.name)
 		b.Logf("%s: x-direct by round %.3f, MB/s by round %.0f", p.mode, ratios[p.name], rates[p.name])
 	}
 	b.ReportMetric(median(rates["direct"]), "MB/s-direct")

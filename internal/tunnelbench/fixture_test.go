@@ -2,6 +2,7 @@ package tunnelbench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,6 +74,9 @@ type pair struct {
 	serverAdmin, agentAdmin string
 	// tunnelCtx bounds the life of every gRPC tunnel.
 	tunnelCtx context.Context
+	// serverPID and agentPID are the processes' IDs, to read the CPU time
+	// they use.
+	serverPID, agentPID int
 }
 
 // startFixture builds the binaries and starts the target and both pairs.
@@ -141,6 +146,7 @@ func startFixture(b *testing.B, profiling bool) *fixture {
 		if err := waitReady(b.Context(), serverReady, agentReady); err != nil {
 			b.Fatalf("%s: %v\nproxy-server output:\n%s\nproxy-agent output:\n%s", mode.mode, err, server.Output(), agent.Output())
 		}
+		p.serverPID, p.agentPID = server.Process.Pid, agent.Process.Pid
 		f.pairs = append(f.pairs, p)
 	}
 	return f
@@ -329,4 +335,36 @@ func fetch(ctx context.Context, c net.Conn, path string, buf []byte) (first time
 		return first, n, fmt.Errorf("GET %s: %d bytes of %d", path, n, rsp.ContentLength)
 	}
 	return first, n, nil
+}
+
+// userHZ is the unit of the CPU times in /proc/<pid>/stat: Linux reports
+// them in USER_HZ ticks, which is 100 on every architecture Go supports.
+const userHZ = 100
+
+// cpuTime returns the CPU time, user and system, that process pid and all
+// its threads have used so far. It is Linux only.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read the CPU time of process %d: %w", pid, err)
+	}
+	// The command name, field 2, is in parentheses and may hold spaces:
+	// the fields to count start after its closing one, with field 3.
+	i := bytes.LastIndexByte(b, ')')
+	var fields []string
+	if i >= 0 {
+		fields = strings.Fields(string(b[i+1:]))
+	}
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("read the CPU time of process %d: unexpected /proc/%d/stat: %q", pid, pid, b)
+	}
+	var ticks int64
+	for _, f := range fields[11:13] { // utime and stime, fields 14 and 15
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("read the CPU time of process %d: %w", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
 }
