@@ -48,9 +48,10 @@ func BenchmarkTunnel(b *testing.B) {
 // beforehand, alternating direct and tunnel downloads, rounds times. It
 // reports the median of each round's tunnel rate over the direct rate just
 // before it (x-direct-<mode>), the median rates, and the CPU time the
-// server and the agent used per GB through them (Linux only): the figure
-// to compare two builds on a busy machine, where the rates vary with the
-// load.
+// server and the agent used per GB through them (Linux only). The CPU
+// figures vary less with the machine's load than the rates do, but still
+// by 10-20% from run to run on a shared machine: compare two builds over
+// several alternating runs.
 //
 // With -tunnelbench.profile, it then profiles each server and agent
 // during more tunnel downloads.
@@ -79,8 +80,8 @@ func benchThroughput(b *testing.B, f *fixture) {
 
 	ratios := map[string][]float64{}
 	rates := map[string][]float64{}
-	// CPU time of each server and agent over its tunnel downloads: unlike
-	// the rates, it hardly depends on what else the machine runs.
+	// CPU time of each server and agent over its tunnel downloads: it
+	// depends less than the rates on what else the machine runs.
 	serverCPU := map[string]time.Duration{}
 	agentCPU := map[string]time.Duration{}
 	// Without /proc (not Linux) there are no CPU figures.
