@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: all build test lint bench bench-fleet demo demo-probe clean certs e2e fuzz soak cross images push image-test rules-test
+.PHONY: all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak cross images push image-test rules-test
 
 all: lint test build
 
@@ -141,6 +141,13 @@ bench:
 ## scale through DNS, rolling replacement, a steady minute, memory per stream
 bench-fleet:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./internal/fleet/ $(BENCH_FLEET_FLAGS)
+
+## bench-tunnel: tunnel throughput and time to first byte through the built
+## proxy-server and proxy-agent as processes, as ratios to a direct
+## connection in the same run (BENCH_TUNNEL_FLAGS=-tunnelbench.profile=/abs/dir
+## also writes CPU profiles of both)
+bench-tunnel:
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./internal/tunnelbench/ $(BENCH_TUNNEL_FLAGS)
 
 ## demo: an agent following proxy-servers as they scale 3 -> 5 -> 2, through DNS
 demo:

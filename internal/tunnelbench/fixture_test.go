@@ -1,0 +1,370 @@
+package tunnelbench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
+
+	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/proctest"
+)
+
+// Bounds on the fixture: every wait in this package ends.
+const (
+	// buildTimeout bounds building the binaries (a cold build cache
+	// compiles client-go).
+	buildTimeout = 10 * time.Minute
+	// readyTimeout bounds the wait for a server and its agent to be ready.
+	readyTimeout = 30 * time.Second
+	// opTimeout bounds one dial and transfer, 100 MiB included.
+	opTimeout = 2 * time.Minute
+)
+
+// Paths the target serves.
+const (
+	bulkPath = "/bulk" // bulkSize bytes
+	tinyPath = "/tiny" // a few bytes
+)
+
+// bulkSize is the size of a throughput download.
+const bulkSize = 100 << 20
+
+// The binaries' packages, built once per run.
+const (
+	serverPkg = "github.com/servercount/servercount/cmd/proxy-server"
+	agentPkg  = "github.com/servercount/servercount/cmd/proxy-agent"
+)
+
+// dialFunc opens a connection to addr, directly or through a tunnel.
+type dialFunc func(ctx context.Context, addr string) (net.Conn, error)
+
+// fixture is what every benchmark of the package runs against: an HTTP
+// target, and a proxy-server with its proxy-agent for each frontend mode.
+type fixture struct {
+	target string  // the HTTP target's host:port
+	pairs  []*pair // one per frontend mode: http-connect, then grpc
+}
+
+// pair is a proxy-server process and the proxy-agent process connected to
+// it.
+type pair struct {
+	mode   string // the server's --mode: http-connect or grpc
+	name   string // mode's short name, for metric units: connect or grpc
+	socket string // the server's frontend Unix socket
+	// serverAdmin and agentAdmin are the base URLs of the admin ports,
+	// which serve /debug/pprof with --enable-profiling.
+	serverAdmin, agentAdmin string
+	// tunnelCtx bounds the life of every gRPC tunnel.
+	tunnelCtx context.Context
+	// serverPID and agentPID are the processes' IDs, to read the CPU time
+	// they use.
+	serverPID, agentPID int
+}
+
+// startFixture builds the binaries and starts the target and both pairs.
+// Everything is stopped, and every file removed, when b ends.
+func startFixture(b *testing.B, profiling bool) *fixture {
+	b.Helper()
+	serverBin, agentBin := build(b)
+	dir := b.TempDir()
+	ca, err := pki.NewCA("tunnelbench-ca")
+	if err != nil {
+		b.Fatal(err)
+	}
+	caFile, err := ca.WriteFile(dir, "ca")
+	if err != nil {
+		b.Fatal(err)
+	}
+	issue := func(name string, p *pki.Pair, err error) (certFile, keyFile string) {
+		b.Helper()
+		if err != nil {
+			b.Fatal(err)
+		}
+		certFile, keyFile, err = p.WriteFiles(dir, name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return certFile, keyFile
+	}
+	sp, err := ca.Server("proxy-server")
+	serverCert, serverKey := issue("server", sp, err)
+	ap, err := ca.Client("proxy-agent")
+	agentCert, agentKey := issue("agent", ap, err)
+
+	f := &fixture{target: startTarget(b)}
+	for _, mode := range []struct{ mode, name string }{{"http-connect", "connect"}, {"grpc", "grpc"}} {
+		ports := proctest.FreePorts(b, 5)
+		p := &pair{
+			mode:        mode.mode,
+			name:        mode.name,
+			socket:      filepath.Join(dir, mode.name+".sock"),
+			serverAdmin: fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
+			agentAdmin:  fmt.Sprintf("http://127.0.0.1:%d", ports[4]),
+			tunnelCtx:   b.Context(),
+		}
+		serverArgs := []string{
+			"--mode=" + mode.mode, "--uds-name=" + p.socket, "--server-id=tunnelbench-" + mode.name,
+			"--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
+			"--agent-port=" + strconv.Itoa(ports[0]), "--health-port=" + strconv.Itoa(ports[1]),
+			"--admin-port=" + strconv.Itoa(ports[2]),
+			"--cluster-cert=" + serverCert, "--cluster-key=" + serverKey, "--cluster-ca-cert=" + caFile,
+		}
+		agentArgs := []string{
+			"--agent-id=tunnelbench-" + mode.name,
+			"--proxy-server-host=localhost", "--proxy-server-port=" + strconv.Itoa(ports[0]),
+			"--ca-cert=" + caFile, "--agent-cert=" + agentCert, "--agent-key=" + agentKey,
+			"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ports[3]),
+			"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(ports[4]),
+		}
+		if profiling {
+			serverArgs = append(serverArgs, "--enable-profiling")
+			agentArgs = append(agentArgs, "--enable-profiling")
+		}
+		// proctest.Start kills and waits for each process in b.Cleanup.
+		server := proctest.Start(b, serverBin, serverArgs...)
+		agent := proctest.Start(b, agentBin, agentArgs...)
+		serverReady := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1])
+		agentReady := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[3])
+		if err := waitReady(b.Context(), serverReady, agentReady); err != nil {
+			b.Fatalf("%s: %v\nproxy-server output:\n%s\nproxy-agent output:\n%s", mode.mode, err, server.Output(), agent.Output())
+		}
+		p.serverPID, p.agentPID = server.Process.Pid, agent.Process.Pid
+		f.pairs = append(f.pairs, p)
+	}
+	return f
+}
+
+// build compiles the proxy-server and proxy-agent into a temporary
+// directory, or skips b if there is no go command.
+func build(b *testing.B) (serverBin, agentBin string) {
+	b.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		b.Skipf("tunnelbench runs the proxy-server and proxy-agent binaries, and builds them with the go command, which is not on PATH: %v", err)
+	}
+	dir := b.TempDir()
+	ctx, cancel := context.WithTimeout(b.Context(), buildTimeout)
+	defer cancel()
+	// A trailing separator makes -o a directory for several packages.
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", dir+string(os.PathSeparator), serverPkg, agentPkg)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("go build %s %s: %v\n%s", serverPkg, agentPkg, err, out)
+	}
+	return filepath.Join(dir, "proxy-server"), filepath.Join(dir, "proxy-agent")
+}
+
+// startTarget starts the HTTP server that tunnels reach, on loopback, and
+// returns its host:port. It serves bulkPath from memory, so that the
+// target's disk plays no part.
+func startTarget(b *testing.B) string {
+	b.Helper()
+	bulk := make([]byte, bulkSize)
+	_, _ = rand.Read(bulk) // incompressible, should a path ever compress
+	mux := http.NewServeMux()
+	mux.HandleFunc(bulkPath, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(bulk)))
+		_, _ = w.Write(bulk) // the client reports a short body
+	})
+	mux.HandleFunc(tinyPath, func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	srv := httptest.NewServer(mux) // listens on 127.0.0.1
+	b.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// waitReady polls each URL until it answers 200, within readyTimeout. The
+// proxy-server's /readyz answers 200 once an agent is connected, the
+// proxy-agent's once it holds a server connection.
+func waitReady(ctx context.Context, urls ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	// No keep-alives: an idle connection would outlive the benchmark.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for _, url := range urls {
+		for {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return err
+			}
+			rsp, err := client.Do(req)
+			if err == nil {
+				_ = rsp.Body.Close()
+				if rsp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s not ready within %v (last error %v): %w", url, readyTimeout, err, ctx.Err())
+			case <-tick.C:
+			}
+		}
+	}
+	return nil
+}
+
+// dialDirect opens a TCP connection to addr.
+func dialDirect(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+// dial returns p's way to open a tunnel.
+func (p *pair) dial() dialFunc {
+	if p.mode == "grpc" {
+		return p.dialGRPC
+	}
+	return p.dialConnect
+}
+
+// dialConnect opens a tunnel to addr through the server's HTTP CONNECT
+// frontend: a new connection to its Unix socket, CONNECT, and a 200.
+func (p *pair) dialConnect(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", p.socket)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the proxy-server's socket %s: %w", p.socket, err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
+	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", addr, addr); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("send CONNECT %s: %w", addr, err)
+	}
+	br := bufio.NewReader(c)
+	rsp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("read the answer to CONNECT %s: %w", addr, err)
+	}
+	if rsp.StatusCode != http.StatusOK {
+		_ = c.Close()
+		return nil, fmt.Errorf("CONNECT %s: %s", addr, rsp.Status)
+	}
+	if br.Buffered() == 0 {
+		return c, nil
+	}
+	return &bufferedConn{Conn: c, r: br}, nil
+}
+
+// bufferedConn is a connection whose first bytes were read into r.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// dialGRPC opens a tunnel to addr through the server's gRPC frontend as
+// kube-apiserver does over a Unix socket: a new gRPC connection and a
+// single-use tunnel made with the upstream konnectivity-client library.
+func (p *pair) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
+	tunnel, err := konnectivity.CreateSingleUseGrpcTunnelWithContext(ctx, p.tunnelCtx, p.socket,
+		grpc.WithContextDialer(func(ctx context.Context, socket string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("create a gRPC tunnel over %s: %w", p.socket, err)
+	}
+	conn, err := tunnel.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		// A failed dial ends the tunnel by itself.
+		return nil, fmt.Errorf("dial %s through the gRPC tunnel: %w", addr, err)
+	}
+	return conn, nil
+}
+
+// fetch sends a GET of path on c and reads the whole response into buf,
+// chunk by chunk. It returns when the first byte of the response arrived,
+// and the body's length. It closes c when ctx ends: a tunnel connection
+// has no deadlines.
+func fetch(ctx context.Context, c net.Conn, path string, buf []byte) (first time.Time, n int64, err error) {
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: target\r\nConnection: close\r\n\r\n", path); err != nil {
+		return first, 0, fmt.Errorf("send GET %s: %w", path, err)
+	}
+	// Reads of len(buf) bypass the small buffer once the headers are read.
+	br := bufio.NewReader(c)
+	if _, err := br.Peek(1); err != nil {
+		return first, 0, fmt.Errorf("wait for the answer to GET %s: %w", path, err)
+	}
+	first = time.Now()
+	rsp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return first, 0, fmt.Errorf("read the answer to GET %s: %w", path, err)
+	}
+	defer rsp.Body.Close()
+	if rsp.StatusCode != http.StatusOK {
+		return first, 0, fmt.Errorf("GET %s: %s", path, rsp.Status)
+	}
+	for {
+		k, err := rsp.Body.Read(buf)
+		n += int64(k)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return first, n, fmt.Errorf("read the body of GET %s after %d bytes: %w", path, n, err)
+		}
+	}
+	if n != rsp.ContentLength {
+		return first, n, fmt.Errorf("GET %s: %d bytes of %d", path, n, rsp.ContentLength)
+	}
+	return first, n, nil
+}
+
+// userHZ is the unit of the CPU times in /proc/<pid>/stat: Linux reports
+// them in USER_HZ ticks, which is 100 on every architecture Go supports.
+const userHZ = 100
+
+// cpuTime returns the CPU time, user and system, that process pid and all
+// its threads have used so far. It is Linux only.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read the CPU time of process %d: %w", pid, err)
+	}
+	// The command name, field 2, is in parentheses and may hold spaces:
+	// the fields to count start after its closing one, with field 3.
+	i := bytes.LastIndexByte(b, ')')
+	var fields []string
+	if i >= 0 {
+		fields = strings.Fields(string(b[i+1:]))
+	}
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("read the CPU time of process %d: unexpected /proc/%d/stat: %q", pid, pid, b)
+	}
+	var ticks int64
+	for _, f := range fields[11:13] { // utime and stime, fields 14 and 15
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("read the CPU time of process %d: %w", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / userHZ, nil
+}
