@@ -39,12 +39,11 @@ func newBenchFleet(b *testing.B, mode agent.DialMode) *Fleet {
 }
 
 // lbFilesPerAgent is the open files one agent holding 3 servers costs
-// this process in LB mode, measured (BenchmarkColdStart's fds/agent):
-// 12 for its 3 streams (agent, balancer twice, server) and about 12 more
-// for the sockets of its duplicate dials, which stay open (see the
-// package doc). spareFiles is the room for everything else.
+// this process in LB mode: 12 for its 3 streams (agent, balancer twice,
+// server), and room for duplicate dials being closed. spareFiles is the
+// room for everything else.
 const (
-	lbFilesPerAgent = 26
+	lbFilesPerAgent = 16
 	spareFiles      = 2000
 )
 
@@ -60,8 +59,8 @@ func raiseFileLimit(b *testing.B) int {
 		return 0
 	}
 	// In LB mode an agent stream is 4 sockets (agent, balancer twice,
-	// server), and duplicates being closed add more; 40 per agent is
-	// room enough. Only a privileged process may raise the hard limit.
+	// server), and duplicates being closed add more. Only a privileged
+	// process may raise the hard limit.
 	want := uint64(lbFilesPerAgent**flagAgents + spareFiles)
 	if lim.Max < want && os.Geteuid() == 0 {
 		raised := lim

@@ -40,11 +40,9 @@
 //
 // Limits of one machine: every agent stream is a socket at each end, and
 // two more in the balancer in LB mode, so 1000 agents behind the balancer
-// need more than 12000 open files; and each duplicate dial of an agent in
-// LB mode leaves about 5 more open (24 per agent at rest after a cold
-// start, measured with BenchmarkColdStart's fds/agent; they were still
-// open 20 s later, so the duplicate's connection seems not to be closed
-// all the way: to be looked at in pkg/agent). The benchmarks raise the
+// need 12000 open files (the balancer copies through a buffer: with
+// io.Copy's splice(2) it would hold a pipe per direction, 24 files per
+// agent, as an early run here did). The benchmarks raise the
 // soft limit to the hard one (and the hard one too when they may), and
 // in LB mode run as many agents as fit, saying so. BenchmarkScale
 // runs in resolved mode only, as 5 servers behind the balancer would

@@ -99,7 +99,11 @@ func (lb *LoadBalancer) relay(c net.Conn, backend string) {
 	defer lb.untrack(c, b)
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
+		// Through a buffer, not io.Copy's splice(2): Linux's splice holds a
+		// pipe (two files) per direction of every relayed connection,
+		// which a balancer outside the process does not cost, and which
+		// would double the open files of a fleet behind this one.
+		_, _ = io.CopyBuffer(writerOnly{dst}, src, make([]byte, 32<<10))
 		// Half-close so that the other direction can finish, then end both.
 		if tc, ok := dst.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
@@ -133,3 +137,7 @@ func (lb *LoadBalancer) untrack(cs ...net.Conn) {
 		delete(lb.conns, c)
 	}
 }
+
+// writerOnly hides every method of a net.Conn but Write, so that io.Copy
+// cannot take the ReadFrom (splice) path.
+type writerOnly struct{ io.Writer }
