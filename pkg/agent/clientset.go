@@ -221,20 +221,26 @@ func (cs *ClientSet) Run(ctx context.Context) error {
 }
 
 // add keeps c as the client of its serverID and starts it, or closes it if
-// that server is already connected or ctx is done.
+// that server is already connected or ctx is done. It counts the dial's
+// result, and an added server's dial before the server shows as
+// connected, so that no reader of the metrics or of Connected sees a
+// connection without the dial that made it.
 func (cs *ClientSet) add(ctx context.Context, c *client) dialResult {
 	cs.mu.Lock()
 	if _, dup := cs.clients[c.serverID]; dup || ctx.Err() != nil {
 		cs.mu.Unlock()
 		c.closeUnstarted()
 		if dup {
+			cs.metrics.serverDialed(dialDuplicate)
 			// The stream is closed, but its count is news: with
 			// SyncForever that is how counts are learnt, as upstream does.
 			cs.policy.observeReceived(c.serverCount)
 			return dialDuplicate
 		}
+		cs.metrics.serverDialed(dialError)
 		return dialError
 	}
+	cs.metrics.serverDialed(dialOK)
 	cs.clients[c.serverID] = c
 	drain := cs.draining
 	cs.metrics.setOpenServerConnections(len(cs.clients))

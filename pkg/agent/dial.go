@@ -37,8 +37,7 @@ func (cs *ClientSet) dialServer(ctx context.Context, counted servercounter.Resul
 		logger.V(2).Info("Failed to connect to proxy-server", "err", err)
 		return dialError
 	}
-	res := cs.add(ctx, c)
-	cs.metrics.serverDialed(res)
+	res := cs.add(ctx, c) // counts the dial
 	if res == dialOK {
 		// Not on a duplicate: behind a load balancer with one bad server,
 		// reaching a good one again does not end the failure that keeps
