@@ -40,3 +40,21 @@ func Blackhole(t testing.TB) string {
 	t.Fatalf("connects to %s never hung: cannot make a blackhole address", addr)
 	return ""
 }
+
+// Refused returns an address on the IPv4 loopback host whose TCP connects
+// are refused: a socket bound to a free port that never listens. Holding
+// the port keeps it refused for the whole test; a port merely closed
+// after a listen can be taken by any listener the test (or a test beside
+// it) starts next, and then answers.
+func Refused(t testing.TB, host string) string {
+	t.Helper()
+	ip := net.ParseIP(host).To4()
+	require.NotNil(t, ip, "Refused needs an IPv4 host, got %q", host)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte(ip)}))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	return net.JoinHostPort(host, strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+}

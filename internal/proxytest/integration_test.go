@@ -218,13 +218,7 @@ func TestGETThroughTunnel(t *testing.T) {
 }
 
 func TestDialErrors(t *testing.T) {
-	refused := func(t testing.TB) string {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		addr := l.Addr().String()
-		require.NoError(t, l.Close())
-		return addr
-	}
+	refused := func(t testing.TB) string { return nettest.Refused(t, "127.0.0.1") }
 	tests := []struct {
 		name string
 		// addr returns the address to dial.

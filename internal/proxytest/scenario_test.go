@@ -3,7 +3,6 @@ package proxytest
 import (
 	"fmt"
 	"math"
-	"net"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -182,14 +182,11 @@ func waitCount(t testing.TB, cache *servercounter.CachedServerCounter, n int, sa
 	}, waitFor, tick, "the DNS counter never counted %d", n)
 }
 
-// deadAddr returns a host:port on host where nothing listens.
+// deadAddr returns a host:port on host whose connects are refused for
+// the whole test.
 func deadAddr(t testing.TB, host string) string {
 	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
+	return nettest.Refused(t, host)
 }
 
 var dialModes = []agent.DialMode{agent.DialLoadBalancer, agent.DialResolved}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -61,13 +61,7 @@ func TestTunnelRoundTrip(t *testing.T) {
 }
 
 func TestTunnelDialErrors(t *testing.T) {
-	refused := func(t *testing.T) string {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		addr := lis.Addr().String()
-		require.NoError(t, lis.Close())
-		return addr
-	}
+	refused := func(t *testing.T) string { return nettest.Refused(t, "127.0.0.1") }
 	tests := []struct {
 		name    string
 		address func(t *testing.T) string
