@@ -125,20 +125,22 @@ func (h heapBySide) since(old heapBySide) map[side]int64 {
 	return out
 }
 
-// goroutinesBySide counts the goroutines now, per side.
-func goroutinesBySide() map[side]int {
-	var recs []runtime.StackRecord
+// goroutineStacks returns a stack record of every goroutine now.
+func goroutineStacks() []runtime.StackRecord {
 	n, _ := runtime.GoroutineProfile(nil)
 	for {
-		recs = make([]runtime.StackRecord, n+100)
+		recs := make([]runtime.StackRecord, n+100)
 		var ok bool
-		n, ok = runtime.GoroutineProfile(recs)
-		if ok {
-			break
+		if n, ok = runtime.GoroutineProfile(recs); ok {
+			return recs[:n]
 		}
 	}
+}
+
+// goroutinesBySide counts the goroutines now, per side.
+func goroutinesBySide() map[side]int {
 	out := map[side]int{}
-	for _, r := range recs[:n] {
+	for _, r := range goroutineStacks() {
 		out[classify(r.Stack())]++
 	}
 	return out
@@ -147,18 +149,8 @@ func goroutinesBySide() map[side]int {
 // unattributed returns the innermost function of each goroutine that
 // classify cannot attribute, with how many run it, most first.
 func unattributed() []string {
-	var recs []runtime.StackRecord
-	n, _ := runtime.GoroutineProfile(nil)
-	for {
-		recs = make([]runtime.StackRecord, n+100)
-		var ok bool
-		n, ok = runtime.GoroutineProfile(recs)
-		if ok {
-			break
-		}
-	}
 	counts := map[string]int{}
-	for _, r := range recs[:n] {
+	for _, r := range goroutineStacks() {
 		if classify(r.Stack()) != sideOther {
 			continue
 		}
