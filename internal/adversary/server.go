@@ -47,6 +47,10 @@ type ServerConfig struct {
 	Count string
 	// OmitID and OmitCount leave the header out.
 	OmitID, OmitCount bool
+	// Metadata are more response headers, as key, value pairs: for
+	// example wire.HeaderTunnelWindow, to turn flow control on and then
+	// break its rules.
+	Metadata []string
 }
 
 // HostileServer is a proxy-server's agent port that does exactly what the
@@ -144,6 +148,7 @@ func (s *HostileServer) Connect(stream wire.AgentConnectServer) error {
 	if !s.cfg.OmitCount {
 		hdr.Set(wire.HeaderServerCount, s.cfg.Count)
 	}
+	hdr = metadata.Join(hdr, metadata.Pairs(s.cfg.Metadata...))
 	if err := stream.SendHeader(hdr); err != nil {
 		return err
 	}

@@ -111,6 +111,12 @@ type ServerOptions struct {
 	// port's) before the server starts, e.g. to count handshakes with
 	// VerifyConnection.
 	EditTLS func(*tls.Config)
+	// FrontendWriteTimeout bounds the wait for a slow frontend; default
+	// server.DefaultFrontendWriteTimeout.
+	FrontendWriteTimeout time.Duration
+	// TunnelWindow is server.Config.TunnelWindow: 0 for the default, -1
+	// for no flow control.
+	TunnelWindow int
 	// AgentGRPCOptions are added to the agent port's gRPC server options,
 	// e.g. a stream interceptor that counts Connect streams.
 	AgentGRPCOptions []grpc.ServerOption
@@ -153,12 +159,14 @@ func StartServer(tb testing.TB, env *Env, opts ServerOptions) *Server {
 	require.NoError(tb, err, "ServerOptions.Addr %q", opts.Addr)
 
 	core, err := server.New(server.Config{
-		ServerID:           opts.ID,
-		Counter:            opts.Count,
-		Strategies:         opts.Strategies,
-		Authenticator:      opts.Authenticator,
-		BackendDialTimeout: opts.BackendDialTimeout,
-		Registerer:         opts.Registry,
+		ServerID:             opts.ID,
+		Counter:              opts.Count,
+		Strategies:           opts.Strategies,
+		Authenticator:        opts.Authenticator,
+		BackendDialTimeout:   opts.BackendDialTimeout,
+		FrontendWriteTimeout: opts.FrontendWriteTimeout,
+		TunnelWindow:         opts.TunnelWindow,
+		Registerer:           opts.Registry,
 	})
 	require.NoError(tb, err, "create proxy-server")
 	s := &Server{tb: tb, id: opts.ID, core: core, reg: opts.Registry, frontendTLS: env.ClientTLS(tb, "kube-apiserver")}

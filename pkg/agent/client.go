@@ -27,6 +27,9 @@ type client struct {
 	cs          *ClientSet
 	serverID    string
 	serverCount int
+	// peerWindow is the server's flow-control window per tunnel, 0 when
+	// the handshake did not turn flow control on.
+	peerWindow int
 	// logger is the logger of the context the client was dialed in, with
 	// the serverID.
 	logger klog.Logger
@@ -104,7 +107,7 @@ func (c *client) send(p *pb.Packet) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	if err := c.stream.Send(p); err != nil {
-		c.cs.metrics.streamError(segmentToServer, err, p.GetType().String())
+		c.cs.metrics.streamError(segmentToServer, err, wire.PacketTypeName(p.GetType()))
 		return err
 	}
 	c.cs.metrics.packet(segmentToServer, p.GetType())
@@ -200,6 +203,14 @@ func (c *client) receive(ctx context.Context) error {
 				t.closeAfterWrites()
 			} else {
 				c.sendCloseRsp(id, errUnknownConnectID)
+			}
+		case wire.PacketWindow:
+			if id, n, ok := wire.ParseWindowUpdate(p); ok && c.peerWindow > 0 {
+				if t := c.tunnel(id); t != nil && t.credit != nil {
+					t.credit.Give(n)
+				}
+			} else {
+				logger.V(4).Info("Ignored a WINDOW packet", "flowControl", c.peerWindow > 0)
 			}
 		case pb.PacketType_DIAL_CLS:
 			// A frontend gave up on a pending dial. Our dial answers within

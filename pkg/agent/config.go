@@ -26,6 +26,9 @@ const (
 	DefaultProbeInterval = time.Second
 	// DefaultDialTimeout bounds one endpoint dial (upstream: 5 s).
 	DefaultDialTimeout = 5 * time.Second
+	// DefaultEndpointWriteTimeout bounds one write to an endpoint: an
+	// endpoint that takes no data for that long loses its tunnel.
+	DefaultEndpointWriteTimeout = 10 * time.Second
 	// DefaultHandshakeTimeout bounds one server dial, from opening the
 	// stream to reading the server's response headers.
 	DefaultHandshakeTimeout = 30 * time.Second
@@ -114,6 +117,11 @@ type Config struct {
 	SyncForever bool
 	// DialTimeout bounds one endpoint dial; default 5s.
 	DialTimeout time.Duration
+	// EndpointWriteTimeout bounds one write to an endpoint, and, with a
+	// server without flow control, the wait of the stream's receive loop
+	// for room in one tunnel's queue; when it passes the tunnel is closed.
+	// Default DefaultEndpointWriteTimeout.
+	EndpointWriteTimeout time.Duration
 	// MaxConcurrentDials bounds the endpoint dials in flight, across every
 	// server stream: a DIAL_REQ over it is refused at once with a DIAL_RSP
 	// error, before any goroutine or socket. Default
@@ -126,6 +134,14 @@ type Config struct {
 	// HandshakeTimeout bounds one server dial, until the server's response
 	// headers arrive; default 30s.
 	HandshakeTimeout time.Duration
+	// TunnelWindow is the flow-control window per tunnel, in bytes, that
+	// the agent offers servers (wire.HeaderTunnelWindow); 0 means
+	// wire.DefaultTunnelWindow. A server that answers with its own window
+	// turns flow control on for the stream: a tunnel whose endpoint or
+	// frontend does not read then holds up only itself, never the
+	// stream's other tunnels. -1 turns it off, and the agent speaks
+	// upstream's protocol exactly.
+	TunnelWindow int
 	// Registerer receives the agent's metrics. Nil means they are not
 	// registered.
 	Registerer prometheus.Registerer
@@ -154,19 +170,21 @@ type Config struct {
 // ServerAddress, and DialOptions or Insecure, are left to the caller.
 func DefaultConfig() Config {
 	return Config{
-		Counter:          servercounter.StaticServerCounter(1),
-		SyncInterval:     DefaultSyncInterval,
-		SyncIntervalCap:  DefaultSyncIntervalCap,
-		ProbeInterval:    DefaultProbeInterval,
-		DialTimeout:      DefaultDialTimeout,
-		HandshakeTimeout: DefaultHandshakeTimeout,
-		HoldDown:         DefaultHoldDown,
-		ReceivedWindow:   DefaultReceivedWindow,
-		ServerCountMax:   DefaultServerCountMax,
-		DialMode:         DialLoadBalancer,
+		Counter:              servercounter.StaticServerCounter(1),
+		SyncInterval:         DefaultSyncInterval,
+		SyncIntervalCap:      DefaultSyncIntervalCap,
+		ProbeInterval:        DefaultProbeInterval,
+		DialTimeout:          DefaultDialTimeout,
+		HandshakeTimeout:     DefaultHandshakeTimeout,
+		EndpointWriteTimeout: DefaultEndpointWriteTimeout,
+		HoldDown:             DefaultHoldDown,
+		ReceivedWindow:       DefaultReceivedWindow,
+		ServerCountMax:       DefaultServerCountMax,
+		DialMode:             DialLoadBalancer,
 
 		MaxConcurrentDials:  DefaultMaxConcurrentDials,
 		MaxTunnelsPerServer: DefaultMaxTunnelsPerServer,
+		TunnelWindow:        wire.DefaultTunnelWindow,
 	}
 }
 
@@ -180,6 +198,7 @@ func (cfg Config) withDefaults() Config {
 	setDefault(&cfg.ProbeInterval, DefaultProbeInterval)
 	setDefault(&cfg.DialTimeout, DefaultDialTimeout)
 	setDefault(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
+	setDefault(&cfg.EndpointWriteTimeout, DefaultEndpointWriteTimeout)
 	setDefault(&cfg.HoldDown, DefaultHoldDown)
 	if cfg.ReceivedWindow == 0 {
 		cfg.ReceivedWindow = DefaultReceivedWindow
@@ -195,6 +214,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.DialMode == "" {
 		cfg.DialMode = DialLoadBalancer
+	}
+	if cfg.TunnelWindow == 0 {
+		cfg.TunnelWindow = wire.DefaultTunnelWindow
 	}
 	return cfg
 }
@@ -230,6 +252,7 @@ func (cfg Config) validate() error {
 		{"ProbeInterval", cfg.ProbeInterval},
 		{"DialTimeout", cfg.DialTimeout},
 		{"HandshakeTimeout", cfg.HandshakeTimeout},
+		{"EndpointWriteTimeout", cfg.EndpointWriteTimeout},
 		{"HoldDown", cfg.HoldDown},
 	} {
 		if d.v < 0 {
@@ -247,6 +270,9 @@ func (cfg Config) validate() error {
 	}
 	if cfg.ReceivedWindow < 0 {
 		errs = append(errs, fmt.Errorf("ReceivedWindow is %d: want a positive number, or 0 for the default", cfg.ReceivedWindow))
+	}
+	if cfg.TunnelWindow < -1 || cfg.TunnelWindow > wire.MaxTunnelWindow {
+		errs = append(errs, fmt.Errorf("TunnelWindow is %d: want 1 to %d bytes, 0 for the default or -1 for no flow control", cfg.TunnelWindow, wire.MaxTunnelWindow))
 	}
 	for _, n := range []struct {
 		name string

@@ -96,6 +96,9 @@ func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) 
 		}
 		md.Set(wire.HeaderAuthorization, "Bearer "+tok)
 	}
+	if cs.cfg.TunnelWindow > 0 {
+		md.Set(wire.HeaderTunnelWindow, strconv.Itoa(cs.cfg.TunnelWindow))
+	}
 
 	// The same windows and message limit as the server's (wire), before
 	// the caller's options so that those can override them.
@@ -149,6 +152,11 @@ func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) 
 	}
 	c := newClient(ctx, cs, id, count, cc, stream, cancel)
 	c.addr = addr
+	if cs.cfg.TunnelWindow > 0 {
+		// Flow control is on only if the server answered in kind; an
+		// upstream server does not.
+		c.peerWindow, _ = wire.ParseTunnelWindow(hdr.Get(wire.HeaderTunnelWindow))
+	}
 	return c, nil
 }
 

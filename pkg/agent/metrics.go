@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // The agent's metrics. Names under konnectivity_network_proxy_agent_ keep
@@ -203,7 +205,7 @@ func (m *metrics) addQueuedBytes(n int) { m.queuedBytes.Add(float64(n)) }
 
 // packet counts a packet sent to or received from a server.
 func (m *metrics) packet(segment string, typ pb.PacketType) {
-	m.streamPackets.WithLabelValues(segment, typ.String()).Inc()
+	m.streamPackets.WithLabelValues(segment, wire.PacketTypeName(typ)).Inc()
 }
 
 // streamError counts a failed send or receive on a server stream; typ is

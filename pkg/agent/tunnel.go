@@ -11,25 +11,34 @@ import (
 	"k8s.io/klog/v2"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/flow"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
 // Tunnel sizes and bounds.
 //
 // Data from the server is written to an endpoint by a writer goroutine per
-// tunnel, fed by a queue of tunnelQueueLen packets, so that the stream's
-// receive loop does not wait for one endpoint's socket. The protocol has no
-// per-tunnel flow control, so when an endpoint reads slower than its
-// server sends and its queue fills up, the receive loop waits for room
-// (stalling the other tunnels of that stream: dropping data is not an
-// option). That wait is bounded: a write to an endpoint that makes no
-// progress for tunnelWriteTimeout fails, and the tunnel is closed with a
-// CLOSE_RSP, which frees the receive loop.
+// tunnel, fed by a byte queue (flow.Queue), so that the stream's receive
+// loop does not wait for one endpoint's socket.
+//
+// With a server that turned flow control on in the handshake, the server
+// sends at most the agent's window of unwritten bytes per tunnel: the
+// queue always has room and the receive loop never waits. An endpoint
+// that does not read then holds up only its own tunnel, whose write
+// times out after Config.EndpointWriteTimeout.
+//
+// Upstream's protocol has no flow control: when an endpoint reads slower
+// than its server sends and its queue fills up, the receive loop waits for
+// room (stalling the other tunnels of that stream: dropping data is not an
+// option). That wait is bounded by EndpointWriteTimeout as a whole, and the
+// tunnel is then closed with a CLOSE_RSP, which frees the receive loop.
 const (
-	// tunnelQueueLen is the number of DATA packets queued per endpoint.
-	tunnelQueueLen = 128
-	// tunnelWriteTimeout bounds one write to an endpoint.
-	tunnelWriteTimeout = 10 * time.Second
+	// plainQueueBytes is the bytes queued per endpoint without flow
+	// control.
+	plainQueueBytes = 128 * wire.MaxDataPayload
+	// writeChunk is the most one write to an endpoint carries: queued
+	// packets are coalesced up to it.
+	writeChunk = 4 * wire.MaxDataPayload
 )
 
 // tunnel is one endpoint connection, relayed over a client's stream as
@@ -38,9 +47,11 @@ type tunnel struct {
 	c         *client
 	connectID int64
 	conn      net.Conn
-	// writeq feeds the writer goroutine. Only the receive loop sends on
-	// it, and only the receive loop closes it (on CLOSE_REQ).
-	writeq chan []byte
+	// q feeds the writer goroutine. Only the receive loop puts on it and
+	// closes it for writing (on CLOSE_REQ).
+	q *flow.Queue
+	// credit is what the server has room for, nil without flow control.
+	credit *flow.Window
 	// closing is set on CLOSE_REQ. Owned by the receive loop: no other
 	// goroutine reads or writes it.
 	closing bool
@@ -52,8 +63,8 @@ type tunnel struct {
 	// qmu guards queued and over. queued is the number of bytes queued
 	// for the endpoint and not yet written, counted in the agent's
 	// queued_bytes gauge; finish sets over and takes them out of the
-	// gauge, after which nothing is counted, so that data left in writeq
-	// when the tunnel ends is not counted for ever.
+	// gauge, after which nothing is counted, so that data left in q when
+	// the tunnel ends is not counted for ever.
 	qmu    sync.Mutex
 	queued int
 	over   bool
@@ -109,8 +120,12 @@ func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
 		c:         c,
 		connectID: c.lastID,
 		conn:      conn,
-		writeq:    make(chan []byte, tunnelQueueLen),
+		q:         flow.NewQueue(plainQueueBytes),
 		closed:    make(chan struct{}),
+	}
+	if c.peerWindow > 0 {
+		t.q = flow.NewQueue(c.cs.cfg.TunnelWindow)
+		t.credit = flow.NewWindow(c.peerWindow)
 	}
 	// In the map before DIAL_RSP goes out, so that DATA following it
 	// finds the tunnel.
@@ -148,7 +163,8 @@ func (c *client) sendDialRsp(random, connectID int64, errText string) error {
 	return err
 }
 
-// readLoop sends what the endpoint sends as DATA, until it closes.
+// readLoop sends what the endpoint sends as DATA, until it closes. With
+// flow control it reads no more than the server has room for.
 func (t *tunnel) readLoop() {
 	// One buffer for the tunnel's life: Send marshals the packet before it
 	// returns, so the buffer is free again. (A gRPC stats handler in
@@ -158,7 +174,16 @@ func (t *tunnel) readLoop() {
 	p := wire.Data(t.connectID, nil)
 	data := p.GetData()
 	for {
-		n, err := t.conn.Read(buf)
+		max := len(buf)
+		if t.credit != nil {
+			if max = t.credit.Take(max, t.closed); max == 0 {
+				return // finished elsewhere
+			}
+		}
+		n, err := t.conn.Read(buf[:max])
+		if t.credit != nil {
+			t.credit.Give(max - n)
+		}
 		if n > 0 {
 			data.Data = buf[:n]
 			if serr := t.c.send(p); serr != nil {
@@ -175,37 +200,43 @@ func (t *tunnel) readLoop() {
 	}
 }
 
-// writeLoop writes queued data to the endpoint. When the queue is closed
-// (CLOSE_REQ) it finishes the tunnel once the queued data is written.
+// writeLoop writes queued data to the endpoint and, with flow control,
+// grants the server credit for what it wrote. When the queue is closed
+// for writing (CLOSE_REQ) it finishes the tunnel once the queued data is
+// written.
 func (t *tunnel) writeLoop() {
 	for {
-		select {
-		case b, ok := <-t.writeq:
-			if !ok {
-				t.finish(true)
-				return
-			}
-			if err := t.conn.SetWriteDeadline(time.Now().Add(tunnelWriteTimeout)); err != nil {
-				t.finish(true)
-				return
-			}
-			_, err := t.conn.Write(b)
-			t.account(-len(b))
-			if err != nil {
-				t.c.logger.V(4).Info("Failed to write to endpoint", "connectID", t.connectID, "err", err)
-				t.finish(true)
-				return
-			}
-		case <-t.closed:
+		b, ok := t.q.Next(writeChunk, t.closed)
+		if !ok {
+			t.finish(true) // once: nothing if the tunnel is over already
 			return
+		}
+		if err := t.conn.SetWriteDeadline(time.Now().Add(t.c.cs.cfg.EndpointWriteTimeout)); err != nil {
+			t.finish(true)
+			return
+		}
+		_, err := t.conn.Write(b)
+		t.account(-len(b))
+		if err != nil {
+			t.c.logger.V(4).Info("Failed to write to endpoint", "connectID", t.connectID, "err", err)
+			t.finish(true)
+			return
+		}
+		if grant := t.q.Release(len(b)); grant > 0 && t.credit != nil {
+			if err := t.c.send(wire.WindowUpdate(t.connectID, grant)); err != nil {
+				return // the stream is broken: the receive loop ends every tunnel
+			}
 		}
 	}
 }
 
-// enqueue queues data for the endpoint. It waits while the queue is full,
-// until the tunnel or the stream ends; see tunnelWriteTimeout. Called only
-// by the receive loop, with at most MaxDataPayload bytes (see
-// wire.SplitData). It reports whether b was queued.
+// enqueue queues data for the endpoint. Called only by the receive loop,
+// with at most MaxDataPayload bytes (see wire.SplitData). It reports
+// whether b was queued.
+//
+// With flow control it never waits: a server that sends more than the
+// window loses the tunnel. Without, it waits while the queue is full,
+// until the tunnel or the stream ends; see Config.EndpointWriteTimeout.
 func (t *tunnel) enqueue(ctx context.Context, b []byte) bool {
 	if len(b) == 0 {
 		return true
@@ -215,33 +246,49 @@ func (t *tunnel) enqueue(ctx context.Context, b []byte) bool {
 	if !t.account(len(b)) {
 		return false
 	}
-	select {
-	case t.writeq <- b:
+	err := t.q.Put(b)
+	if err == nil {
 		return true
-	default:
+	}
+	if !errors.Is(err, flow.ErrWindowExceeded) || t.credit != nil {
+		if errors.Is(err, flow.ErrWindowExceeded) {
+			klog.FromContext(ctx).V(2).Info("Closed a tunnel whose server sent more than the flow-control window", "connectionID", t.connectID, "window", t.c.cs.cfg.TunnelWindow)
+			t.finish(true)
+		}
+		t.account(-len(b))
+		return false
 	}
 	// The queue is full: the endpoint reads slower than the server sends.
 	// Waiting holds up every tunnel on this stream, so the wait is bounded
 	// as a whole, not per write: an endpoint that cannot take one more
-	// packet in tunnelWriteTimeout loses its tunnel, even if it trickles.
-	timer := time.NewTimer(tunnelWriteTimeout)
+	// packet in EndpointWriteTimeout loses its tunnel, even if it trickles.
+	timer := time.NewTimer(t.c.cs.cfg.EndpointWriteTimeout)
 	defer timer.Stop()
-	select {
-	case t.writeq <- b:
-		return true
-	case <-t.closed:
-	case <-ctx.Done():
-	case <-timer.C:
-		klog.FromContext(ctx).V(2).Info("Closed a tunnel whose endpoint fell behind", "connectionID", t.connectID, "waited", tunnelWriteTimeout)
-		t.finish(true)
+	for {
+		select {
+		case <-t.q.Room():
+			if err := t.q.Put(b); !errors.Is(err, flow.ErrWindowExceeded) {
+				if err == nil {
+					return true
+				}
+				t.account(-len(b))
+				return false
+			}
+			continue
+		case <-t.closed:
+		case <-ctx.Done():
+		case <-timer.C:
+			klog.FromContext(ctx).V(2).Info("Closed a tunnel whose endpoint fell behind", "connectionID", t.connectID, "waited", t.c.cs.cfg.EndpointWriteTimeout)
+			t.finish(true)
+		}
+		t.account(-len(b))
+		return false
 	}
-	t.account(-len(b))
-	return false
 }
 
 // closeAfterWrites ends the tunnel after the data queued so far is
 // written. Called only by the receive loop, once.
-func (t *tunnel) closeAfterWrites() { close(t.writeq) }
+func (t *tunnel) closeAfterWrites() { t.q.CloseWrite() }
 
 // finish ends the tunnel once: it forgets it, closes the endpoint
 // connection and, if sendRsp, tells the server with CLOSE_RSP.
@@ -253,6 +300,7 @@ func (t *tunnel) finish(sendRsp bool) {
 		t.c.cs.metrics.addQueuedBytes(-t.queued)
 		t.queued = 0
 		t.qmu.Unlock()
+		t.q.Close()
 		close(t.closed)
 		_ = t.conn.Close() // a close error changes nothing for the tunnel
 		t.c.cs.metrics.endpointClosed()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 
@@ -272,4 +273,50 @@ func TestStreamEndClosesTunnels(t *testing.T) {
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitFor)))
 	_, err := conn.Read(make([]byte, 1))
 	require.ErrorIs(t, err, io.EOF)
+}
+
+// A server that turns flow control on and then sends more than the
+// agent's window for a tunnel whose endpoint does not read loses that
+// tunnel (CLOSE_RSP), and the agent's receive loop never waits for the
+// endpoint: DATA for another tunnel of the stream still arrives.
+func TestServerOverrunningTheWindowLosesTheTunnel(t *testing.T) {
+	const window = 64 << 10
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1",
+		Metadata: []string{wire.HeaderTunnelWindow, strconv.Itoa(window)}})
+	cfg := testConfig(tt, srv.Addr())
+	cfg.TunnelWindow = window
+	cfg.EndpointWriteTimeout = time.Hour // the tunnel must end for its overrun, not a timeout
+	a := startAgent(t, cfg)
+	st := srv.NextStream(t)
+	assert.Equal(t, []string{strconv.Itoa(window)}, st.Metadata().Get(wire.HeaderTunnelWindow), "the agent did not offer its window")
+
+	deaf := newTestTarget(t, false)
+	deafID := st.DialOK(t, deaf.addr, 1)
+	deaf.accepted(t) // never read
+	echo := newTestTarget(t, true)
+	echoID := st.DialOK(t, echo.addr, 2)
+
+	// Up to the window, and past what the endpoint's socket takes.
+	chunk := make([]byte, window/4)
+	for sent := 0; sent < 64*window; sent += len(chunk) {
+		st.Send(t, wire.Data(deafID, chunk))
+	}
+	// The tunnel ends with a CLOSE_RSP; the DATA sent after it is
+	// answered as for any unknown connectID.
+	st.Send(t, wire.Data(echoID, []byte("still here")))
+	closed := false
+	for {
+		p := st.Next(t)
+		if p.GetType() == pb.PacketType_CLOSE_RSP && p.GetCloseResponse().GetConnectID() == deafID {
+			closed = true
+		}
+		if p.GetType() == pb.PacketType_DATA && p.GetData().GetConnectID() == echoID {
+			assert.Equal(t, "still here", string(p.GetData().GetData()))
+			break
+		}
+	}
+	assert.True(t, closed, "the overrun tunnel was not closed before the echo came back")
+	v, _ := a.metric(t, "konnectivity_network_proxy_agent_open_endpoint_connections")
+	assert.Equal(t, 1.0, v, "the overrun tunnel's endpoint connection is still open")
 }

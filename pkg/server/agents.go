@@ -28,6 +28,9 @@ type backend struct {
 	ids     wire.Identifiers
 	peer    *peer
 	seq     uint64 // connection order: lower is older
+	// peerWindow is the agent's flow-control window per tunnel, 0 when
+	// the handshake did not turn flow control on.
+	peerWindow int
 	// draining is set when the agent sends DRAIN on this stream.
 	draining atomic.Bool
 	// conns holds the established connections by connectID. Guarded by
@@ -61,12 +64,21 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	}
 	count := s.cfg.Counter.CountServers()
 	hdr := metadata.Pairs(wire.HeaderServerID, s.cfg.ServerID, wire.HeaderServerCount, strconv.Itoa(count))
+	// Flow control only when the agent offers it (upstream's does not).
+	peerWindow := 0
+	if s.cfg.TunnelWindow > 0 {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if w, ok := wire.ParseTunnelWindow(md.Get(wire.HeaderTunnelWindow)); ok {
+			peerWindow = w
+			hdr.Set(wire.HeaderTunnelWindow, strconv.Itoa(s.cfg.TunnelWindow))
+		}
+	}
 	if err := stream.SendHeader(hdr); err != nil {
 		return fmt.Errorf("send handshake headers to agent %q: %w", capPeer(agentID), err)
 	}
 	s.metrics.setReportedServerCount(count)
 
-	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, peer: newPeer(stream, s.metrics, segmentToAgent), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}}
+	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, peer: newPeer(stream, s.metrics, segmentToAgent), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow}
 	if !s.addBackend(be) {
 		s.metrics.observeAgentRejection(RejectShuttingDown)
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
@@ -209,6 +221,8 @@ func (s *Server) serveAgent(be *backend) {
 			s.onAgentData(be, pkt)
 		case client.PacketType_CLOSE_RSP:
 			s.onAgentCloseResponse(be, pkt)
+		case wire.PacketWindow:
+			s.onWindowUpdate(be, pkt)
 		case client.PacketType_DRAIN:
 			if !be.draining.Swap(true) {
 				s.log.V(2).Info("Agent is draining", "agentID", be.logID)

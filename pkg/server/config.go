@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/servercount/servercount/pkg/servercounter"
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // Strategy names a way to choose an agent for a dial.
@@ -106,6 +107,13 @@ type Config struct {
 	// queue (see the package doc). Zero means
 	// [DefaultFrontendWriteTimeout].
 	FrontendWriteTimeout time.Duration
+	// TunnelWindow is the flow-control window per tunnel, in bytes, that
+	// the server grants an agent offering one (wire.HeaderTunnelWindow);
+	// 0 means wire.DefaultTunnelWindow. With flow control a frontend that
+	// does not read holds up only its own tunnel, never the agent stream
+	// it shares. -1 turns it off: the server then speaks upstream's
+	// protocol exactly, whatever the agent offers.
+	TunnelWindow int
 	// Registerer receives the server's metrics. Nil means they are not
 	// registered anywhere.
 	Registerer prometheus.Registerer
@@ -138,6 +146,12 @@ func (cfg Config) withDefaults() (Config, error) {
 		errs = append(errs, fmt.Errorf("frontend write timeout %v is negative: use 0 for the default %v", cfg.FrontendWriteTimeout, DefaultFrontendWriteTimeout))
 	} else if cfg.FrontendWriteTimeout == 0 {
 		cfg.FrontendWriteTimeout = DefaultFrontendWriteTimeout
+	}
+	switch {
+	case cfg.TunnelWindow == 0:
+		cfg.TunnelWindow = wire.DefaultTunnelWindow
+	case cfg.TunnelWindow < -1 || cfg.TunnelWindow > wire.MaxTunnelWindow:
+		errs = append(errs, fmt.Errorf("tunnel window %d is out of range: want 1 to %d bytes, 0 for the default or -1 for no flow control", cfg.TunnelWindow, wire.MaxTunnelWindow))
 	}
 	return cfg, errors.Join(errs...)
 }

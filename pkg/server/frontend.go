@@ -120,16 +120,11 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 		}
 		return
 	}
-	if pkt.GetType() != client.PacketType_DATA || len(pkt.GetData().GetData()) <= wire.MaxDataPayload {
-		f.s.sendToAgent(t.be, pkt, f.peer.done)
+	if pkt.GetType() == client.PacketType_DATA {
+		f.s.sendData(t, pkt, f.peer.done)
 		return
 	}
-	// konnectivity-client sends each Write as one DATA packet of up to
-	// MaxMessageSize: queued whole, 32 of them would hold 512 MiB on the
-	// agent stream. Each piece waits for room like any packet.
-	wire.SplitData(pkt.GetData().GetData(), func(piece []byte) bool {
-		return f.s.sendToAgent(t.be, wire.Data(connectID, piece), f.peer.done)
-	})
+	f.s.sendToAgent(t.be, pkt, f.peer.done)
 }
 
 // gone drops the frontend's pending dials and closes its connections at

@@ -173,7 +173,7 @@ func (ht *httpTunnel) readLoop(t *tunnel, r *bufio.Reader) {
 		if n > 0 {
 			// The packet is sent later by another goroutine: copy.
 			pkt := wire.Data(t.connectID, append([]byte(nil), buf[:n]...))
-			if !ht.s.sendToAgent(t.be, pkt, ht.closed) {
+			if !ht.s.sendData(t, pkt, ht.closed) {
 				return
 			}
 		}

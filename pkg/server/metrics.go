@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // The server's metrics. Under konnectivity_network_proxy_server_ they are
@@ -248,7 +250,7 @@ func (m *metrics) observeDialDuration(d time.Duration)  { m.dialDuration.Observe
 func (m *metrics) observeFrontendWrite(d time.Duration) { m.feWrite.Observe(d.Seconds()) }
 func (m *metrics) observeConnection(d time.Duration)    { m.connDuration.Observe(d.Seconds()) }
 func (m *metrics) packet(segment string, typ client.PacketType) {
-	m.streamPackets.WithLabelValues(segment, typ.String()).Inc()
+	m.streamPackets.WithLabelValues(segment, wire.PacketTypeName(typ)).Inc()
 }
 
 // streamError counts a failed send or receive on a gRPC stream; typ is

@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // queueSize is the number of packets a stream's send queue holds. Packets
@@ -180,7 +182,7 @@ func (p *peer) writeLoop() {
 		err := p.stream.Send(pkt)
 		p.queued.add(-dataLen(pkt)) // late packets carry no data: 0
 		if err != nil {
-			p.metrics.streamError(p.segment, err, pkt.GetType().String())
+			p.metrics.streamError(p.segment, err, wire.PacketTypeName(pkt.GetType()))
 			p.end(err)
 			return
 		}

@@ -7,6 +7,7 @@ import (
 
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/flow"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -19,6 +20,7 @@ const (
 	errTextAgentGone      = "agent stream closed"
 	errTextDuplicateID    = "connectID already in use on this frontend stream"
 	errTextUnknownConnect = "unknown connectID"
+	errTextWindowExceeded = "agent sent more than its flow-control window"
 )
 
 var (
@@ -62,6 +64,22 @@ type tunnel struct {
 	// its DIAL_RSP made the tunnel, for the duration histograms.
 	// established is guarded by Server.mu.
 	dialed, established time.Time
+
+	// With flow control (see internal/flow), set before the tunnel is
+	// established: q holds the agent's DATA for pump to deliver, and
+	// credit is what the agent has room for. Both nil without.
+	q      *flow.Queue
+	credit *flow.Window
+	// last is the packet pump delivers after the queued DATA: CLOSE_RSP.
+	// Guarded by Server.mu.
+	last *client.Packet
+}
+
+// endAfterData makes pkt the tunnel's last packet, delivered after the
+// DATA queued before it. Called with Server.mu held.
+func (t *tunnel) endAfterDataLocked(pkt *client.Packet) {
+	t.last = pkt
+	t.q.CloseWrite()
 }
 
 // startDial chooses an agent for address and records a pending dial for
@@ -178,8 +196,56 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	t.established = time.Now()
 	s.metrics.addEstablished(1)
 	s.metrics.observeDialDuration(t.established.Sub(t.dialed))
+	if be.peerWindow > 0 && !s.closed {
+		t.q = flow.NewQueue(s.cfg.TunnelWindow)
+		t.credit = flow.NewWindow(be.peerWindow)
+		s.wg.Add(1)
+		go s.pump(t)
+	}
 	s.mu.Unlock()
 	t.fe.deliver(pkt)
+}
+
+// pump delivers a flow-controlled tunnel's DATA from its queue to its
+// frontend, granting the agent credit as the frontend takes it, and then
+// the tunnel's last packet. A frontend that does not read makes pump wait
+// (up to FrontendWriteTimeout, after which the frontend is ended), never
+// the agent stream's receive loop.
+func (s *Server) pump(t *tunnel) {
+	defer s.wg.Done()
+	for {
+		b, ok := t.q.Next(wire.MaxDataPayload, s.quit)
+		if !ok {
+			break
+		}
+		s.metrics.addQueuedBytes(-len(b))
+		t.fe.deliver(wire.Data(t.connectID, b))
+		if grant := t.q.Release(len(b)); grant > 0 {
+			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), s.quit)
+		}
+	}
+	s.mu.Lock()
+	last := t.last
+	s.mu.Unlock()
+	if last != nil {
+		t.fe.deliver(last)
+	}
+}
+
+// onWindowUpdate handles WINDOW from agent stream be: credit for a
+// tunnel's frontend to send more.
+func (s *Server) onWindowUpdate(be *backend, pkt *client.Packet) {
+	id, n, ok := wire.ParseWindowUpdate(pkt)
+	if !ok || be.peerWindow == 0 {
+		s.log.V(4).Info("Ignored a WINDOW packet", "agentID", be.logID, "flowControl", be.peerWindow > 0)
+		return
+	}
+	s.mu.Lock()
+	t := be.conns[id]
+	s.mu.Unlock()
+	if t != nil && t.credit != nil {
+		t.credit.Give(n)
+	}
 }
 
 // onAgentData handles DATA from agent stream be.
@@ -191,6 +257,10 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 	if t == nil {
 		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.logID, "connectionID", id)
 		be.peer.send(wire.CloseReq(id), s.quit)
+		return
+	}
+	if t.q != nil {
+		s.queueAgentData(be, t, pkt.GetData().GetData())
 		return
 	}
 	if len(pkt.GetData().GetData()) <= wire.MaxDataPayload {
@@ -206,6 +276,30 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 	})
 }
 
+// queueAgentData queues DATA of a flow-controlled tunnel for pump: it
+// never waits. An agent that sends more than the window loses the tunnel.
+func (s *Server) queueAgentData(be *backend, t *tunnel, data []byte) {
+	err := t.q.Put(data)
+	switch {
+	case err == nil:
+		s.metrics.addQueuedBytes(len(data))
+		return
+	case !errors.Is(err, flow.ErrWindowExceeded):
+		return // the tunnel is ending: its data goes nowhere
+	}
+	s.log.V(2).Info("Closed a tunnel whose agent sent more than the flow-control window", "agentID", be.logID, "connectionID", t.connectID, "window", s.cfg.TunnelWindow)
+	s.mu.Lock()
+	established := be.conns[t.connectID] == t
+	if established {
+		s.forgetConnLocked(t)
+		t.endAfterDataLocked(wire.CloseRsp(t.connectID, errTextWindowExceeded))
+	}
+	s.mu.Unlock()
+	if established {
+		be.peer.send(wire.CloseReq(t.connectID), s.quit)
+	}
+}
+
 // onAgentCloseResponse handles CLOSE_RSP from agent stream be.
 func (s *Server) onAgentCloseResponse(be *backend, pkt *client.Packet) {
 	id := pkt.GetCloseResponse().GetConnectID()
@@ -213,6 +307,11 @@ func (s *Server) onAgentCloseResponse(be *backend, pkt *client.Packet) {
 	t := be.conns[id]
 	if t != nil {
 		s.forgetConnLocked(t)
+		if t.q != nil {
+			// After the DATA queued before it, as it came.
+			t.endAfterDataLocked(pkt)
+			t = nil
+		}
 	}
 	s.mu.Unlock()
 	if t != nil {
@@ -227,6 +326,9 @@ func (s *Server) forgetConnLocked(t *tunnel) {
 	}
 	delete(t.be.conns, t.connectID)
 	t.fe.forget(t)
+	if t.credit != nil {
+		t.credit.Close() // a frontend waiting for credit gives up
+	}
 	s.metrics.addEstablished(-1)
 	s.metrics.observeConnection(time.Since(t.established))
 }
@@ -244,10 +346,46 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 	if established {
 		s.forgetConnLocked(t)
 	}
+	q := t.q
 	s.mu.Unlock()
+	if q != nil {
+		// Nobody is left to read what the agent sent.
+		s.metrics.addQueuedBytes(-q.Close())
+	}
 	if established {
 		t.be.peer.sendLate(wire.CloseReq(t.connectID))
 	}
+}
+
+// sendData sends DATA pkt of tunnel t, from a frontend that ends when
+// feDone closes, to t's agent in packets of at most MaxDataPayload. With
+// flow control each piece first waits for the agent's credit; then, as
+// every packet, for room on the stream (sendToAgent). It reports whether
+// all of it was queued.
+func (s *Server) sendData(t *tunnel, pkt *client.Packet, feDone <-chan struct{}) bool {
+	data := pkt.GetData().GetData()
+	if t.credit == nil && len(data) <= wire.MaxDataPayload {
+		return s.sendToAgent(t.be, pkt, feDone) // forwarded as it came
+	}
+	// konnectivity-client sends each Write as one DATA packet of up to
+	// MaxMessageSize: queued whole, 32 of them would hold 512 MiB on the
+	// agent stream.
+	ok := true
+	wire.SplitData(data, func(piece []byte) bool {
+		for len(piece) > 0 && ok {
+			n := len(piece)
+			if t.credit != nil {
+				if n = t.credit.Take(n, feDone); n == 0 {
+					ok = false // the tunnel or the frontend ended
+					break
+				}
+			}
+			ok = s.sendToAgent(t.be, wire.Data(t.connectID, piece[:n]), feDone)
+			piece = piece[n:]
+		}
+		return ok
+	})
+	return ok
 }
 
 // sendToAgent queues pkt, from a frontend that ends when feDone closes,
@@ -291,14 +429,20 @@ func (s *Server) backendGone(be *backend) {
 	for _, t := range be.conns {
 		conns = append(conns, t)
 	}
+	direct := conns[:0:0]
 	for _, t := range conns {
 		s.forgetConnLocked(t)
+		if t.q != nil {
+			t.endAfterDataLocked(wire.CloseRsp(t.connectID, errTextAgentGone))
+		} else {
+			direct = append(direct, t)
+		}
 	}
 	s.mu.Unlock()
 	for _, t := range dials {
 		t.fe.deliver(wire.DialRsp(t.random, 0, errTextBackendClosed))
 	}
-	for _, t := range conns {
+	for _, t := range direct {
 		t.fe.deliver(wire.CloseRsp(t.connectID, errTextAgentGone))
 	}
 }

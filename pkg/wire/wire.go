@@ -9,6 +9,8 @@ package wire
 
 import (
 	"context"
+	"encoding/binary"
+	"strconv"
 
 	"google.golang.org/grpc"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
@@ -30,7 +32,78 @@ const (
 	// HeaderServerCount carries, in the response headers, the number of
 	// proxy-servers an agent should connect to, as a decimal integer.
 	HeaderServerCount = "serverCount"
+	// HeaderTunnelWindow announces servercount's per-tunnel flow control
+	// (see WindowUpdate): the sender's receive window per tunnel, in
+	// bytes, as a decimal integer from 1 to MaxTunnelWindow. The agent
+	// sends it with its handshake; a server that takes it up answers with
+	// its own in the response headers, and only then is flow control on
+	// for the stream. Upstream ignores the header, so either end speaks
+	// the plain protocol with an upstream peer.
+	HeaderTunnelWindow = "servercount-tunnel-window"
 )
+
+// Per-tunnel flow-control windows.
+const (
+	// DefaultTunnelWindow is the window each end offers by default: as
+	// for gRPC's stream window (StreamWindow), large enough for one
+	// tunnel to fill a loopback or LAN link, small enough that a
+	// receiver can hold it for every tunnel of a stream.
+	DefaultTunnelWindow = 1 << 20
+	// MaxTunnelWindow is the largest HeaderTunnelWindow accepted.
+	MaxTunnelWindow = 1 << 30
+)
+
+// ParseTunnelWindow reads a HeaderTunnelWindow value; ok is false when
+// there is not exactly one value or it is out of range, and then flow
+// control stays off.
+func ParseTunnelWindow(values []string) (window int, ok bool) {
+	if len(values) != 1 {
+		return 0, false
+	}
+	n, err := strconv.Atoi(values[0])
+	if err != nil || n < 1 || n > MaxTunnelWindow {
+		return 0, false
+	}
+	return n, true
+}
+
+// PacketWindow is the type of servercount's WINDOW packet, sent only on
+// streams whose handshake turned flow control on: the receiver of a
+// tunnel's DATA has written Data.Data's uvarint more bytes of
+// Data.ConnectID and grants the sender that much more credit. Its number
+// is far from upstream's types so that it cannot meet a future one.
+const PacketWindow client.PacketType = 1000
+
+// WindowUpdate returns WINDOW{connectID, n}.
+func WindowUpdate(connectID int64, n int) *client.Packet {
+	return &client.Packet{Type: PacketWindow, Payload: &client.Packet_Data{
+		Data: &client.Data{ConnectID: connectID, Data: binary.AppendUvarint(nil, uint64(n))},
+	}}
+}
+
+// ParseWindowUpdate returns the connectID and the credit of a WINDOW
+// packet; ok is false for a malformed one, which is to be ignored.
+func ParseWindowUpdate(pkt *client.Packet) (connectID int64, n int, ok bool) {
+	d := pkt.GetData()
+	v, k := binary.Uvarint(d.GetData())
+	if k <= 0 || k != len(d.GetData()) || v == 0 || v > MaxTunnelWindow {
+		return 0, 0, false
+	}
+	return d.GetConnectID(), int(v), true
+}
+
+// PacketTypeName names typ for metric labels: upstream's names, "WINDOW",
+// or "UNKNOWN" for any other number, so that a peer sending made-up types
+// cannot make a series for each.
+func PacketTypeName(typ client.PacketType) string {
+	if typ == PacketWindow {
+		return "WINDOW"
+	}
+	if _, known := client.PacketType_name[int32(typ)]; !known {
+		return "UNKNOWN"
+	}
+	return typ.String()
+}
 
 // AgentServiceName and ConnectMethod name the agent service. Upstream's
 // proto file declares no package, so the names have no prefix.

@@ -1,0 +1,242 @@
+// Package flow is the per-tunnel flow control that servercount's agent
+// and server use between themselves. Upstream's protocol has none: every
+// tunnel of an agent stream shares the stream, so a receiver whose writer
+// cannot keep up (a frontend or an endpoint that does not read) must make
+// the stream's receive loop wait, stalling every other tunnel on it.
+//
+// With flow control each end grants the other a window of bytes per tunnel
+// and direction. A sender takes credit from its [Window] before it sends
+// DATA and gets it back in WINDOW packets (wire.WindowUpdate); the
+// receiver queues what arrives in a [Queue] that can always hold it, so
+// its receive loop never waits for a writer. A tunnel whose reader stops
+// then costs only itself: its sender waits for credit, and its writer's
+// own timeout ends it.
+//
+// It is used only when both ends announce it in the Connect handshake
+// (wire.HeaderTunnelWindow); with an upstream peer nothing changes.
+package flow
+
+import (
+	"errors"
+	"sync"
+)
+
+// MaxWindow is the largest window a peer may announce or grant in total:
+// credit beyond it is not kept, so that a peer's grants cannot overflow.
+const MaxWindow = 1 << 30
+
+// Window is a sender's credit for one tunnel and direction: how many more
+// bytes the receiver has room for. It is safe for concurrent use.
+type Window struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	// ready has a buffer of 1: a Take that found no credit waits on it.
+	ready chan struct{}
+}
+
+// NewWindow returns a Window with n bytes of credit, the receiver's
+// announced window.
+func NewWindow(n int) *Window {
+	return &Window{n: min(n, MaxWindow), ready: make(chan struct{}, 1)}
+}
+
+// Take waits until there is credit and takes up to max bytes of it. It
+// returns 0 when the window is closed or done closes first.
+func (w *Window) Take(max int, done <-chan struct{}) int {
+	for {
+		w.mu.Lock()
+		if w.closed {
+			w.mu.Unlock()
+			return 0
+		}
+		if w.n > 0 {
+			k := min(w.n, max)
+			w.n -= k
+			w.mu.Unlock()
+			return k
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.ready:
+		case <-done:
+			return 0
+		}
+	}
+}
+
+// Give adds n bytes of credit: the receiver wrote them, or a Take took
+// more than was sent. n <= 0 is ignored.
+func (w *Window) Give(n int) {
+	if n <= 0 {
+		return
+	}
+	w.mu.Lock()
+	w.n = min(w.n+min(n, MaxWindow), MaxWindow)
+	w.mu.Unlock()
+	signal(w.ready)
+}
+
+// Close ends the window: a waiting Take and every later one return 0.
+func (w *Window) Close() {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+	signal(w.ready)
+}
+
+// ErrWindowExceeded is returned by Queue.Put when the sender sent more
+// than its window: it does not follow the protocol, and the tunnel should
+// be closed.
+var ErrWindowExceeded = errors.New("peer sent more data than its tunnel window allows")
+
+// ErrClosed is returned by Queue.Put after CloseWrite or Close.
+var ErrClosed = errors.New("tunnel queue is closed")
+
+// Queue holds the bytes a receiver has taken for one tunnel and not yet
+// written: at most its window, however small the packets they came in, as
+// the bytes are copied into one buffer. Its writer takes them in chunks as
+// large as it likes, which coalesces small packets into fewer writes. It
+// is safe for one goroutine calling Put and one calling Next at a time.
+type Queue struct {
+	mu sync.Mutex
+	// buf[off:] is queued. It is dropped once it is read out, so that an
+	// idle tunnel holds no buffer.
+	buf []byte
+	off int
+	// held counts bytes taken by Next and not yet Released; unacked
+	// counts released bytes not yet granted back to the sender. With the
+	// queued ones they make what the sender may not exceed.
+	held, unacked int
+	window        int
+	// writeClosed: no more Put; Next drains and then reports the end.
+	// closed: the tunnel is over, Next returns at once.
+	writeClosed, closed bool
+	// ready has a buffer of 1: a Next that found nothing waits on it.
+	ready chan struct{}
+	// room has a buffer of 1: signalled when a grant frees room.
+	room chan struct{}
+}
+
+// NewQueue returns a Queue for a tunnel whose window is window bytes.
+func NewQueue(window int) *Queue {
+	return &Queue{window: window, ready: make(chan struct{}, 1), room: make(chan struct{}, 1)}
+}
+
+// Put queues a copy of b. It fails with ErrWindowExceeded when b would
+// take the queue past the window, and with ErrClosed once the queue is
+// closed; it never waits.
+func (q *Queue) Put(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	q.mu.Lock()
+	switch {
+	case q.closed || q.writeClosed:
+		q.mu.Unlock()
+		return ErrClosed
+	case len(q.buf)-q.off+q.held+q.unacked+len(b) > q.window:
+		q.mu.Unlock()
+		return ErrWindowExceeded
+	}
+	if q.off > 0 && len(q.buf)+len(b) > cap(q.buf) {
+		// Move what is queued to the front rather than grow: the buffer
+		// then stays within about a window.
+		n := copy(q.buf, q.buf[q.off:])
+		q.buf, q.off = q.buf[:n], 0
+	}
+	q.buf = append(q.buf, b...)
+	q.mu.Unlock()
+	signal(q.ready)
+	return nil
+}
+
+// Room returns a channel that receives when a grant has made room: a
+// receiver that waits for room instead of failing (a peer without flow
+// control) retries Put then.
+func (q *Queue) Room() <-chan struct{} { return q.room }
+
+// Next waits for queued bytes and returns up to max of them in a new
+// slice. They count against the window until they are Released. It
+// returns nil, false when the queue is closed, or write-closed and empty,
+// or when done closes.
+func (q *Queue) Next(max int, done <-chan struct{}) ([]byte, bool) {
+	for {
+		q.mu.Lock()
+		if q.closed {
+			q.mu.Unlock()
+			return nil, false
+		}
+		if q.off < len(q.buf) {
+			n := min(max, len(q.buf)-q.off)
+			p := make([]byte, n)
+			copy(p, q.buf[q.off:])
+			q.off += n
+			q.held += n
+			if q.off == len(q.buf) {
+				q.buf, q.off = nil, 0
+			}
+			q.mu.Unlock()
+			return p, true
+		}
+		end := q.writeClosed
+		q.mu.Unlock()
+		if end {
+			return nil, false
+		}
+		select {
+		case <-q.ready:
+		case <-done:
+			return nil, false
+		}
+	}
+}
+
+// Release records that n bytes returned by Next were written, and returns
+// the credit to grant the sender now, if any. Credit is granted in
+// batches of a quarter of the window, so that a sender always has at
+// least three quarters of it to send and a WINDOW packet costs little.
+func (q *Queue) Release(n int) int {
+	q.mu.Lock()
+	q.held -= n
+	q.unacked += n
+	if q.unacked < q.window/4 {
+		q.mu.Unlock()
+		return 0
+	}
+	grant := q.unacked
+	q.unacked = 0
+	q.mu.Unlock()
+	signal(q.room)
+	return grant
+}
+
+// CloseWrite ends the queue after what is queued: Put fails, and Next
+// reports the end once the queue is empty.
+func (q *Queue) CloseWrite() {
+	q.mu.Lock()
+	q.writeClosed = true
+	q.mu.Unlock()
+	signal(q.ready)
+}
+
+// Close ends the queue now and drops what it holds; it returns the number
+// of queued bytes dropped.
+func (q *Queue) Close() int {
+	q.mu.Lock()
+	dropped := len(q.buf) - q.off
+	q.closed = true
+	q.buf, q.off = nil, 0
+	q.mu.Unlock()
+	signal(q.ready)
+	signal(q.room)
+	return dropped
+}
+
+// signal wakes the waiter on c, a channel with a buffer of 1.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+}
