@@ -93,17 +93,38 @@ var ErrWindowExceeded = errors.New("peer sent more data than its tunnel window a
 // ErrClosed is returned by Queue.Put after CloseWrite or Close.
 var ErrClosed = errors.New("tunnel queue is closed")
 
+// blockSize is the size of the blocks a Queue copies small pieces into.
+const blockSize = 32 << 10
+
+// keepSize is the size from which Put keeps the caller's slice rather than
+// copying it: a large packet's data goes to the writer without a copy,
+// while the cost of a segment per small packet stays bounded, as those
+// are copied into blocks.
+const keepSize = 4 << 10
+
+// blocks are shared by every Queue of the process: a tunnel holds blocks
+// only while it has small pieces queued, and a busy one reuses them.
+var blocks = sync.Pool{New: func() any { return new([blockSize]byte) }}
+
+// segment is a run of queued bytes: a slice kept from Put, or the used
+// part of a pooled block.
+type segment struct {
+	b     []byte
+	block *[blockSize]byte // nil for a kept slice
+}
+
 // Queue holds the bytes a receiver has taken for one tunnel and not yet
-// written: at most its window, however small the packets they came in, as
-// the bytes are copied into one buffer. Its writer takes them in chunks as
-// large as it likes, which coalesces small packets into fewer writes. It
-// is safe for one goroutine calling Put and one calling Next at a time.
+// written: at most its window, however small the packets they came in.
+// Large pieces are kept as they are and handed to the writer without a
+// copy; small ones are copied into blocks, which coalesces them into
+// fewer writes and bounds their number. It is safe for one goroutine
+// calling Put and one calling Next at a time.
 type Queue struct {
 	mu sync.Mutex
-	// buf[off:] is queued. It is dropped once it is read out, so that an
-	// idle tunnel holds no buffer.
-	buf []byte
-	off int
+	// segs are the queued bytes, segs[0].b[head:] first; n counts them.
+	segs []segment
+	head int
+	n    int
 	// held counts bytes taken by Next and not yet Released; unacked
 	// counts released bytes not yet granted back to the sender. With the
 	// queued ones they make what the sender may not exceed.
@@ -123,9 +144,10 @@ func NewQueue(window int) *Queue {
 	return &Queue{window: window, ready: make(chan struct{}, 1), room: make(chan struct{}, 1)}
 }
 
-// Put queues a copy of b. It fails with ErrWindowExceeded when b would
-// take the queue past the window, and with ErrClosed once the queue is
-// closed; it never waits.
+// Put queues b. It fails with ErrWindowExceeded when b would take the
+// queue past the window, and with ErrClosed once the queue is closed; it
+// never waits. A b of keepSize bytes or more is kept, not copied: the
+// caller must not change it afterwards.
 func (q *Queue) Put(b []byte) error {
 	if len(b) == 0 {
 		return nil
@@ -135,17 +157,26 @@ func (q *Queue) Put(b []byte) error {
 	case q.closed || q.writeClosed:
 		q.mu.Unlock()
 		return ErrClosed
-	case len(q.buf)-q.off+q.held+q.unacked+len(b) > q.window:
+	case q.n+q.held+q.unacked+len(b) > q.window:
 		q.mu.Unlock()
 		return ErrWindowExceeded
 	}
-	if q.off > 0 && len(q.buf)+len(b) > cap(q.buf) {
-		// Move what is queued to the front rather than grow: the buffer
-		// then stays within about a window.
-		n := copy(q.buf, q.buf[q.off:])
-		q.buf, q.off = q.buf[:n], 0
+	q.n += len(b)
+	if len(b) >= keepSize {
+		q.segs = append(q.segs, segment{b: b})
 	}
-	q.buf = append(q.buf, b...)
+	for len(b) < keepSize && len(b) > 0 {
+		last := len(q.segs) - 1
+		if last < 0 || q.segs[last].block == nil || len(q.segs[last].b) == blockSize {
+			blk := blocks.Get().(*[blockSize]byte)
+			q.segs = append(q.segs, segment{b: blk[:0], block: blk})
+			last++
+		}
+		s := &q.segs[last]
+		k := copy(s.block[len(s.b):], b)
+		s.b = s.block[:len(s.b)+k]
+		b = b[k:]
+	}
 	q.mu.Unlock()
 	signal(q.ready)
 	return nil
@@ -156,10 +187,11 @@ func (q *Queue) Put(b []byte) error {
 // control) retries Put then.
 func (q *Queue) Room() <-chan struct{} { return q.room }
 
-// Next waits for queued bytes and returns up to max of them in a new
-// slice. They count against the window until they are Released. It
-// returns nil, false when the queue is closed, or write-closed and empty,
-// or when done closes.
+// Next waits for queued bytes and returns up to max of them. A kept
+// piece that fits is returned as it is; otherwise the bytes are copied
+// into a new slice. They count against the window until they are
+// Released. It returns nil, false when the queue is closed, or
+// write-closed and empty, or when done closes.
 func (q *Queue) Next(max int, done <-chan struct{}) ([]byte, bool) {
 	for {
 		q.mu.Lock()
@@ -167,15 +199,24 @@ func (q *Queue) Next(max int, done <-chan struct{}) ([]byte, bool) {
 			q.mu.Unlock()
 			return nil, false
 		}
-		if q.off < len(q.buf) {
-			n := min(max, len(q.buf)-q.off)
-			p := make([]byte, n)
-			copy(p, q.buf[q.off:])
-			q.off += n
-			q.held += n
-			if q.off == len(q.buf) {
-				q.buf, q.off = nil, 0
+		if q.n > 0 {
+			var p []byte
+			if first := q.segs[0]; first.block == nil && q.head == 0 && len(first.b) <= max {
+				p = first.b
+				q.popSegment()
+			} else {
+				p = make([]byte, min(max, q.n))
+				for got := 0; got < len(p); {
+					k := copy(p[got:], q.segs[0].b[q.head:])
+					got += k
+					q.head += k
+					if q.head == len(q.segs[0].b) {
+						q.popSegment()
+					}
+				}
 			}
+			q.n -= len(p)
+			q.held += len(p)
 			q.mu.Unlock()
 			return p, true
 		}
@@ -189,6 +230,20 @@ func (q *Queue) Next(max int, done <-chan struct{}) ([]byte, bool) {
 		case <-done:
 			return nil, false
 		}
+	}
+}
+
+// popSegment drops the first segment, giving its block back to the pool.
+// Called with mu held.
+func (q *Queue) popSegment() {
+	if blk := q.segs[0].block; blk != nil {
+		blocks.Put(blk)
+	}
+	q.segs[0] = segment{}
+	q.segs = q.segs[1:]
+	q.head = 0
+	if len(q.segs) == 0 {
+		q.segs = nil
 	}
 }
 
@@ -224,9 +279,12 @@ func (q *Queue) CloseWrite() {
 // of queued bytes dropped.
 func (q *Queue) Close() int {
 	q.mu.Lock()
-	dropped := len(q.buf) - q.off
+	dropped := q.n
 	q.closed = true
-	q.buf, q.off = nil, 0
+	for len(q.segs) > 0 {
+		q.popSegment()
+	}
+	q.n = 0
 	q.mu.Unlock()
 	signal(q.ready)
 	signal(q.room)

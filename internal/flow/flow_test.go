@@ -107,9 +107,10 @@ func TestQueueEnforcesTheWindow(t *testing.T) {
 	require.NoError(t, q.Put(make([]byte, 0)), "nothing to queue is fine")
 }
 
-// The buffer is reused from the front, so that a queue written to and
-// read from without pause stays about one window in size.
-func TestQueueBufferStaysBounded(t *testing.T) {
+// A queue holds blocks only for the bytes it has: written to and read
+// from without pause it keeps about a window of them, and once drained
+// none.
+func TestQueueHoldsBlocksOnlyForItsBytes(t *testing.T) {
 	q := NewQueue(64 << 10)
 	require.NoError(t, q.Put(make([]byte, 20000))) // a backlog: never drained
 	chunk := make([]byte, 3000)
@@ -119,10 +120,54 @@ func TestQueueBufferStaysBounded(t *testing.T) {
 		require.True(t, ok)
 		q.Release(len(b))
 		q.mu.Lock()
-		c := cap(q.buf)
+		held := len(q.segs)
 		q.mu.Unlock()
-		require.LessOrEqual(t, c, 2*q.window, "the queue's buffer grew past two windows")
+		require.LessOrEqual(t, held, 64<<10/blockSize+1, "the queue holds more blocks than its bytes need")
 	}
+	for {
+		q.mu.Lock()
+		n := q.n
+		q.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		b, _ := q.Next(blockSize, nil)
+		q.Release(len(b))
+	}
+	assert.Empty(t, q.segs, "a drained queue keeps blocks")
+}
+
+// A large piece goes to the writer as it came, without a copy; small ones
+// are coalesced.
+func TestQueueKeepsLargePieces(t *testing.T) {
+	q := NewQueue(1 << 20)
+	large := bytes.Repeat([]byte{7}, keepSize)
+	require.NoError(t, q.Put(large))
+	require.NoError(t, q.Put([]byte("ab")))
+	require.NoError(t, q.Put([]byte("cd")))
+	b, ok := q.Next(1<<20, nil)
+	require.True(t, ok)
+	assert.Same(t, &large[0], &b[0], "a large piece was copied")
+	b, _ = q.Next(1<<20, nil)
+	assert.Equal(t, "abcd", string(b), "small pieces were not coalesced")
+
+	// A large piece that does not fit the writer's chunk is copied in
+	// part, in order.
+	require.NoError(t, q.Put(pattern(10000)))
+	var got []byte
+	for len(got) < 10000 {
+		b, _ := q.Next(3000, nil)
+		got = append(got, b...)
+	}
+	assert.Equal(t, pattern(10000), got)
+}
+
+func pattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i % 251)
+	}
+	return b
 }
 
 func TestQueueCloseWriteDrainsThenEnds(t *testing.T) {

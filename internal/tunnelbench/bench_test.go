@@ -20,6 +20,8 @@ var (
 		"write CPU profiles of each proxy-server and proxy-agent into this directory, taken during extra tunnel downloads after the throughput rounds "+
 			"(go test runs in the package's directory: give an absolute path)")
 	profileSeconds = flag.Int("tunnelbench.profile-seconds", 8, "length of each CPU profile, in seconds")
+	extraArgs      = flag.String("tunnelbench.args", "",
+		"more flags, space-separated, for both binaries: e.g. --tunnel-window=-1 to measure without flow control")
 )
 
 const (

@@ -138,6 +138,8 @@ func startFixture(b *testing.B, profiling bool) *fixture {
 			serverArgs = append(serverArgs, "--enable-profiling")
 			agentArgs = append(agentArgs, "--enable-profiling")
 		}
+		serverArgs = append(serverArgs, strings.Fields(*extraArgs)...)
+		agentArgs = append(agentArgs, strings.Fields(*extraArgs)...)
 		// proctest.Start kills and waits for each process in b.Cleanup.
 		server := proctest.Start(b, serverBin, serverArgs...)
 		agent := proctest.Start(b, agentBin, agentArgs...)

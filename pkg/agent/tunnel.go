@@ -38,7 +38,7 @@ const (
 	plainQueueBytes = 128 * wire.MaxDataPayload
 	// writeChunk is the most one write to an endpoint carries: queued
 	// packets are coalesced up to it.
-	writeChunk = 4 * wire.MaxDataPayload
+	writeChunk = wire.MaxDataPayload
 )
 
 // tunnel is one endpoint connection, relayed over a client's stream as

@@ -65,6 +65,10 @@ type Options struct {
 	// either are refused.
 	MaxConcurrentDials  int
 	MaxTunnelsPerServer int
+	// EndpointWriteTimeout bounds a write to an endpoint; TunnelWindow is
+	// the flow-control window offered to servers per tunnel (-1: none).
+	EndpointWriteTimeout time.Duration
+	TunnelWindow         int
 	// DrainTimeout bounds a drain (0: no bound): after the first signal
 	// the agent stops once no tunnel is open or this has passed.
 	DrainTimeout time.Duration
@@ -90,25 +94,27 @@ type Options struct {
 // NewOptions returns upstream's defaults.
 func NewOptions() *Options {
 	return &Options{
-		AgentID:             serve.RandomID(),
-		ProxyServerHost:     "127.0.0.1",
-		ProxyServerPort:     8091,
-		KeepaliveTime:       time.Hour,
-		SyncInterval:        time.Second,
-		SyncIntervalCap:     10 * time.Second,
-		ProbeInterval:       time.Second,
-		HealthServerPort:    8093,
-		AdminBindAddress:    "127.0.0.1",
-		AdminServerPort:     8094,
-		Leases:              leaseopts.NewCountOptions(),
-		Kube:                kubeclient.Options{ContentType: kubeclient.DefaultContentType},
-		XfrChannelSize:      150,
-		DNS:                 dnscount.NewOptions(),
-		ServerCountHoldDown: agent.DefaultHoldDown,
-		ServerDialMode:      agent.DialLoadBalancer,
-		MaxConcurrentDials:  agent.DefaultMaxConcurrentDials,
-		MaxTunnelsPerServer: agent.DefaultMaxTunnelsPerServer,
-		DrainTimeout:        DefaultDrainTimeout,
+		AgentID:              serve.RandomID(),
+		ProxyServerHost:      "127.0.0.1",
+		ProxyServerPort:      8091,
+		KeepaliveTime:        time.Hour,
+		SyncInterval:         time.Second,
+		SyncIntervalCap:      10 * time.Second,
+		ProbeInterval:        time.Second,
+		HealthServerPort:     8093,
+		AdminBindAddress:     "127.0.0.1",
+		AdminServerPort:      8094,
+		Leases:               leaseopts.NewCountOptions(),
+		Kube:                 kubeclient.Options{ContentType: kubeclient.DefaultContentType},
+		XfrChannelSize:       150,
+		DNS:                  dnscount.NewOptions(),
+		ServerCountHoldDown:  agent.DefaultHoldDown,
+		ServerDialMode:       agent.DialLoadBalancer,
+		MaxConcurrentDials:   agent.DefaultMaxConcurrentDials,
+		MaxTunnelsPerServer:  agent.DefaultMaxTunnelsPerServer,
+		EndpointWriteTimeout: agent.DefaultEndpointWriteTimeout,
+		TunnelWindow:         wire.DefaultTunnelWindow,
+		DrainTimeout:         DefaultDrainTimeout,
 	}
 }
 
@@ -145,6 +151,8 @@ func (o *Options) Flags() *pflag.FlagSet {
 	serve.ParsedVar(fs, &o.ServerDialMode, "server-dial-mode", string(o.ServerDialMode), agent.ParseDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "most endpoint dials in flight at once, across every proxy-server; a dial request over it is refused at once")
 	fs.IntVar(&o.MaxTunnelsPerServer, "max-tunnels-per-server", o.MaxTunnelsPerServer, "most tunnels (dials in flight included) one proxy-server connection may hold open; a dial request over it is refused at once")
+	fs.DurationVar(&o.EndpointWriteTimeout, "endpoint-write-timeout", o.EndpointWriteTimeout, "close a tunnel whose endpoint takes none of its data for this long")
+	fs.IntVar(&o.TunnelWindow, "tunnel-window", o.TunnelWindow, "bytes per tunnel and direction a proxy-server may send ahead of what the endpoint has read, with servers that take up flow control (servercount's); -1 turns flow control off")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "after the first SIGTERM, stop once no tunnel is open or this has passed (0: no bound); a second signal stops at once")
 	fs.StringVar(&o.HealthServerHost, "health-server-host", o.HealthServerHost, "address for the health port (empty: all)")
 	fs.IntVar(&o.HealthServerPort, "health-server-port", o.HealthServerPort, "port for /healthz, /readyz and /metrics")
@@ -206,6 +214,12 @@ func (o *Options) Validate() []error {
 	if o.MaxTunnelsPerServer < 1 {
 		errs = append(errs, fmt.Errorf("invalid --max-tunnels-per-server %d: must be at least 1", o.MaxTunnelsPerServer))
 	}
+	if o.EndpointWriteTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("invalid --endpoint-write-timeout %v: must be positive", o.EndpointWriteTimeout))
+	}
+	if o.TunnelWindow == 0 || o.TunnelWindow < -1 || o.TunnelWindow > wire.MaxTunnelWindow {
+		errs = append(errs, fmt.Errorf("invalid --tunnel-window %d: want 1 to %d bytes, or -1 for no flow control", o.TunnelWindow, wire.MaxTunnelWindow))
+	}
 	errs = append(errs, o.Leases.Validate()...)
 	return errs
 }
@@ -247,6 +261,7 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 	// than DNS is.
 	cfg.ServerCountMax = o.DNS.Max
 	cfg.MaxConcurrentDials, cfg.MaxTunnelsPerServer = o.MaxConcurrentDials, o.MaxTunnelsPerServer
+	cfg.EndpointWriteTimeout, cfg.TunnelWindow = o.EndpointWriteTimeout, o.TunnelWindow
 	cfg.Registerer = reg
 	cfg.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
 	if o.InsecurePlaintext {

@@ -22,6 +22,7 @@ import (
 	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/servercounter"
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // Modes of the frontend.
@@ -61,11 +62,16 @@ type Options struct {
 	AdminPort         int
 	EnableProfiling   bool
 
-	ProxyStrategies          []server.Strategy
-	KeepaliveTime            time.Duration
-	FrontendKeepaliveTime    time.Duration
-	BackendDialTimeout       time.Duration
-	GracefulShutdownTimeout  time.Duration
+	ProxyStrategies         []server.Strategy
+	KeepaliveTime           time.Duration
+	FrontendKeepaliveTime   time.Duration
+	BackendDialTimeout      time.Duration
+	GracefulShutdownTimeout time.Duration
+	// FrontendWriteTimeout bounds the wait for a frontend that does not
+	// read; TunnelWindow is the flow-control window granted to our
+	// agents per tunnel (-1: none).
+	FrontendWriteTimeout     time.Duration
+	TunnelWindow             int
 	DeleteExistingUDSFile    bool
 	EnableContentionProfiler bool
 
@@ -95,6 +101,8 @@ type Options struct {
 // keeps its meaning after a binary swap.
 func NewOptions() *Options {
 	return &Options{
+		FrontendWriteTimeout:    server.DefaultFrontendWriteTimeout,
+		TunnelWindow:            wire.DefaultTunnelWindow,
 		ServerID:                serve.RandomID(),
 		ServerCount:             1,
 		Mode:                    ModeGRPC,
@@ -146,6 +154,8 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "time between keepalive pings to agents")
 	fs.DurationVar(&o.FrontendKeepaliveTime, "frontend-keepalive-time", o.FrontendKeepaliveTime, "time between keepalive pings to frontends")
 	fs.DurationVar(&o.BackendDialTimeout, "backend-dial-timeout", o.BackendDialTimeout, "give up on an agent's dial after this long (0: wait)")
+	fs.DurationVar(&o.FrontendWriteTimeout, "frontend-write-timeout", o.FrontendWriteTimeout, "end a frontend that takes none of its data for this long")
+	fs.IntVar(&o.TunnelWindow, "tunnel-window", o.TunnelWindow, "bytes per tunnel and direction an agent may send ahead of what its frontend has read, with agents that offer flow control (servercount's); -1 turns flow control off")
 	fs.DurationVar(&o.GracefulShutdownTimeout, "graceful-shutdown-timeout", o.GracefulShutdownTimeout, "how long to wait for streams to end on SIGTERM")
 	o.DNS.AddFlags(fs, false)
 	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "namespace of the agents' service account; with --agent-service-account, agents must present its token, checked with a TokenReview")
@@ -194,6 +204,12 @@ func (o *Options) Validate() []error {
 		errs = append(errs, errors.New("--kubeconfig needs --agent-namespace and --agent-service-account, or --enable-lease-controller"))
 	}
 	errs = append(errs, o.Leases.Validate()...)
+	if o.FrontendWriteTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("invalid --frontend-write-timeout %v: must be positive", o.FrontendWriteTimeout))
+	}
+	if o.TunnelWindow == 0 || o.TunnelWindow < -1 || o.TunnelWindow > wire.MaxTunnelWindow {
+		errs = append(errs, fmt.Errorf("invalid --tunnel-window %d: want 1 to %d bytes, or -1 for no flow control", o.TunnelWindow, wire.MaxTunnelWindow))
+	}
 	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 {
 		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
 	}
@@ -337,11 +353,13 @@ func (o *Options) config(reg prometheus.Registerer) (st Setup, err error) {
 		}
 	}
 	cfg := server.Config{
-		ServerID:           o.ServerID,
-		Counter:            servercounter.StaticServerCounter(o.ServerCount),
-		Strategies:         o.ProxyStrategies,
-		BackendDialTimeout: o.BackendDialTimeout,
-		Registerer:         reg,
+		ServerID:             o.ServerID,
+		Counter:              servercounter.StaticServerCounter(o.ServerCount),
+		Strategies:           o.ProxyStrategies,
+		BackendDialTimeout:   o.BackendDialTimeout,
+		FrontendWriteTimeout: o.FrontendWriteTimeout,
+		TunnelWindow:         o.TunnelWindow,
+		Registerer:           reg,
 	}
 	switch {
 	case o.AgentTokenFile != "":

@@ -55,6 +55,9 @@ func TestValidate(t *testing.T) {
 		{name: "insecure local", args: []string{"--insecure-plaintext"}},
 		{name: "uds frontend needs no server certs", args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key")}},
 		{name: "http-connect", args: append([]string{"--mode=http-connect"}, tlsFlags...)},
+		{name: "flow control off", args: append([]string{"--tunnel-window=-1", "--frontend-write-timeout=1m"}, tlsFlags...)},
+		{name: "bad flow control", args: append([]string{"--tunnel-window=-2", "--frontend-write-timeout=0"}, tlsFlags...),
+			wantErr: []string{"invalid --frontend-write-timeout 0s: must be positive", "invalid --tunnel-window -2: want 1 to 1073741824 bytes, or -1 for no flow control"}},
 		{name: "no tls", args: nil, wantErr: []string{"agents need TLS: set --cluster-cert and --cluster-key (", "the frontend port needs mTLS: set --server-cert, --server-key and --server-ca-cert, or"}},
 		// Issue 10, item 13: each error names what is missing, and only that.
 		{name: "cluster key missing", args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=" + tlsFile("s.crt")}, wantErr: []string{"agents need TLS: set --cluster-key (or --insecure-plaintext"}},
