@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -24,7 +25,9 @@ const fuzzConnectID = 1
 // closed the stream; and once the stream is ended, every tunnel and dial
 // the packets opened must be closed. DIAL_REQs go only to loopback: an
 // address other than the echo endpoint's or a refused one becomes the
-// echo endpoint's. One agent and one server serve every input.
+// echo endpoint's. The server turns flow control on, so that WINDOW
+// packets and DATA past the window are fuzzed too. One agent and one
+// server serve every input.
 func FuzzServerPackets(f *testing.F) {
 	const id = fuzzConnectID
 	for _, seed := range [][]*pb.Packet{
@@ -37,18 +40,23 @@ func FuzzServerPackets(f *testing.F) {
 		{{Type: pb.PacketType_DATA}, {Type: pb.PacketType_DIAL_REQ}, {Type: pb.PacketType_CLOSE_REQ}, {Type: pb.PacketType(99)}},
 		{{Type: pb.PacketType_DATA, Payload: &pb.Packet_CloseRequest{CloseRequest: &pb.CloseRequest{ConnectID: id}}}},
 		{wire.DialReq("tcp", "127.0.0.1:1", 0), wire.DialReq("tcp", "127.0.0.1:1", -1), wire.Data(0, []byte("zero"))},
+		{wire.WindowUpdate(id, 1<<20), wire.WindowUpdate(id, wire.MaxTunnelWindow), wire.WindowUpdate(99, 5), wire.Data(id, []byte("after credit"))},
+		{{Type: wire.PacketWindow}, {Type: wire.PacketWindow, Payload: &pb.Packet_Data{Data: &pb.Data{ConnectID: id, Data: []byte{0xff, 0xff}}}}},
+		{wire.Data(id, bytes.Repeat([]byte("o"), wire.MaxDataPayload)), wire.Data(id, bytes.Repeat([]byte("v"), wire.MaxDataPayload)), wire.Data(id, []byte("past the window"))},
 	} {
 		f.Add(adversary.EncodePackets(seed...))
 	}
 
 	tt := newTestTLS(f)
-	srv := newTestServer(f, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	srv := newTestServer(f, tt, adversary.ServerConfig{ID: "s1", Count: "1",
+		Metadata: []string{wire.HeaderTunnelWindow, strconv.Itoa(wire.DefaultTunnelWindow)}})
 	echo := newTestTarget(f, true)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(f, err)
 	refused := lis.Addr().String()
 	require.NoError(f, lis.Close())
 	cfg := testConfig(tt, srv.Addr())
+	cfg.TunnelWindow = 2 * wire.MaxDataPayload // small: inputs can overrun it
 	a := startAgent(f, cfg)
 	var random int64 = 1 << 40 // the target's own dials; inputs use others
 
@@ -75,8 +83,9 @@ func FuzzServerPackets(f *testing.F) {
 		st.End()
 		require.Eventually(t, func() bool {
 			conns, _ := a.metric(t, "konnectivity_network_proxy_agent_open_endpoint_connections")
-			return a.OpenTunnels() == 0 && conns == 0
-		}, waitFor, time.Millisecond, "tunnels left open: %d", a.OpenTunnels())
+			queued, _ := a.metric(t, "servercount_agent_queued_bytes")
+			return a.OpenTunnels() == 0 && conns == 0 && queued == 0
+		}, waitFor, time.Millisecond, "tunnels or queued bytes left: %d tunnels", a.OpenTunnels())
 	})
 }
 

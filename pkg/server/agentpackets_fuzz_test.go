@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -37,8 +38,9 @@ const (
 // wait on a dial through that agent (randoms 1 and 2 in the input stand
 // for their dials). The server must not panic; once the agent and the two
 // frontends are gone, no tunnel, pending dial or stream may be left; and a
-// well-behaved tunnel through another agent must work. One server serves
-// every input.
+// well-behaved tunnel through another agent must work. The fuzzed agent
+// offers flow control, so that WINDOW packets and DATA past the window are
+// fuzzed too. One server serves every input.
 func FuzzAgentPackets(f *testing.F) {
 	for _, seed := range [][]*client.Packet{
 		{wire.DialRsp(fuzzHTTPRandom, 5, ""), wire.Data(5, []byte("HTTP/1.1 200 OK\r\n\r\n")), wire.CloseRsp(5, "")},
@@ -49,12 +51,15 @@ func FuzzAgentPackets(f *testing.F) {
 		{wire.DialReq("tcp", "127.0.0.1:1", 3), wire.DialCls(fuzzHTTPRandom), wire.CloseReq(0)},
 		{{Type: client.PacketType_DATA}, {Type: client.PacketType_DIAL_RSP}, {Type: client.PacketType(99)}},
 		{{Type: client.PacketType_CLOSE_RSP, Payload: &client.Packet_DialResponse{DialResponse: &client.DialResponse{Random: fuzzGRPCRandom, ConnectID: 3}}}},
+		{wire.DialRsp(fuzzGRPCRandom, 4, ""), wire.WindowUpdate(4, 1<<20), wire.WindowUpdate(4, wire.MaxTunnelWindow), wire.WindowUpdate(77, 1), {Type: wire.PacketWindow}},
+		{wire.DialRsp(fuzzHTTPRandom, 3, ""), wire.Data(3, bytes.Repeat([]byte("o"), 3*wire.MaxDataPayload)), wire.Data(3, []byte("past the window"))},
 	} {
 		f.Add(adversary.EncodePackets(seed...))
 	}
 
 	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(f, server.Config{Registerer: reg, Strategies: []server.Strategy{server.StrategyDestHost, server.StrategyDefault}})
+	e := startEnv(f, server.Config{Registerer: reg, Strategies: []server.Strategy{server.StrategyDestHost, server.StrategyDefault},
+		TunnelWindow: 2 * wire.MaxDataPayload})
 	startAgent(f, e, agentOpts{id: "well-behaved"})
 	waitBackends(f, e, 1)
 	echo := echoServer(f)
@@ -79,7 +84,8 @@ func FuzzAgentPackets(f *testing.F) {
 		pkts := adversary.DecodePackets(data)
 		ctx, cancel := context.WithTimeout(t.Context(), waitFor)
 		defer cancel()
-		a, err := adversary.DialDeafAgent(ctx, adversary.AgentConfig{Conn: agentCC, ID: "fuzzed", Identifiers: "host=" + fuzzHost})
+		a, err := adversary.DialDeafAgent(ctx, adversary.AgentConfig{Conn: agentCC, ID: "fuzzed", Identifiers: "host=" + fuzzHost,
+			Metadata: []string{wire.HeaderTunnelWindow, strconv.Itoa(wire.DefaultTunnelWindow)}})
 		require.NoError(t, err)
 		defer a.Close()
 		waitBackends(t, e, 2)
@@ -140,8 +146,9 @@ func FuzzAgentPackets(f *testing.F) {
 			return gauge("konnectivity_network_proxy_server_established_connections") == 0 &&
 				gauge("konnectivity_network_proxy_server_pending_backend_dials") == 0 &&
 				gauge("konnectivity_network_proxy_server_http_connections") == 0 &&
-				gauge("konnectivity_network_proxy_server_grpc_connections", "service_method", "ProxyService/Proxy") == 0
-		}, waitFor, time.Millisecond, "tunnels, dials or frontends left behind")
+				gauge("konnectivity_network_proxy_server_grpc_connections", "service_method", "ProxyService/Proxy") == 0 &&
+				gauge("servercount_server_queued_bytes") == 0
+		}, waitFor, time.Millisecond, "tunnels, dials, frontends or queued bytes left behind")
 
 		// The server still serves a well-behaved tunnel.
 		c, br, code := connectVia(t, e, "CONNECT", echo)
