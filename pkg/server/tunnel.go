@@ -216,6 +216,8 @@ func (s *Server) pump(t *tunnel) {
 	for {
 		b, ok := t.q.Next(wire.MaxDataPayload, s.quit)
 		if !ok {
+			// What a closing Server leaves queued goes with it.
+			s.metrics.addQueuedBytes(-t.q.Close())
 			break
 		}
 		s.metrics.addQueuedBytes(-len(b))
