@@ -93,32 +93,35 @@ var ErrWindowExceeded = errors.New("peer sent more data than its tunnel window a
 // ErrClosed is returned by Queue.Put after CloseWrite or Close.
 var ErrClosed = errors.New("tunnel queue is closed")
 
-// blockSize is the size of the blocks a Queue copies small pieces into.
-const blockSize = 32 << 10
-
 // keepSize is the size from which Put keeps the caller's slice rather than
-// copying it: a large packet's data goes to the writer without a copy,
-// while the cost of a segment per small packet stays bounded, as those
-// are copied into blocks.
+// copying it: a large packet's data goes to the writer without a copy.
+// Smaller pieces are copied and coalesced, so that their number, and what
+// each costs beyond its bytes, stays bounded.
 const keepSize = 4 << 10
 
-// blocks are shared by every Queue of the process: a tunnel holds blocks
-// only while it has small pieces queued, and a busy one reuses them.
-var blocks = sync.Pool{New: func() any { return new([blockSize]byte) }}
+// smallCap bounds a segment of coalesced small pieces, and smallMin is the
+// least it is allocated with. A segment's capacity is at most twice its
+// bytes or smallMin, and small segments are separated by kept ones (of
+// keepSize or more) or full: whatever the pattern of packet sizes, a
+// queue holds little more than twice its window.
+const (
+	smallCap = 32 << 10
+	smallMin = 512
+)
 
-// segment is a run of queued bytes: a slice kept from Put, or the used
-// part of a pooled block.
+// segment is a run of queued bytes: a slice kept from Put, or small
+// pieces copied together.
 type segment struct {
-	b     []byte
-	block *[blockSize]byte // nil for a kept slice
+	b    []byte
+	kept bool
 }
 
 // Queue holds the bytes a receiver has taken for one tunnel and not yet
 // written: at most its window, however small the packets they came in.
 // Large pieces are kept as they are and handed to the writer without a
-// copy; small ones are copied into blocks, which coalesces them into
-// fewer writes and bounds their number. It is safe for one goroutine
-// calling Put and one calling Next at a time.
+// copy; small ones are copied together, which coalesces them into fewer
+// writes. It is safe for one goroutine calling Put and one calling Next
+// at a time.
 type Queue struct {
 	mu sync.Mutex
 	// segs are the queued bytes, segs[0].b[head:] first; n counts them.
@@ -130,6 +133,9 @@ type Queue struct {
 	// queued ones they make what the sender may not exceed.
 	held, unacked int
 	window        int
+	// batch is how many released bytes make a grant: a quarter of the
+	// window with flow control, 1 (at once) without.
+	batch int
 	// writeClosed: no more Put; Next drains and then reports the end.
 	// closed: the tunnel is over, Next returns at once.
 	writeClosed, closed bool
@@ -139,9 +145,18 @@ type Queue struct {
 	room chan struct{}
 }
 
-// NewQueue returns a Queue for a tunnel whose window is window bytes.
+// NewQueue returns a Queue for a tunnel whose flow-control window is
+// window bytes: room is freed, and credit granted, in batches of a
+// quarter of it.
 func NewQueue(window int) *Queue {
-	return &Queue{window: window, ready: make(chan struct{}, 1), room: make(chan struct{}, 1)}
+	return &Queue{window: window, batch: max(window/4, 1), ready: make(chan struct{}, 1), room: make(chan struct{}, 1)}
+}
+
+// NewBoundedQueue returns a Queue that holds at most limit bytes, for a
+// peer without flow control: a receiver that finds it full waits for
+// Room, and every byte written frees its room at once.
+func NewBoundedQueue(limit int) *Queue {
+	return &Queue{window: limit, batch: 1, ready: make(chan struct{}, 1), room: make(chan struct{}, 1)}
 }
 
 // Put queues b. It fails with ErrWindowExceeded when b would take the
@@ -162,20 +177,14 @@ func (q *Queue) Put(b []byte) error {
 		return ErrWindowExceeded
 	}
 	q.n += len(b)
-	if len(b) >= keepSize {
-		q.segs = append(q.segs, segment{b: b})
-	}
-	for len(b) < keepSize && len(b) > 0 {
-		last := len(q.segs) - 1
-		if last < 0 || q.segs[last].block == nil || len(q.segs[last].b) == blockSize {
-			blk := blocks.Get().(*[blockSize]byte)
-			q.segs = append(q.segs, segment{b: blk[:0], block: blk})
-			last++
-		}
-		s := &q.segs[last]
-		k := copy(s.block[len(s.b):], b)
-		s.b = s.block[:len(s.b)+k]
-		b = b[k:]
+	last := len(q.segs) - 1
+	switch {
+	case len(b) >= keepSize:
+		q.segs = append(q.segs, segment{b: b, kept: true})
+	case last >= 0 && !q.segs[last].kept && len(q.segs[last].b)+len(b) <= smallCap:
+		q.segs[last].b = append(q.segs[last].b, b...)
+	default:
+		q.segs = append(q.segs, segment{b: append(make([]byte, 0, max(len(b), smallMin)), b...)})
 	}
 	q.mu.Unlock()
 	signal(q.ready)
@@ -201,7 +210,7 @@ func (q *Queue) Next(max int, done <-chan struct{}) ([]byte, bool) {
 		}
 		if q.n > 0 {
 			var p []byte
-			if first := q.segs[0]; first.block == nil && q.head == 0 && len(first.b) <= max {
+			if first := q.segs[0]; first.kept && q.head == 0 && len(first.b) <= max {
 				p = first.b
 				q.popSegment()
 			} else {
@@ -233,12 +242,8 @@ func (q *Queue) Next(max int, done <-chan struct{}) ([]byte, bool) {
 	}
 }
 
-// popSegment drops the first segment, giving its block back to the pool.
-// Called with mu held.
+// popSegment drops the first segment. Called with mu held.
 func (q *Queue) popSegment() {
-	if blk := q.segs[0].block; blk != nil {
-		blocks.Put(blk)
-	}
 	q.segs[0] = segment{}
 	q.segs = q.segs[1:]
 	q.head = 0
@@ -248,14 +253,15 @@ func (q *Queue) popSegment() {
 }
 
 // Release records that n bytes returned by Next were written, and returns
-// the credit to grant the sender now, if any. Credit is granted in
-// batches of a quarter of the window, so that a sender always has at
-// least three quarters of it to send and a WINDOW packet costs little.
+// the credit to grant the sender now, if any. With flow control credit is
+// granted in batches of a quarter of the window, so that a sender always
+// has at least three quarters of it to send and a WINDOW packet costs
+// little.
 func (q *Queue) Release(n int) int {
 	q.mu.Lock()
 	q.held -= n
 	q.unacked += n
-	if q.unacked < q.window/4 {
+	if q.unacked < q.batch {
 		q.mu.Unlock()
 		return 0
 	}

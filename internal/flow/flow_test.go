@@ -107,34 +107,72 @@ func TestQueueEnforcesTheWindow(t *testing.T) {
 	require.NoError(t, q.Put(make([]byte, 0)), "nothing to queue is fine")
 }
 
-// A queue holds blocks only for the bytes it has: written to and read
-// from without pause it keeps about a window of them, and once drained
-// none.
-func TestQueueHoldsBlocksOnlyForItsBytes(t *testing.T) {
-	q := NewQueue(64 << 10)
-	require.NoError(t, q.Put(make([]byte, 20000))) // a backlog: never drained
-	chunk := make([]byte, 3000)
-	for range 2000 {
-		require.NoError(t, q.Put(chunk))
-		b, ok := q.Next(len(chunk), nil)
-		require.True(t, ok)
-		q.Release(len(b))
-		q.mu.Lock()
-		held := len(q.segs)
-		q.mu.Unlock()
-		require.LessOrEqual(t, held, 64<<10/blockSize+1, "the queue holds more blocks than its bytes need")
+// heldMemory returns the bytes of memory q's segments hold.
+func (q *Queue) heldMemory() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for _, s := range q.segs {
+		n += cap(s.b)
 	}
-	for {
-		q.mu.Lock()
-		n := q.n
-		q.mu.Unlock()
-		if n == 0 {
-			break
-		}
-		b, _ := q.Next(blockSize, nil)
-		q.Release(len(b))
+	return n
+}
+
+// Whatever the pattern of packet sizes, a full queue holds little more
+// than twice its window; a drained one holds nothing.
+func TestQueueMemoryIsBoundedByItsWindow(t *testing.T) {
+	const window = 1 << 20
+	for _, tc := range []struct {
+		name  string
+		sizes []int
+	}{
+		{"tiny", []int{1}},
+		{"small", []int{700}},
+		{"tiny after kept", []int{keepSize, 1}},
+		{"two tiny after kept", []int{keepSize, 1, 1}},
+		{"just under kept", []int{keepSize - 1, 1}},
+		{"large", []int{32 << 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := NewQueue(window)
+			for i := 0; ; i++ {
+				if err := q.Put(make([]byte, tc.sizes[i%len(tc.sizes)])); err != nil {
+					require.ErrorIs(t, err, ErrWindowExceeded)
+					break
+				}
+			}
+			assert.LessOrEqual(t, q.heldMemory(), 2*window+window/8, "a full queue holds too much memory")
+			for {
+				b, ok := q.Next(32<<10, nil)
+				require.True(t, ok)
+				q.Release(len(b))
+				if q.heldMemory() == 0 {
+					break
+				}
+			}
+			assert.Empty(t, q.segs, "a drained queue keeps segments")
+		})
 	}
-	assert.Empty(t, q.segs, "a drained queue keeps blocks")
+}
+
+// Without flow control (NewBoundedQueue) every byte written frees its
+// room at once, as a packet queue did: a full queue takes more as soon as
+// the writer has written one piece.
+func TestBoundedQueueFreesRoomPerWrite(t *testing.T) {
+	q := NewBoundedQueue(4 * 32 << 10)
+	for range 4 {
+		require.NoError(t, q.Put(make([]byte, 32<<10)))
+	}
+	assert.ErrorIs(t, q.Put(make([]byte, 32<<10)), ErrWindowExceeded)
+	b, ok := q.Next(32<<10, nil)
+	require.True(t, ok)
+	assert.Equal(t, len(b), q.Release(len(b)))
+	select {
+	case <-q.Room():
+	default:
+		t.Fatal("writing a piece did not signal room")
+	}
+	require.NoError(t, q.Put(make([]byte, 32<<10)), "no room after a piece was written")
 }
 
 // A large piece goes to the writer as it came, without a copy; small ones

@@ -184,9 +184,9 @@ func (c *client) receive(ctx context.Context) error {
 			if t := c.tunnel(d.GetConnectID()); t != nil {
 				if !t.closing {
 					// Queued in pieces of at most MaxDataPayload, each
+					// within the window or (without flow control)
 					// waiting for room, so that a tunnel's queue holds
-					// at most tunnelQueueLen x MaxDataPayload bytes
-					// whatever size the server sends.
+					// its bound in bytes whatever size the server sends.
 					wire.SplitData(d.GetData(), func(piece []byte) bool {
 						return t.enqueue(ctx, piece)
 					})

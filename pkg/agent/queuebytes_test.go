@@ -64,9 +64,8 @@ func TestTunnelQueueBoundedInBytes(t *testing.T) {
 		return v
 	}
 	// Full: the endpoint does not read, so the queue fills up to its
-	// bound (less at most a quarter the writer has not granted back yet)
-	// and no further; every look checks the bound.
-	require.Eventually(t, func() bool { return queued() >= float64(plainQueueBytes/2) }, waitFor, tick)
+	// bound and no further; every look checks the bound.
+	require.Eventually(t, func() bool { return queued() >= float64(plainQueueBytes) }, waitFor, tick)
 
 	_, ok := a.metric(t, "servercount_agent_queued_bytes")
 	require.True(t, ok, "servercount_agent_queued_bytes is not exported")

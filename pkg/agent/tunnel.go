@@ -120,7 +120,7 @@ func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
 		c:         c,
 		connectID: c.lastID,
 		conn:      conn,
-		q:         flow.NewQueue(plainQueueBytes),
+		q:         flow.NewBoundedQueue(plainQueueBytes),
 		closed:    make(chan struct{}),
 	}
 	if c.peerWindow > 0 {

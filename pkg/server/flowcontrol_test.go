@@ -2,13 +2,17 @@ package server_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/pkg/server"
@@ -50,4 +54,101 @@ func TestAgentOverrunningTheWindowLosesTheTunnel(t *testing.T) {
 	require.Eventually(t, func() bool { return established() == 0 && queued() == 0 }, waitFor, 5*time.Millisecond,
 		"the overrun tunnel is still held (established %v, queued bytes %v)", established(), queued())
 	assert.Equal(t, 1, e.srv.Backends(), "the agent stream was dropped")
+}
+
+// sizedWriter starts a TCP server that writes size bytes of a pattern to
+// each connection and closes it.
+func sizedWriter(t *testing.T, size int) string {
+	t.Helper()
+	lis := listen(t)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { lis.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				_, _ = c.Write(pattern(size))
+			})
+		}
+	})
+	return lis.Addr().String()
+}
+
+// pattern returns n bytes in which a byte lost or out of order shows.
+func pattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i % 251)
+	}
+	return b
+}
+
+// When the agent closes a flow-controlled tunnel (its endpoint sent
+// everything and closed), the data the server still holds for a frontend
+// that reads slowly reaches it before the CLOSE_RSP, even when the
+// frontend sends on the tunnel in between: nothing it sends may be
+// answered ahead of the data, or cut the tunnel short.
+func TestAgentCloseDeliversQueuedDataFirst(t *testing.T) {
+	const size = 8 << 20
+	for _, mode := range []string{"grpc", "http-connect"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			reg := prometheus.NewPedanticRegistry()
+			// A window larger than what the endpoint sends: the test
+			// agent sends all it reads at once, without credit.
+			e := startEnv(t, server.Config{Registerer: reg, FrontendWriteTimeout: time.Hour, TunnelWindow: 64 << 20})
+			startAgent(t, e, agentOpts{id: "a1", extraMD: []string{wire.HeaderTunnelWindow, strconv.Itoa(wire.DefaultTunnelWindow)}})
+			waitBackends(t, e, 1)
+			established := gaugeOf(t, reg, "konnectivity_network_proxy_server_established_connections", nil)
+			target := sizedWriter(t, size)
+
+			var send func() error     // sends data on the tunnel
+			var receive func() []byte // reads everything the frontend gets, in order, until the tunnel ends
+			switch mode {
+			case "grpc":
+				fe, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+				require.NoError(t, err)
+				defer fe.Close()
+				id, err := fe.Dial(target, 7)
+				require.NoError(t, err)
+				send = func() error { return fe.Send(wire.Data(id, []byte("more from the frontend"))) }
+				receive = func() []byte {
+					var got []byte
+					for {
+						p, err := fe.Recv()
+						require.NoError(t, err, "the stream ended before the CLOSE_RSP")
+						switch p.GetType() {
+						case client.PacketType_DATA:
+							got = append(got, p.GetData().GetData()...)
+						case client.PacketType_CLOSE_RSP:
+							return got
+						}
+					}
+				}
+			case "http-connect":
+				c, br, code := connectVia(t, e, http.MethodConnect, target)
+				require.Equal(t, http.StatusOK, code)
+				require.NoError(t, c.SetDeadline(time.Time{}))
+				send = func() error { _, err := c.Write([]byte("more from the client")); return err }
+				receive = func() []byte {
+					got, err := io.ReadAll(br)
+					require.NoError(t, err)
+					return got
+				}
+			}
+			// The agent has closed the tunnel while the frontend read
+			// nothing; the frontend now sends on it, then reads.
+			require.Eventually(t, func() bool { return established() == 0 }, waitFor, 5*time.Millisecond, "the agent never closed the tunnel")
+			for range 3 {
+				require.NoError(t, send())
+			}
+			got := receive()
+			require.Equal(t, size, len(got), "the frontend got %d of the %d bytes sent before the agent closed", len(got), size)
+			require.Equal(t, pattern(size), got, "bytes out of order")
+		})
+	}
 }

@@ -110,7 +110,13 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 	f.s.mu.Lock()
 	t := f.conns[connectID]
+	ending := t != nil && t.endingLocked()
 	f.s.mu.Unlock()
+	if ending {
+		// The agent closed it; its CLOSE_RSP follows the data still on
+		// its way to this frontend, and answers this packet too.
+		return
+	}
 	if t == nil {
 		f.s.log.V(4).Info("Frontend packet matched no connection", "type", pkt.GetType(), "connectionID", connectID)
 		// A CLOSE_REQ can cross the agent's CLOSE_RSP for a connection

@@ -143,6 +143,16 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err == nil {
 		ht.readLoop(t, brw.Reader)
 	}
+	if s.ending(t) {
+		// The agent closed the tunnel while the client was sending: what
+		// the agent sent before it is still on its way (pump), and
+		// CLOSE_RSP ends it. Each delivery is bounded by the write
+		// timeout, so this wait is bounded too.
+		select {
+		case <-ht.closed:
+		case <-s.quit:
+		}
+	}
 	// The client closed, the agent closed (writeLoop closed conn), or
 	// Close closed conn. When the agent closed, the writer flushes what is
 	// queued and closes conn itself: closing it here first would cut off

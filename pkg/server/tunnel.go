@@ -73,6 +73,11 @@ type tunnel struct {
 	// last is the packet pump delivers after the queued DATA: CLOSE_RSP.
 	// Guarded by Server.mu.
 	last *client.Packet
+	// ending is set when a flow-controlled tunnel is over at the agent
+	// while pump still delivers what it queued: the frontend keeps the
+	// tunnel (its connectID stays taken, and what it sends for it is
+	// dropped) until pump is done. Guarded by Server.mu.
+	ending bool
 }
 
 // endAfterData makes pkt the tunnel's last packet, delivered after the
@@ -232,6 +237,11 @@ func (s *Server) pump(t *tunnel) {
 	if last != nil {
 		t.fe.deliver(last)
 	}
+	// Only now, after its last packet: a frontend packet for the tunnel
+	// answered "unknown connectID" before it would overtake the data.
+	s.mu.Lock()
+	t.fe.forget(t)
+	s.mu.Unlock()
 }
 
 // onWindowUpdate handles WINDOW from agent stream be: credit for a
@@ -327,7 +337,11 @@ func (s *Server) forgetConnLocked(t *tunnel) {
 		return
 	}
 	delete(t.be.conns, t.connectID)
-	t.fe.forget(t)
+	if t.q == nil {
+		t.fe.forget(t)
+	} else {
+		t.ending = true // pump forgets it at the frontend when done
+	}
 	if t.credit != nil {
 		t.credit.Close() // a frontend waiting for credit gives up
 	}
@@ -358,6 +372,18 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 		t.be.peer.sendLate(wire.CloseReq(t.connectID))
 	}
 }
+
+// ending reports whether t is over at the agent while its data is still
+// being delivered.
+func (s *Server) ending(t *tunnel) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return t.ending
+}
+
+// endingLocked reports whether t is over at the agent while its data is
+// still being delivered (see tunnel.ending). Called with Server.mu held.
+func (t *tunnel) endingLocked() bool { return t.ending }
 
 // sendData sends DATA pkt of tunnel t, from a frontend that ends when
 // feDone closes, to t's agent in packets of at most MaxDataPayload. With
