@@ -320,6 +320,12 @@ func (f *Fleet) Publish(servers ...*proxytest.Server) {
 	for i, s := range servers {
 		addrs[i] = s.AgentAddr()
 	}
+	f.PublishAddrs(addrs...)
+}
+
+// PublishAddrs is Publish for servers known by their agent ports'
+// addresses only, such as a proxy-server binary run as a process.
+func (f *Fleet) PublishAddrs(addrs ...string) {
 	rrs := dnstest.SRVRecords(SRVName, addrs...)
 	ttl := uint32(f.cfg.DNSTTL / time.Second)
 	for _, rr := range rrs {

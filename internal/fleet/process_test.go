@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net"
 	"os"
 	"path/filepath"
@@ -95,4 +97,93 @@ func vmRSS(pid int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+// BenchmarkServerProcess runs one proxy-server binary, as a process, with
+// -fleet.agents agents of the fleet (in this process, resolved mode, TLS)
+// connected to it, and reports what each agent stream costs the server:
+// its resident memory, Go heap and goroutines idle with every agent
+// connected, less the same idle with none, divided by the agents.
+func BenchmarkServerProcess(b *testing.B) {
+	raiseFileLimit(b) // the server process inherits the raised limit
+	bin := proctest.Build(b, "cmd/proxy-server")
+	n := *flagAgents
+	f := New(b, Config{Agents: n, Servers: 1})
+	dir := b.TempDir()
+	pair, err := f.env.CA.Server("proxy-server-process")
+	require.NoError(b, err)
+	cert, key, err := pair.WriteFiles(dir, "server")
+	require.NoError(b, err)
+	ca, err := f.env.CA.WriteFile(dir, "ca")
+	require.NoError(b, err)
+	ports := proctest.FreePorts(b, 4)
+	p := proctest.Start(b, bin, "--server-id=server-process", "--mode=grpc",
+		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
+		"--server-port="+strconv.Itoa(ports[0]), "--agent-port="+strconv.Itoa(ports[1]),
+		"--health-port="+strconv.Itoa(ports[2]), "--admin-port="+strconv.Itoa(ports[3]),
+		"--cluster-cert="+cert, "--cluster-key="+key, "--cluster-ca-cert="+ca,
+		"--server-cert="+cert, "--server-key="+key, "--server-ca-cert="+ca,
+		"--enable-profiling") // for /debug/pprof/heap?gc=1: a GC before each sample
+	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
+	scrape := func() proctest.Metrics {
+		m, err := proctest.Scrape(metrics)
+		if err != nil {
+			return nil
+		}
+		return m
+	}
+	streams := func() float64 {
+		v, _ := scrape().Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "AgentService/Connect")
+		return v
+	}
+	type sample struct{ rssKiB, heap, goroutines float64 }
+	// Each sample is taken after idling, so that start-up garbage is
+	// collected and timers have settled.
+	idleSample := func() sample {
+		idle := time.NewTimer(10 * time.Second)
+		select {
+		case <-idle.C:
+		case <-b.Context().Done():
+		}
+		// The heap profile handler collects garbage first when asked.
+		_ = proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", ports[3]))
+		rss, err := vmRSS(p.Process.Pid)
+		require.NoError(b, err)
+		m := scrape()
+		require.NotNil(b, m, "scrape the server process's metrics\n%s", p.Output())
+		heap, _ := m.Value("go_memstats_heap_inuse_bytes")
+		g, _ := m.Value("go_goroutines")
+		return sample{rssKiB: float64(rss), heap: heap, goroutines: g}
+	}
+	require.Eventually(b, func() bool { return scrape() != nil }, time.Minute, 50*time.Millisecond,
+		"the server process never served its metrics\n%s", p.Output())
+	before := idleSample()
+
+	f.PublishAddrs(net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])))
+	f.StartAgents()
+	require.Eventually(b, func() bool { return streams() == float64(n) }, benchWait, 100*time.Millisecond,
+		"%d agents never all connected to the server process (%v streams)\n%s", n, streams(), p.Output())
+	after := idleSample()
+	require.Equal(b, float64(n), streams(), "agent streams dropped while idle")
+	if *flagHeapProfile != "" {
+		saveURL(b, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap", ports[3]), *flagHeapProfile)
+	}
+
+	b.ReportMetric(float64(n), "agents")
+	b.ReportMetric(before.rssKiB/1024, "rss-MiB-no-agents")
+	b.ReportMetric(after.rssKiB/1024, "rss-MiB-all-agents")
+	b.ReportMetric((after.rssKiB-before.rssKiB)/float64(n), "rss-KiB/stream")
+	b.ReportMetric((after.heap-before.heap)/1024/float64(n), "heap-KiB/stream")
+	b.ReportMetric((after.goroutines-before.goroutines)/float64(n), "goroutines/stream")
+	b.ReportMetric(0, "ns/op")
+}
+
+// saveURL writes the body of a GET of url to path.
+func saveURL(b *testing.B, url, path string) {
+	resp, err := http.Get(url)
+	require.NoError(b, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(b, err)
+	require.NoError(b, os.WriteFile(path, body, 0o644))
 }
