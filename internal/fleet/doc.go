@@ -54,7 +54,8 @@
 //
 // BenchmarkAgentProcess runs one proxy-agent binary as a process against
 // the fleet's servers and reports its resident memory (VmRSS) and
-// goroutines. The package does not measure tunnels' throughput (see
-// internal/proxytest's benchmarks) and does not run the proxy-server as a
-// process.
+// goroutines; BenchmarkServerProcess runs one proxy-server binary as a
+// process with the fleet's agents connected and reports what each agent
+// stream costs it. The package does not measure tunnels' throughput (see
+// internal/tunnelbench).
 package fleet
