@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/servercount/servercount/internal/nettest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -191,21 +193,13 @@ func TestQueueKeepsLargePieces(t *testing.T) {
 
 	// A large piece that does not fit the writer's chunk is copied in
 	// part, in order.
-	require.NoError(t, q.Put(pattern(10000)))
+	require.NoError(t, q.Put(nettest.Pattern(0, 10000)))
 	var got []byte
 	for len(got) < 10000 {
 		b, _ := q.Next(3000, nil)
 		got = append(got, b...)
 	}
-	assert.Equal(t, pattern(10000), got)
-}
-
-func pattern(n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i % 251)
-	}
-	return b
+	assert.Equal(t, nettest.Pattern(0, 10000), got)
 }
 
 func TestQueueCloseWriteDrainsThenEnds(t *testing.T) {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/servercount/servercount/internal/nettest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -251,7 +253,7 @@ func TestFlowControlNeedsBothEnds(t *testing.T) {
 			require.NoError(t, err)
 			defer c.Close()
 
-			sent := pattern(size)
+			sent := nettest.Pattern(0, size)
 			writeErr := make(chan error, 1)
 			go func() {
 				_, err := c.Write(sent)
@@ -275,13 +277,4 @@ func TestFlowControlNeedsBothEnds(t *testing.T) {
 			}
 		})
 	}
-}
-
-// pattern returns n bytes in which a byte lost or out of order shows.
-func pattern(n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i % 251)
-	}
-	return b
 }

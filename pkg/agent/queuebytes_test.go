@@ -5,20 +5,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/servercount/servercount/internal/nettest"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/pkg/wire"
 )
-
-// pattern returns n bytes of a stream starting at offset off, such that a
-// byte out of order or lost shows.
-func pattern(off, n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte((off + i) % 251)
-	}
-	return b
-}
 
 // Issue 10 item 6: a DATA packet of up to wire.MaxMessageSize was queued
 // whole, so an endpoint that does not read made a tunnel's queue of 128
@@ -44,7 +36,7 @@ func TestTunnelQueueBoundedInBytes(t *testing.T) {
 	sent := make(chan error, 1)
 	go func() {
 		for i := range packets {
-			if err := st.SendPacket(wire.Data(id, pattern(i*packetLen, packetLen))); err != nil {
+			if err := st.SendPacket(wire.Data(id, nettest.Pattern(i*packetLen, packetLen))); err != nil {
 				sent <- err
 				return
 			}
@@ -79,7 +71,7 @@ func TestTunnelQueueBoundedInBytes(t *testing.T) {
 		off += n
 		queued()
 	}
-	require.Equal(t, pattern(0, total), got, "bytes lost or out of order")
+	require.Equal(t, nettest.Pattern(0, total), got, "bytes lost or out of order")
 	require.NoError(t, <-sent)
 	require.Eventually(t, func() bool { return queued() == 0 }, waitFor, tick)
 	mu.Lock()

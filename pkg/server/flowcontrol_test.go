@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/servercount/servercount/internal/nettest"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,20 +73,11 @@ func sizedWriter(t *testing.T, size int) string {
 			}
 			wg.Go(func() {
 				defer c.Close()
-				_, _ = c.Write(pattern(size))
+				_, _ = c.Write(nettest.Pattern(0, size))
 			})
 		}
 	})
 	return lis.Addr().String()
-}
-
-// pattern returns n bytes in which a byte lost or out of order shows.
-func pattern(n int) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(i % 251)
-	}
-	return b
 }
 
 // When the agent closes a flow-controlled tunnel (its endpoint sent
@@ -148,7 +141,7 @@ func TestAgentCloseDeliversQueuedDataFirst(t *testing.T) {
 			}
 			got := receive()
 			require.Equal(t, size, len(got), "the frontend got %d of the %d bytes sent before the agent closed", len(got), size)
-			require.Equal(t, pattern(size), got, "bytes out of order")
+			require.Equal(t, nettest.Pattern(0, size), got, "bytes out of order")
 		})
 	}
 }
