@@ -271,8 +271,8 @@ func (cfg Config) validate() error {
 	if cfg.ReceivedWindow < 0 {
 		errs = append(errs, fmt.Errorf("ReceivedWindow is %d: want a positive number, or 0 for the default", cfg.ReceivedWindow))
 	}
-	if cfg.TunnelWindow < -1 || cfg.TunnelWindow > wire.MaxTunnelWindow {
-		errs = append(errs, fmt.Errorf("TunnelWindow is %d: want 1 to %d bytes, 0 for the default or -1 for no flow control", cfg.TunnelWindow, wire.MaxTunnelWindow))
+	if err := wire.CheckTunnelWindow(cfg.TunnelWindow); err != nil {
+		errs = append(errs, fmt.Errorf("TunnelWindow %w (0 means the default)", err))
 	}
 	for _, n := range []struct {
 		name string

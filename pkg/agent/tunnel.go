@@ -246,34 +246,31 @@ func (t *tunnel) enqueue(ctx context.Context, b []byte) bool {
 	if !t.account(len(b)) {
 		return false
 	}
-	err := t.q.Put(b)
-	if err == nil {
-		return true
-	}
-	if !errors.Is(err, flow.ErrWindowExceeded) || t.credit != nil {
-		if errors.Is(err, flow.ErrWindowExceeded) {
+	var timer *time.Timer
+	for {
+		err := t.q.Put(b)
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, flow.ErrWindowExceeded) {
+			break // the tunnel is over
+		}
+		if t.credit != nil {
 			klog.FromContext(ctx).V(2).Info("Closed a tunnel whose server sent more than the flow-control window", "connectionID", t.connectID, "window", t.c.cs.cfg.TunnelWindow)
 			t.finish(true)
+			break
 		}
-		t.account(-len(b))
-		return false
-	}
-	// The queue is full: the endpoint reads slower than the server sends.
-	// Waiting holds up every tunnel on this stream, so the wait is bounded
-	// as a whole, not per write: an endpoint that cannot take one more
-	// packet in EndpointWriteTimeout loses its tunnel, even if it trickles.
-	timer := time.NewTimer(t.c.cs.cfg.EndpointWriteTimeout)
-	defer timer.Stop()
-	for {
+		// The queue is full: the endpoint reads slower than the server
+		// sends. Waiting holds up every tunnel on this stream, so the
+		// wait is bounded as a whole, not per write: an endpoint that
+		// cannot take one more packet in EndpointWriteTimeout loses its
+		// tunnel, even if it trickles.
+		if timer == nil {
+			timer = time.NewTimer(t.c.cs.cfg.EndpointWriteTimeout)
+			defer timer.Stop()
+		}
 		select {
 		case <-t.q.Room():
-			if err := t.q.Put(b); !errors.Is(err, flow.ErrWindowExceeded) {
-				if err == nil {
-					return true
-				}
-				t.account(-len(b))
-				return false
-			}
 			continue
 		case <-t.closed:
 		case <-ctx.Done():
@@ -281,9 +278,10 @@ func (t *tunnel) enqueue(ctx context.Context, b []byte) bool {
 			klog.FromContext(ctx).V(2).Info("Closed a tunnel whose endpoint fell behind", "connectionID", t.connectID, "waited", t.c.cs.cfg.EndpointWriteTimeout)
 			t.finish(true)
 		}
-		t.account(-len(b))
-		return false
+		break
 	}
+	t.account(-len(b))
+	return false
 }
 
 // closeAfterWrites ends the tunnel after the data queued so far is

@@ -147,11 +147,11 @@ func (cfg Config) withDefaults() (Config, error) {
 	} else if cfg.FrontendWriteTimeout == 0 {
 		cfg.FrontendWriteTimeout = DefaultFrontendWriteTimeout
 	}
-	switch {
-	case cfg.TunnelWindow == 0:
+	if cfg.TunnelWindow == 0 {
 		cfg.TunnelWindow = wire.DefaultTunnelWindow
-	case cfg.TunnelWindow < -1 || cfg.TunnelWindow > wire.MaxTunnelWindow:
-		errs = append(errs, fmt.Errorf("tunnel window %d is out of range: want 1 to %d bytes, 0 for the default or -1 for no flow control", cfg.TunnelWindow, wire.MaxTunnelWindow))
+	}
+	if err := wire.CheckTunnelWindow(cfg.TunnelWindow); err != nil {
+		errs = append(errs, fmt.Errorf("tunnel window %w (0 means the default)", err))
 	}
 	return cfg, errors.Join(errs...)
 }

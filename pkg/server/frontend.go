@@ -110,7 +110,7 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 	f.s.mu.Lock()
 	t := f.conns[connectID]
-	ending := t != nil && t.endingLocked()
+	ending := t != nil && t.ending
 	f.s.mu.Unlock()
 	if ending {
 		// The agent closed it; its CLOSE_RSP follows the data still on

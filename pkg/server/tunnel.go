@@ -80,11 +80,19 @@ type tunnel struct {
 	ending bool
 }
 
-// endAfterData makes pkt the tunnel's last packet, delivered after the
-// DATA queued before it. Called with Server.mu held.
-func (t *tunnel) endAfterDataLocked(pkt *client.Packet) {
+// closeFromAgentLocked forgets established tunnel t, which the agent
+// ended, and sees that pkt (its CLOSE_RSP) reaches the frontend after the
+// data sent before it: with flow control pump delivers it after the
+// queue; without, direct is true and the caller delivers it once it has
+// unlocked Server.mu. Called with Server.mu held.
+func (s *Server) closeFromAgentLocked(t *tunnel, pkt *client.Packet) (direct bool) {
+	s.forgetConnLocked(t)
+	if t.q == nil {
+		return true
+	}
 	t.last = pkt
 	t.q.CloseWrite()
+	return false
 }
 
 // startDial chooses an agent for address and records a pending dial for
@@ -303,8 +311,7 @@ func (s *Server) queueAgentData(be *backend, t *tunnel, data []byte) {
 	s.mu.Lock()
 	established := be.conns[t.connectID] == t
 	if established {
-		s.forgetConnLocked(t)
-		t.endAfterDataLocked(wire.CloseRsp(t.connectID, errTextWindowExceeded))
+		s.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextWindowExceeded))
 	}
 	s.mu.Unlock()
 	if established {
@@ -317,16 +324,9 @@ func (s *Server) onAgentCloseResponse(be *backend, pkt *client.Packet) {
 	id := pkt.GetCloseResponse().GetConnectID()
 	s.mu.Lock()
 	t := be.conns[id]
-	if t != nil {
-		s.forgetConnLocked(t)
-		if t.q != nil {
-			// After the DATA queued before it, as it came.
-			t.endAfterDataLocked(pkt)
-			t = nil
-		}
-	}
+	direct := t != nil && s.closeFromAgentLocked(t, pkt)
 	s.mu.Unlock()
-	if t != nil {
+	if direct {
 		t.fe.deliver(pkt)
 	}
 }
@@ -381,10 +381,6 @@ func (s *Server) ending(t *tunnel) bool {
 	return t.ending
 }
 
-// endingLocked reports whether t is over at the agent while its data is
-// still being delivered (see tunnel.ending). Called with Server.mu held.
-func (t *tunnel) endingLocked() bool { return t.ending }
-
 // sendData sends DATA pkt of tunnel t, from a frontend that ends when
 // feDone closes, to t's agent in packets of at most MaxDataPayload. With
 // flow control each piece first waits for the agent's credit; then, as
@@ -400,20 +396,30 @@ func (s *Server) sendData(t *tunnel, pkt *client.Packet, feDone <-chan struct{})
 	// agent stream.
 	ok := true
 	wire.SplitData(data, func(piece []byte) bool {
-		for len(piece) > 0 && ok {
-			n := len(piece)
-			if t.credit != nil {
-				if n = t.credit.Take(n, feDone); n == 0 {
-					ok = false // the tunnel or the frontend ended
-					break
-				}
-			}
-			ok = s.sendToAgent(t.be, wire.Data(t.connectID, piece[:n]), feDone)
-			piece = piece[n:]
-		}
+		ok = s.sendPiece(t, piece, feDone)
 		return ok
 	})
 	return ok
+}
+
+// sendPiece sends piece, at most MaxDataPayload bytes of t's data, to t's
+// agent: with flow control in as many packets as the credit it gets
+// allows. It reports false when the tunnel, the frontend or the stream
+// ended first.
+func (s *Server) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool {
+	for len(piece) > 0 {
+		n := len(piece)
+		if t.credit != nil {
+			if n = t.credit.Take(n, feDone); n == 0 {
+				return false
+			}
+		}
+		if !s.sendToAgent(t.be, wire.Data(t.connectID, piece[:n]), feDone) {
+			return false
+		}
+		piece = piece[n:]
+	}
+	return true
 }
 
 // sendToAgent queues pkt, from a frontend that ends when feDone closes,
@@ -457,12 +463,9 @@ func (s *Server) backendGone(be *backend) {
 	for _, t := range be.conns {
 		conns = append(conns, t)
 	}
-	direct := conns[:0:0]
+	var direct []*tunnel
 	for _, t := range conns {
-		s.forgetConnLocked(t)
-		if t.q != nil {
-			t.endAfterDataLocked(wire.CloseRsp(t.connectID, errTextAgentGone))
-		} else {
+		if s.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextAgentGone)) {
 			direct = append(direct, t)
 		}
 	}

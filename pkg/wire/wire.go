@@ -10,6 +10,7 @@ package wire
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"strconv"
 
 	"google.golang.org/grpc"
@@ -52,6 +53,16 @@ const (
 	// MaxTunnelWindow is the largest HeaderTunnelWindow accepted.
 	MaxTunnelWindow = 1 << 30
 )
+
+// CheckTunnelWindow checks a configured window: 1 to MaxTunnelWindow
+// bytes, or -1 for no flow control. The error starts with n and says what
+// is allowed, for the caller to prefix with the setting's name.
+func CheckTunnelWindow(n int) error {
+	if n == -1 || n >= 1 && n <= MaxTunnelWindow {
+		return nil
+	}
+	return fmt.Errorf("%d: want 1 to %d bytes, or -1 for no flow control", n, MaxTunnelWindow)
+}
 
 // ParseTunnelWindow reads a HeaderTunnelWindow value; ok is false when
 // there is not exactly one value or it is out of range, and then flow

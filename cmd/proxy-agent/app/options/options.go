@@ -217,8 +217,8 @@ func (o *Options) Validate() []error {
 	if o.EndpointWriteTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("invalid --endpoint-write-timeout %v: must be positive", o.EndpointWriteTimeout))
 	}
-	if o.TunnelWindow == 0 || o.TunnelWindow < -1 || o.TunnelWindow > wire.MaxTunnelWindow {
-		errs = append(errs, fmt.Errorf("invalid --tunnel-window %d: want 1 to %d bytes, or -1 for no flow control", o.TunnelWindow, wire.MaxTunnelWindow))
+	if err := wire.CheckTunnelWindow(o.TunnelWindow); err != nil {
+		errs = append(errs, fmt.Errorf("invalid --tunnel-window %w", err))
 	}
 	errs = append(errs, o.Leases.Validate()...)
 	return errs

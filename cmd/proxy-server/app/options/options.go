@@ -207,8 +207,8 @@ func (o *Options) Validate() []error {
 	if o.FrontendWriteTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("invalid --frontend-write-timeout %v: must be positive", o.FrontendWriteTimeout))
 	}
-	if o.TunnelWindow == 0 || o.TunnelWindow < -1 || o.TunnelWindow > wire.MaxTunnelWindow {
-		errs = append(errs, fmt.Errorf("invalid --tunnel-window %d: want 1 to %d bytes, or -1 for no flow control", o.TunnelWindow, wire.MaxTunnelWindow))
+	if err := wire.CheckTunnelWindow(o.TunnelWindow); err != nil {
+		errs = append(errs, fmt.Errorf("invalid --tunnel-window %w", err))
 	}
 	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 {
 		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
