@@ -3,9 +3,9 @@ package server_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -62,22 +62,7 @@ func TestAgentOverrunningTheWindowLosesTheTunnel(t *testing.T) {
 // each connection and closes it.
 func sizedWriter(t *testing.T, size int) string {
 	t.Helper()
-	lis := listen(t)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { lis.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_, _ = c.Write(nettest.Pattern(0, size))
-			})
-		}
-	})
-	return lis.Addr().String()
+	return serveConns(t, func(c net.Conn) { _, _ = c.Write(nettest.Pattern(0, size)) })
 }
 
 // When the agent closes a flow-controlled tunnel (its endpoint sent

@@ -360,25 +360,17 @@ func waitBackends(t testing.TB, e *env, n int) {
 	require.Eventually(t, func() bool { return e.srv.Backends() == n }, waitFor, 5*time.Millisecond, "want %d agent streams", n)
 }
 
-// refusedAddr returns a loopback address nothing listens on.
-func refusedAddr(t *testing.T) string {
-	t.Helper()
-	lis := listen(t)
-	addr := lis.Addr().String()
-	require.NoError(t, lis.Close())
-	return addr
-}
-
-// echoServer starts a TCP server that echoes every connection.
-func echoServer(t testing.TB) string {
+// serveConns starts a TCP server on loopback that runs handle for each
+// connection in its own goroutine, and returns its address. When the test
+// ends it closes the listener and every connection, and waits for the
+// handlers.
+func serveConns(t testing.TB, handle func(net.Conn)) string {
 	t.Helper()
 	lis := listen(t)
 	var wg sync.WaitGroup
-	wg.Add(1)
 	var mu sync.Mutex
 	var conns []net.Conn
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			c, err := lis.Accept()
 			if err != nil {
@@ -387,25 +379,12 @@ func echoServer(t testing.TB) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				defer c.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
+				handle(c)
+			})
 		}
-	}()
+	})
 	t.Cleanup(func() {
 		lis.Close()
 		mu.Lock()
@@ -416,6 +395,12 @@ func echoServer(t testing.TB) string {
 		wg.Wait()
 	})
 	return lis.Addr().String()
+}
+
+// echoServer starts a TCP server that sends back what it reads.
+func echoServer(t testing.TB) string {
+	t.Helper()
+	return serveConns(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
 }
 
 // tunnelThroughAgent connects a deaf agent named id and opens a tunnel

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/metricstest"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -267,7 +268,7 @@ func TestGRPCFrontendDialErrors(t *testing.T) {
 				waitBackends(t, e, 1)
 			}
 			tun := grpcTunnel(t, e)
-			_, err := tun.DialContext(t.Context(), "tcp", refusedAddr(t))
+			_, err := tun.DialContext(t.Context(), "tcp", nettest.Refused(t, "127.0.0.1"))
 			assert.ErrorContains(t, err, tc.wantErr)
 		})
 	}
@@ -334,7 +335,7 @@ func TestHTTPConnectErrors(t *testing.T) {
 				startAgent(t, e, agentOpts{id: "a1"})
 				waitBackends(t, e, 1)
 			}
-			_, _, code := connectVia(t, e, tc.method, refusedAddr(t))
+			_, _, code := connectVia(t, e, tc.method, nettest.Refused(t, "127.0.0.1"))
 			assert.Equal(t, tc.wantCode, code)
 		})
 	}

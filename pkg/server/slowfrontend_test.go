@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,42 +28,17 @@ const slowFrontendTimeout = 2 * time.Second
 // tunnel to it was closed.
 func endlessWriter(t *testing.T) (addr string, ended <-chan struct{}) {
 	t.Helper()
-	lis := listen(t)
 	done := make(chan struct{}, 16)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
+	addr = serveConns(t, func(c net.Conn) {
+		chunk := make([]byte, 32<<10)
 		for {
-			c, err := lis.Accept()
-			if err != nil {
+			if _, err := c.Write(chunk); err != nil {
+				done <- struct{}{}
 				return
 			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				chunk := make([]byte, 32<<10)
-				for {
-					if _, err := c.Write(chunk); err != nil {
-						done <- struct{}{}
-						return
-					}
-				}
-			})
 		}
 	})
-	t.Cleanup(func() {
-		lis.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return lis.Addr().String(), done
+	return addr, done
 }
 
 // echoOnce writes a line through c and reads it back.
