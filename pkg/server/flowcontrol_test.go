@@ -36,8 +36,8 @@ func TestAgentOverrunningTheWindowLosesTheTunnel(t *testing.T) {
 	// whatever credit it has.
 	a := startAgent(t, e, agentOpts{id: "a1", extraMD: []string{wire.HeaderTunnelWindow, strconv.Itoa(window)}})
 	waitBackends(t, e, 1)
-	established := gaugeOf(t, reg, "konnectivity_network_proxy_server_established_connections", nil)
-	queued := gaugeOf(t, reg, "servercount_server_queued_bytes", nil)
+	established := gaugeOf(reg, "konnectivity_network_proxy_server_established_connections", nil)
+	queued := gaugeOf(reg, "servercount_server_queued_bytes", nil)
 
 	bulk, _ := endlessWriter(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*waitFor)
@@ -81,7 +81,7 @@ func TestAgentCloseDeliversQueuedDataFirst(t *testing.T) {
 			e := startEnv(t, server.Config{Registerer: reg, FrontendWriteTimeout: time.Hour, TunnelWindow: 64 << 20})
 			startAgent(t, e, agentOpts{id: "a1", extraMD: []string{wire.HeaderTunnelWindow, strconv.Itoa(wire.DefaultTunnelWindow)}})
 			waitBackends(t, e, 1)
-			established := gaugeOf(t, reg, "konnectivity_network_proxy_server_established_connections", nil)
+			established := gaugeOf(reg, "konnectivity_network_proxy_server_established_connections", nil)
 			target := sizedWriter(t, size)
 
 			var send func() error     // sends data on the tunnel

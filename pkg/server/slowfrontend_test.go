@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/pkg/server"
 )
 
@@ -60,110 +62,107 @@ func echoOnce(c net.Conn, r io.Reader, n int) error {
 	return nil
 }
 
-// gaugeOf reads a gauge from reg, 0 when the series does not exist.
-func gaugeOf(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) func() float64 {
-	return func() float64 { return metricValue(t, reg, name, labels) }
-}
-
-// A gRPC frontend that opens a tunnel and never reads costs only its own
-// tunnel (issue 10, item 7, the gRPC side): another tunnel on the same
-// agent stream keeps flowing while the deaf frontend holds its queue, the
-// deaf frontend's stream is ended after FrontendWriteTimeout and its
-// connection closed at the agent, and the agent stream stays.
-func TestGRPCFrontendThatNeverReadsIsEnded(t *testing.T) {
-	t.Parallel()
-	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg, FrontendWriteTimeout: slowFrontendTimeout})
-	a := startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
-	established := gaugeOf(t, reg, "konnectivity_network_proxy_server_established_connections", nil)
-	frontends := gaugeOf(t, reg, "konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "ProxyService/Proxy"})
-
-	// The well-behaved tunnel, through the same agent stream.
-	echo, br, code := connectVia(t, e, http.MethodConnect, echoServer(t))
-	require.Equal(t, http.StatusOK, code)
-	require.NoError(t, echoOnce(echo, br, 0))
-
-	// The deaf frontend's tunnel goes to a target that writes without end.
-	bulk, bulkEnded := endlessWriter(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 3*waitFor)
-	defer cancel()
-	deaf, err := adversary.DialDeafFrontend(ctx, adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
-	require.NoError(t, err)
-	defer deaf.Close()
-	_, err = deaf.Dial(bulk, 1)
-	require.NoError(t, err)
-	require.Equal(t, 2.0, established())
-
-	// The other tunnel flows while the deaf one is full (it may wait for
-	// at most the timeout, never for the deaf frontend to read).
-	for i := 1; i <= 3; i++ {
-		require.NoError(t, echoOnce(echo, br, i), "round trip %d beside the deaf frontend", i)
+// gaugeOf reads a gauge from reg, 0 when the series does not exist (a
+// labelled series exists only once it has been used). It never fails the
+// test, so that it may run in require.Eventually's goroutine.
+func gaugeOf(reg *prometheus.Registry, name string, labels map[string]string) func() float64 {
+	var kv []string
+	for k, v := range labels {
+		kv = append(kv, k, v)
 	}
-
-	// The deaf frontend is ended, its connection closed at the agent.
-	select {
-	case <-bulkEnded:
-	case <-time.After(waitFor + slowFrontendTimeout):
-		t.Fatal("the deaf frontend's connection at the agent was never closed")
-	}
-	require.Eventually(t, func() bool { return frontends() == 0 && established() == 1 }, waitFor, 5*time.Millisecond,
-		"the deaf frontend was not ended (frontend streams %v, established %v)", frontends(), established())
-	assert.Error(t, deaf.WaitEnded(), "the deaf frontend's stream ended without an error status")
-
-	// The agent stream and the other tunnel are still there.
-	require.NoError(t, echoOnce(echo, br, 4))
-	assert.Equal(t, 1, e.srv.Backends())
-	select {
-	case <-a.done:
-		t.Fatal("the agent stream ended")
-	default:
+	return func() float64 {
+		v, _ := metricstest.Value(reg, name, kv...)
+		return v
 	}
 }
 
-// An HTTP CONNECT client that never reads costs only its own tunnel
-// (issue 10, item 7): the other tunnels of the agent keep flowing, and
-// the deaf client's connection is closed after FrontendWriteTimeout, at
-// the server and at the agent.
-func TestHTTPConnectClientThatNeverReadsIsClosed(t *testing.T) {
-	t.Parallel()
-	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg, FrontendWriteTimeout: slowFrontendTimeout})
-	a := startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
-	established := gaugeOf(t, reg, "konnectivity_network_proxy_server_established_connections", nil)
+// deafFrontend opens a tunnel to addr from a frontend that never reads,
+// and returns a check that the server ended that frontend (nil when it
+// did, as it should).
+type deafFrontend func(ctx context.Context, t *testing.T, e *env, addr string) (ended func() error)
 
-	echo, br, code := connectVia(t, e, http.MethodConnect, echoServer(t))
-	require.Equal(t, http.StatusOK, code)
-	require.NoError(t, echoOnce(echo, br, 0))
+var deafFrontends = []struct {
+	name string
+	open deafFrontend
+}{
+	{"grpc", func(ctx context.Context, t *testing.T, e *env, addr string) func() error {
+		deaf, err := adversary.DialDeafFrontend(ctx, adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+		require.NoError(t, err)
+		t.Cleanup(deaf.Close)
+		_, err = deaf.Dial(addr, 1)
+		require.NoError(t, err)
+		return func() error {
+			if deaf.WaitEnded() == nil {
+				return errors.New("the deaf frontend's stream ended without an error status")
+			}
+			return nil
+		}
+	}},
+	{"http-connect", func(ctx context.Context, t *testing.T, e *env, addr string) func() error {
+		deaf, err := adversary.DialDeafHTTPClient(ctx, adversary.HTTPClientConfig{Addr: e.connectAddr}, addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { deaf.Close() })
+		return func() error { _, err := deaf.WaitClosed(ctx); return err }
+	}},
+}
 
-	bulk, bulkEnded := endlessWriter(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 3*waitFor)
-	defer cancel()
-	deaf, err := adversary.DialDeafHTTPClient(ctx, adversary.HTTPClientConfig{Addr: e.connectAddr}, bulk)
-	require.NoError(t, err)
-	defer deaf.Close()
-	require.Equal(t, 2.0, established())
+// A frontend that opens a tunnel and never reads costs only its own
+// tunnel, with an agent that does not offer flow control, as upstream's
+// (issue 10, item 7; with flow control see internal/proxytest's
+// TestFlowControlDeafFrontendCostsOnlyItsTunnel): another tunnel on the
+// same agent stream keeps flowing, waiting at most FrontendWriteTimeout;
+// the deaf frontend is then ended at the server and its connection closed
+// at the agent, and the agent stream stays.
+func TestFrontendThatNeverReadsIsEnded(t *testing.T) {
+	for _, mode := range deafFrontends {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			reg := prometheus.NewPedanticRegistry()
+			e := startEnv(t, server.Config{Registerer: reg, FrontendWriteTimeout: slowFrontendTimeout})
+			a := startAgent(t, e, agentOpts{id: "a1"})
+			waitBackends(t, e, 1)
+			established := gaugeOf(reg, "konnectivity_network_proxy_server_established_connections", nil)
+			frontends := gaugeOf(reg, "konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "ProxyService/Proxy"})
 
-	for i := 1; i <= 3; i++ {
-		require.NoError(t, echoOnce(echo, br, i), "round trip %d beside the deaf client", i)
-	}
+			// The well-behaved tunnel, through the same agent stream.
+			echo, br, code := connectVia(t, e, http.MethodConnect, echoServer(t))
+			require.Equal(t, http.StatusOK, code)
+			require.NoError(t, echoOnce(echo, br, 0))
 
-	select {
-	case <-bulkEnded:
-	case <-time.After(waitFor + slowFrontendTimeout):
-		t.Fatal("the deaf client's connection at the agent was never closed")
-	}
-	require.Eventually(t, func() bool { return established() == 1 }, waitFor, 5*time.Millisecond,
-		"the deaf client's tunnel is still established")
-	_, err = deaf.WaitClosed(ctx)
-	require.NoError(t, err, "the server did not close the deaf client's connection")
+			// The deaf frontend's tunnel goes to a target that writes
+			// without end.
+			bulk, bulkEnded := endlessWriter(t)
+			ctx, cancel := context.WithTimeout(t.Context(), 3*waitFor)
+			defer cancel()
+			ended := mode.open(ctx, t, e, bulk)
+			require.Equal(t, 2.0, established())
 
-	require.NoError(t, echoOnce(echo, br, 4))
-	assert.Equal(t, 1, e.srv.Backends())
-	select {
-	case <-a.done:
-		t.Fatal("the agent stream ended")
-	default:
+			// The other tunnel flows while the deaf one is full (it may
+			// wait for at most the timeout, never for the deaf frontend
+			// to read).
+			for i := 1; i <= 3; i++ {
+				require.NoError(t, echoOnce(echo, br, i), "round trip %d beside the deaf frontend", i)
+			}
+
+			// The deaf frontend is ended, its connection closed at the
+			// agent.
+			select {
+			case <-bulkEnded:
+			case <-time.After(waitFor + slowFrontendTimeout):
+				t.Fatal("the deaf frontend's connection at the agent was never closed")
+			}
+			require.Eventually(t, func() bool { return frontends() == 0 && established() == 1 }, waitFor, 5*time.Millisecond,
+				"the deaf frontend was not ended (frontend streams %v, established %v)", frontends(), established())
+			require.NoError(t, ended())
+
+			// The agent stream and the other tunnel are still there.
+			require.NoError(t, echoOnce(echo, br, 4))
+			assert.Equal(t, 1, e.srv.Backends())
+			select {
+			case <-a.done:
+				t.Fatal("the agent stream ended")
+			default:
+			}
+		})
 	}
 }
