@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/pkg/agent"
 )
@@ -27,13 +28,9 @@ import (
 func BenchmarkAgentProcess(b *testing.B) {
 	bin := proctest.Build(b, "cmd/proxy-agent")
 	f := New(b, Config{Agents: 1, Mode: agent.DialResolved})
-	dir := b.TempDir()
 	pair, err := f.env.CA.Client("agent-process")
 	require.NoError(b, err)
-	cert, key, err := pair.WriteFiles(dir, "agent")
-	require.NoError(b, err)
-	ca, err := f.env.CA.WriteFile(dir, "ca")
-	require.NoError(b, err)
+	dir, cert, key, ca := writeTLSFiles(b, f, pair)
 	token := filepath.Join(dir, "token")
 	require.NoError(b, os.WriteFile(token, []byte(tokenPrefix+"agent-process"), 0o600))
 	host, port, err := net.SplitHostPort(f.lb.Addr())
@@ -109,13 +106,9 @@ func BenchmarkServerProcess(b *testing.B) {
 	bin := proctest.Build(b, "cmd/proxy-server")
 	n := *flagAgents
 	f := New(b, Config{Agents: n, Servers: 1})
-	dir := b.TempDir()
 	pair, err := f.env.CA.Server("proxy-server-process")
 	require.NoError(b, err)
-	cert, key, err := pair.WriteFiles(dir, "server")
-	require.NoError(b, err)
-	ca, err := f.env.CA.WriteFile(dir, "ca")
-	require.NoError(b, err)
+	_, cert, key, ca := writeTLSFiles(b, f, pair)
 	ports := proctest.FreePorts(b, 4)
 	p := proctest.Start(b, bin, "--server-id=server-process", "--mode=grpc",
 		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
@@ -186,4 +179,15 @@ func saveURL(b *testing.B, url, path string) {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(b, err)
 	require.NoError(b, os.WriteFile(path, body, 0o644))
+}
+
+// writeTLSFiles writes pair and the fleet's CA into a new directory, for
+// a binary's TLS flags.
+func writeTLSFiles(b *testing.B, f *Fleet, pair *pki.Pair) (dir, cert, key, ca string) {
+	dir = b.TempDir()
+	cert, key, err := pair.WriteFiles(dir, "tls")
+	require.NoError(b, err)
+	ca, err = f.env.CA.WriteFile(dir, "ca")
+	require.NoError(b, err)
+	return dir, cert, key, ca
 }
