@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -191,8 +192,12 @@ func TestAgentStopsOnBackToBackSignals(t *testing.T) {
 		a, healthPort := startPlainAgent(t, agentPort)
 		readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)
 		require.Eventually(t, func() bool { return status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent connected")
-		require.NoError(t, syscall.Kill(a.Process.Pid, syscall.SIGTERM))
-		require.NoError(t, syscall.Kill(a.Process.Pid, syscall.SIGTERM))
+		require.NoError(t, a.Process.Signal(syscall.SIGTERM))
+		// The first signal may already have stopped the agent, when it
+		// had nothing to drain; then there is no one left to signal.
+		if err := a.Process.Signal(syscall.SIGTERM); !errors.Is(err, os.ErrProcessDone) {
+			require.NoError(t, err)
+		}
 		assert.NoError(t, a.wait(t), "round %d", round)
 	}
 }
@@ -219,8 +224,8 @@ func TestAgentStopsWhenDrainedTunnelsClose(t *testing.T) {
 	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 	require.Eventually(t, func() bool { return strings.Contains(a.stderr.String(), "Draining") }, 20*time.Second, 10*time.Millisecond)
 	select {
-	case err := <-a.done:
-		t.Fatalf("agent stopped with a tunnel open: %v", err)
+	case <-a.exited:
+		t.Fatalf("agent stopped with a tunnel open: %v", a.err)
 	default:
 	}
 	require.NoError(t, endpoint.Close())
@@ -268,31 +273,39 @@ func agentWithOpenTunnel(t *testing.T, args ...string) (*process, net.Conn) {
 type process struct {
 	*exec.Cmd
 	stderr *syncBuilder
-	done   chan error
+	exited chan struct{} // closed once Wait has returned; err is set before
+	err    error
 }
 
 func (p *process) wait(t *testing.T) error {
 	select {
-	case err := <-p.done:
-		return err
+	case <-p.exited:
 	case <-time.After(20 * time.Second):
 		t.Errorf("%s did not exit within 20s", p.Path)
 		_ = p.Process.Kill()
-		return <-p.done
+		<-p.exited
 	}
+	return p.err
 }
 
 func start(t *testing.T, bin string, args ...string) *process {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	p := &process{Cmd: cmd, stderr: &syncBuilder{mu: make(chan struct{}, 1)}, done: make(chan error, 1)}
+	p := &process{Cmd: cmd, stderr: &syncBuilder{mu: make(chan struct{}, 1)}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.stderr, p.stderr
 	require.NoError(t, cmd.Start())
-	go func() { p.done <- cmd.Wait() }()
+	go func() {
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	// Cleanup learns whether the process ended only through exited:
+	// reading cmd.ProcessState here would race with Wait.
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		select {
+		case <-p.exited:
+		default:
 			_ = cmd.Process.Kill()
-			<-p.done
+			<-p.exited
 		}
 		if t.Failed() {
 			t.Logf("%s output:\n%s", filepath.Base(bin), p.stderr.String())
