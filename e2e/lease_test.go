@@ -35,7 +35,7 @@ func TestLeaseCounterAndPublisher(t *testing.T) {
 	client := the.cluster.Client
 	require.NoError(t, harness.CreateNamespace(ctx, client, ns))
 
-	counter, err := lease.NewCounter(lease.CounterConfig{Client: client, Namespace: ns})
+	counter, err := lease.NewCounter(lease.CounterConfig{Client: client.CoordinationV1().Leases(ns)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = counter.Close() })
 	countIs := func(want int, within time.Duration, what string) time.Duration {
@@ -54,7 +54,7 @@ func TestLeaseCounterAndPublisher(t *testing.T) {
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)
 	publish := func(id string) context.CancelFunc {
-		p, err := lease.NewPublisher(lease.PublisherConfig{Client: client, ServerID: id, Namespace: ns,
+		p, err := lease.NewPublisher(lease.PublisherConfig{Client: client.CoordinationV1().Leases(ns), ServerID: id,
 			Duration: leaseDuration, RenewInterval: leaseRenew, GCInterval: leaseGC})
 		require.NoError(t, err)
 		pctx, cancel := context.WithCancel(ctx)

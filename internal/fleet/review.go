@@ -11,8 +11,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/servercount/servercount/internal/kubeclient"
+	"github.com/servercount/servercount/internal/tokenreview"
 )
 
 // The service account whose tokens the fleet's servers accept.
@@ -68,10 +70,10 @@ func (e *reviewEndpoint) serve(w http.ResponseWriter, r *http.Request) {
 // client returns an API client for the endpoint, limited to qps and
 // burst as --kubeconfig-qps and --kubeconfig-burst limit the server's.
 // It speaks JSON: the endpoint does not decode protobuf.
-func (e *reviewEndpoint) client(tb testing.TB, qps float32, burst int) kubernetes.Interface {
+func (e *reviewEndpoint) client(tb testing.TB, qps float32, burst int) tokenreview.Client {
 	tb.Helper()
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: e.srv.Certificate().Raw})
-	c, err := kubernetes.NewForConfig(&rest.Config{
+	c, err := kubeclient.NewTokenReviews(&rest.Config{
 		Host:            e.srv.URL,
 		TLSClientConfig: rest.TLSClientConfig{CAData: ca},
 		ContentConfig:   rest.ContentConfig{ContentType: "application/json"},

@@ -12,8 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/pkg/lease"
 )
 
@@ -57,14 +58,18 @@ func (o *CountOptions) Validate() []error {
 	return errs
 }
 
-// Build starts counting leases through client, and registers upstream's
-// agent lease metrics with reg (which may be nil).
-func (o *CountOptions) Build(client kubernetes.Interface, reg prometheus.Registerer) (*lease.Counter, error) {
+// Build starts counting leases through the API server rc reaches, and
+// registers upstream's agent lease metrics with reg (which may be nil).
+func (o *CountOptions) Build(rc *rest.Config, reg prometheus.Registerer) (*lease.Counter, error) {
+	client, err := kubeclient.NewLeases(rc, o.Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("--count-server-leases: %w", err)
+	}
 	m := newCountMetrics()
 	if err := register(reg, m.lists, m.watches, m.latency); err != nil {
 		return nil, err
 	}
-	c, err := lease.NewCounter(lease.CounterConfig{Client: client, Namespace: o.Namespace, LabelSelector: o.LabelSelector, Observe: m.observe})
+	c, err := lease.NewCounter(lease.CounterConfig{Client: client, LabelSelector: o.LabelSelector, Observe: m.observe})
 	if err != nil {
 		return nil, fmt.Errorf("--count-server-leases: %w", err)
 	}
@@ -146,14 +151,19 @@ func (o *PublishOptions) Validate() []error {
 	return errs
 }
 
-// Build returns the publisher of serverID's lease, and registers
-// upstream's lease controller metrics with reg (which may be nil).
-func (o *PublishOptions) Build(client kubernetes.Interface, serverID string, reg prometheus.Registerer) (*lease.Publisher, error) {
+// Build returns the publisher of serverID's lease through the API server
+// rc reaches, and registers upstream's lease controller metrics with reg
+// (which may be nil).
+func (o *PublishOptions) Build(rc *rest.Config, serverID string, reg prometheus.Registerer) (*lease.Publisher, error) {
+	client, err := kubeclient.NewLeases(rc, o.Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("--enable-lease-controller: %w", err)
+	}
 	m := newPublishMetrics()
 	if err := register(reg, m.culled, m.deletes, m.lists, m.latency); err != nil {
 		return nil, err
 	}
-	p, err := lease.NewPublisher(lease.PublisherConfig{Client: client, ServerID: serverID, Namespace: o.Namespace, Labels: o.Labels, Observe: m.observe})
+	p, err := lease.NewPublisher(lease.PublisherConfig{Client: client, ServerID: serverID, Labels: o.Labels, Observe: m.observe})
 	if err != nil {
 		return nil, fmt.Errorf("--enable-lease-controller: %w", err)
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/servercount/servercount/internal/leaseopts"
@@ -52,10 +51,8 @@ func TestUnreachableAPIServer(t *testing.T) {
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	require.NoError(t, l.Close()) // nothing listens there now
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: "http://" + addr, Timeout: time.Second})
-	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	c, err := parse(t, "--count-server-leases").Build(client, reg)
+	c, err := parse(t, "--count-server-leases").Build(&rest.Config{Host: "http://" + addr, Timeout: time.Second}, reg)
 	require.NoError(t, err)
 	defer c.Close()
 

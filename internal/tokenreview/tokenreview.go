@@ -29,9 +29,8 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -46,8 +45,8 @@ type Config struct {
 	// Namespace and ServiceAccount name the only service account whose
 	// tokens are accepted (--agent-namespace, --agent-service-account).
 	Namespace, ServiceAccount string
-	// Client reaches the API server; nil means one built from Kubeconfig.
-	Client kubernetes.Interface
+	// Client sends the reviews; nil means one built from Kubeconfig.
+	Client Client
 
 	// CacheTTL bounds how long an accepted token is trusted without a new
 	// review; default DefaultCacheTTL.
@@ -67,6 +66,13 @@ type Config struct {
 	Clock servercounter.Clock
 }
 
+// Client creates TokenReviews. client-go's
+// clientset.AuthenticationV1().TokenReviews() is one, and so is
+// kubeclient.TokenReviews.
+type Client interface {
+	Create(ctx context.Context, review *authenticationv1.TokenReview, opts metav1.CreateOptions) (*authenticationv1.TokenReview, error)
+}
+
 // Cache defaults: kube-apiserver's webhook token cache keeps successes 2
 // minutes and failures 10 seconds.
 const (
@@ -79,7 +85,7 @@ const (
 // Authenticator checks agent tokens with TokenReviews. It is safe for
 // concurrent use.
 type Authenticator struct {
-	client   kubernetes.Interface
+	client   Client
 	audience string
 	username string
 	cfg      Config
@@ -105,12 +111,12 @@ func New(cfg Config) (*Authenticator, error) {
 	}
 	client := cfg.Client
 	if client == nil {
-		rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		rc, err := kubeclient.Config(kubeclient.Options{Kubeconfig: cfg.Kubeconfig})
 		if err != nil {
-			return nil, fmt.Errorf("build API server client (--kubeconfig %q): %w", cfg.Kubeconfig, err)
+			return nil, err
 		}
-		if client, err = kubernetes.NewForConfig(rc); err != nil {
-			return nil, fmt.Errorf("build API server client: %w", err)
+		if client, err = kubeclient.NewTokenReviews(rc); err != nil {
+			return nil, err
 		}
 	}
 	setDefault(&cfg.CacheTTL, DefaultCacheTTL)
@@ -251,7 +257,7 @@ func (a *Authenticator) ask(ctx context.Context, token string) error {
 	if a.audience != "" {
 		review.Spec.Audiences = []string{a.audience}
 	}
-	res, err := a.client.AuthenticationV1().TokenReviews().Create(ctx, review, metav1.CreateOptions{})
+	res, err := a.client.Create(ctx, review, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("review agent token with the API server: %w", err)
 	}

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -27,13 +26,25 @@ const (
 	DefaultLabelSelector = "k8s-app=konnectivity-server"
 )
 
+// Client reads and writes the Leases of one namespace. client-go's
+// clientset.CoordinationV1().Leases(namespace) is one; so is a client that
+// knows only this API group, which spares a program the memory of
+// client-go's registry of every group.
+type Client interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
+	List(ctx context.Context, opts metav1.ListOptions) (*coordinationv1.LeaseList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+	Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
+	Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+}
+
 // CounterConfig configures a [Counter]. The zero value of each field but
 // Client means its default.
 type CounterConfig struct {
-	// Client reaches the API server.
-	Client kubernetes.Interface
-	// Namespace holds the leases; default DefaultNamespace.
-	Namespace string
+	// Client reaches the Leases of the namespace that holds them
+	// (upstream's default is DefaultNamespace).
+	Client Client
 	// LabelSelector selects the leases to count; default
 	// DefaultLabelSelector.
 	LabelSelector string
@@ -122,9 +133,6 @@ var errNotSynced = errors.New("lease: the first list of leases has not ended yet
 
 // NewCounter starts counting the leases cfg describes.
 func NewCounter(cfg CounterConfig) (*Counter, error) {
-	if cfg.Namespace == "" {
-		cfg.Namespace = DefaultNamespace
-	}
 	if cfg.LabelSelector == "" {
 		cfg.LabelSelector = DefaultLabelSelector
 	}
@@ -138,7 +146,7 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 		cfg.Clock = servercounter.RealClock{}
 	}
 	c := &Counter{cfg: cfg, done: make(chan struct{}), renewals: map[string]*renewal{}, changed: make(chan struct{})}
-	leases := cfg.Client.CoordinationV1().Leases(cfg.Namespace)
+	leases := cfg.Client
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			opts.LabelSelector = cfg.LabelSelector
@@ -324,7 +332,7 @@ func (c *Counter) failed(ctx context.Context, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.apiErr == nil {
-		klog.FromContext(ctx).Info("Cannot watch proxy-server leases; keeping the last count until the API server answers", "namespace", c.cfg.Namespace, "selector", c.cfg.LabelSelector, "err", err)
+		klog.FromContext(ctx).Info("Cannot watch proxy-server leases; keeping the last count until the API server answers", "selector", c.cfg.LabelSelector, "err", err)
 		c.apiDown = c.cfg.Clock.Now()
 		c.signal()
 	}

@@ -10,7 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
@@ -35,12 +34,11 @@ const NamePrefix = "konnectivity-proxy-server-"
 // PublisherConfig configures a [Publisher]. The zero value of each field
 // but Client and ServerID means its default.
 type PublisherConfig struct {
-	// Client reaches the API server.
-	Client kubernetes.Interface
+	// Client reaches the Leases of the namespace that holds them
+	// (upstream's default is DefaultNamespace).
+	Client Client
 	// ServerID is the holder identity, and names the lease.
 	ServerID string
-	// Namespace holds the leases; default DefaultNamespace.
-	Namespace string
 	// Labels label the published lease and select the leases to collect,
 	// written as a selector of equalities ("k8s-app=konnectivity-server");
 	// default DefaultLabelSelector.
@@ -64,9 +62,6 @@ type Publisher struct {
 
 // NewPublisher checks cfg.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
-	if cfg.Namespace == "" {
-		cfg.Namespace = DefaultNamespace
-	}
 	if cfg.Labels == "" {
 		cfg.Labels = DefaultLabelSelector
 	}
@@ -107,7 +102,7 @@ func (p *Publisher) Name() string { return NamePrefix + p.cfg.ServerID }
 // once rather than after the lease expires. A failed request is logged
 // and tried again at the next interval.
 func (p *Publisher) Run(ctx context.Context) error {
-	logger := klog.FromContext(ctx).WithValues("lease", p.Name(), "namespace", p.cfg.Namespace)
+	logger := klog.FromContext(ctx).WithValues("lease", p.Name())
 	// A failed renewal is tried again soon, not a whole interval later:
 	// after an API server outage the lease must be renewed before agents
 	// judge it expired.
@@ -158,14 +153,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 
 // renew creates the lease or moves its renewTime to now.
 func (p *Publisher) renew(ctx context.Context) error {
-	leases := p.cfg.Client.CoordinationV1().Leases(p.cfg.Namespace)
+	leases := p.cfg.Client
 	now := metav1.NewMicroTime(time.Now())
 	start := time.Now()
 	l, err := leases.Get(ctx, p.Name(), metav1.GetOptions{})
 	p.observe("get", start, err, false)
 	if apierrors.IsNotFound(err) {
 		l = &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: p.Name(), Namespace: p.cfg.Namespace, Labels: p.labels},
+			ObjectMeta: metav1.ObjectMeta{Name: p.Name(), Labels: p.labels},
 			Spec: coordinationv1.LeaseSpec{
 				HolderIdentity:       ptr.To(p.cfg.ServerID),
 				LeaseDurationSeconds: ptr.To(int32(p.cfg.Duration / time.Second)),
@@ -194,7 +189,7 @@ func (p *Publisher) renew(ctx context.Context) error {
 // collect deletes the expired leases that carry the labels, each only if
 // nobody renewed it since it was listed.
 func (p *Publisher) collect(ctx context.Context) error {
-	leases := p.cfg.Client.CoordinationV1().Leases(p.cfg.Namespace)
+	leases := p.cfg.Client
 	start := time.Now()
 	list, err := leases.List(ctx, metav1.ListOptions{LabelSelector: p.labels.String()})
 	p.observe("list", start, err, false)
@@ -221,7 +216,7 @@ func (p *Publisher) collect(ctx context.Context) error {
 // deleteOwn deletes the published lease.
 func (p *Publisher) deleteOwn(ctx context.Context) error {
 	start := time.Now()
-	err := p.cfg.Client.CoordinationV1().Leases(p.cfg.Namespace).Delete(ctx, p.Name(), metav1.DeleteOptions{})
+	err := p.cfg.Client.Delete(ctx, p.Name(), metav1.DeleteOptions{})
 	p.observe("delete", start, err, false)
 	if apierrors.IsNotFound(err) {
 		return nil

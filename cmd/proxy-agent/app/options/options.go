@@ -298,12 +298,12 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 		sources = append(sources, cache)
 	}
 	if o.Leases.Enabled {
-		client, err := kubeclient.New(o.Kube)
+		rc, err := kubeclient.Config(o.Kube)
 		if err != nil {
 			stop()
 			return cfg, nil, fmt.Errorf("--count-server-leases: %w", err)
 		}
-		leases, err := o.Leases.Build(client, reg)
+		leases, err := o.Leases.Build(rc, reg)
 		if err != nil {
 			stop()
 			return cfg, nil, err

@@ -12,7 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/kubeclient"
@@ -346,9 +346,9 @@ func (o *Options) Config(reg prometheus.Registerer) (Setup, error) {
 
 func (o *Options) config(reg prometheus.Registerer) (st Setup, err error) {
 	st.Stop = func() {}
-	var client kubernetes.Interface
+	var rc *rest.Config
 	if o.AgentNamespace != "" || o.Leases.Enabled {
-		if client, err = kubeclient.New(o.Kube); err != nil {
+		if rc, err = kubeclient.Config(o.Kube); err != nil {
 			return st, err
 		}
 	}
@@ -367,6 +367,10 @@ func (o *Options) config(reg prometheus.Registerer) (st Setup, err error) {
 			return st, err
 		}
 	case o.AgentNamespace != "":
+		client, err := kubeclient.NewTokenReviews(rc)
+		if err != nil {
+			return st, err
+		}
 		if cfg.Authenticator, err = tokenreview.New(tokenreview.Config{
 			Client: client, Audience: o.AuthenticationAudience,
 			Namespace: o.AgentNamespace, ServiceAccount: o.AgentServiceAccount,
@@ -376,7 +380,7 @@ func (o *Options) config(reg prometheus.Registerer) (st Setup, err error) {
 		}
 	}
 	if o.Leases.Enabled {
-		if st.Leases, err = o.Leases.Build(client, o.ServerID, reg); err != nil {
+		if st.Leases, err = o.Leases.Build(rc, o.ServerID, reg); err != nil {
 			return st, err
 		}
 	}
