@@ -8,6 +8,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -160,7 +161,10 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 			start := time.Now()
 			w, err := leases.Watch(ctx, opts)
 			c.called(ctx, "watch", start, err)
-			return w, err
+			if err != nil {
+				return nil, err
+			}
+			return c.observeErrors(ctx, w), nil
 		},
 	}
 	c.informer = cache.NewSharedIndexInformer(plainListWatch{lw}, &coordinationv1.Lease{}, 0, cache.Indexers{})
@@ -304,6 +308,7 @@ func (c *Counter) called(ctx context.Context, verb string, start time.Time, err 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.apiErr != nil {
+		klog.FromContext(ctx).Info("Watching proxy-server leases again", "selector", c.cfg.LabelSelector, "down", c.cfg.Clock.Now().Sub(c.apiDown).Round(time.Millisecond))
 		c.recovered(c.cfg.Clock.Now())
 		c.signal()
 	}
@@ -322,6 +327,50 @@ func (c *Counter) recovered(now time.Time) {
 	}
 	c.apiErr, c.apiDown = nil, time.Time{}
 	c.recount(now)
+}
+
+// observeErrors passes w's events on, and marks the API server down when
+// w ends with an error event. The informer lists again only after its
+// back-off, which after an outage can be a minute: a restarted API server
+// answers a watch from before the outage with 410 Expired, and until the
+// new list the informer sees no renewal, so the leases it holds would
+// expire one by one in the count.
+func (c *Counter) observeErrors(ctx context.Context, w watch.Interface) watch.Interface {
+	o := &observedWatch{Interface: w, events: make(chan watch.Event), stop: make(chan struct{})}
+	go func() {
+		defer close(o.events)
+		for ev := range w.ResultChan() {
+			select {
+			case <-o.stop:
+				return // errors now are those of reading a stopped stream
+			default:
+			}
+			if ev.Type == watch.Error {
+				c.failed(ctx, fmt.Errorf("watch ended: %w", apierrors.FromObject(ev.Object)))
+			}
+			select {
+			case o.events <- ev:
+			case <-o.stop:
+				return // the source closes its channel on Stop
+			}
+		}
+	}()
+	return o
+}
+
+// observedWatch is a watch whose events pass through observeErrors.
+type observedWatch struct {
+	watch.Interface
+	events   chan watch.Event
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+func (o *observedWatch) ResultChan() <-chan watch.Event { return o.events }
+
+func (o *observedWatch) Stop() {
+	o.stopOnce.Do(func() { close(o.stop) })
+	o.Interface.Stop()
 }
 
 // failed records a list or watch failure that the informer will retry.
