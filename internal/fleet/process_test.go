@@ -54,9 +54,11 @@ func BenchmarkAgentProcess(b *testing.B) {
 	}
 	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[1])
 	report := func(when string) {
-		rss, err := vmRSS(p.Process.Pid)
-		require.NoError(b, err)
-		b.ReportMetric(float64(rss)/1024, "rss-MiB-"+when)
+		for field, unit := range map[string]string{"VmRSS": "rss", "RssAnon": "rss-anon", "RssFile": "rss-file"} {
+			kib, err := procStatus(p.Process.Pid, field)
+			require.NoError(b, err)
+			b.ReportMetric(float64(kib)/1024, unit+"-MiB-"+when)
+		}
 		if m, err := proctest.Scrape(metrics); err == nil {
 			if g, ok := m.Value("go_goroutines"); ok {
 				b.ReportMetric(g, "goroutines-"+when)
@@ -82,6 +84,14 @@ func BenchmarkAgentProcess(b *testing.B) {
 // vmRSS returns the resident set of process pid in KiB, from
 // /proc/<pid>/status.
 func vmRSS(pid int) (int, error) {
+	return procStatus(pid, "VmRSS")
+}
+
+// procStatus returns the field of /proc/<pid>/status named field, in
+// KiB: VmRSS is RssAnon (the process's own memory) plus RssFile (pages of
+// the binary and other mapped files, which the kernel can drop and read
+// again) plus RssShmem.
+func procStatus(pid int, field string) (int, error) {
 	fh, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
@@ -89,11 +99,11 @@ func vmRSS(pid int) (int, error) {
 	defer fh.Close()
 	sc := bufio.NewScanner(fh)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			return strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
 }
 
 // BenchmarkServerProcess runs one proxy-server binary, as a process, with
