@@ -37,6 +37,7 @@ FUZZ := \
 	./pkg/server:FuzzHTTPConnectRequest \
 	./pkg/server:FuzzHandshake \
 	./pkg/agent:FuzzParseHandshake \
+	./pkg/wire:FuzzCodec \
 	./pkg/server:FuzzAgentPackets \
 	./pkg/agent:FuzzServerPackets
 FUZZTIME ?= 60s

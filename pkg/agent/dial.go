@@ -100,12 +100,12 @@ func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) 
 		md.Set(wire.HeaderTunnelWindow, strconv.Itoa(cs.cfg.TunnelWindow))
 	}
 
-	// The same windows and message limit as the server's (wire), before
+	// The same windows, message limit and codec as the server's (wire), before
 	// the caller's options so that those can override them.
 	opts := append([]grpc.DialOption{
 		grpc.WithInitialWindowSize(wire.StreamWindow),
 		grpc.WithInitialConnWindowSize(wire.ConnWindow),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.ForceCodecV2(wire.Codec{})),
 	}, cs.cfg.DialOptions...)
 	if cs.cfg.Insecure {
 		opts = append(opts[:len(opts):len(opts)], grpc.WithTransportCredentials(insecure.NewCredentials()))

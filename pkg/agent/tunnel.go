@@ -217,6 +217,7 @@ func (t *tunnel) writeLoop() {
 		}
 		_, err := t.conn.Write(b)
 		t.account(-len(b))
+		wire.Recycle(b) // a packet's whole data, or the queue's copy
 		if err != nil {
 			t.c.logger.V(4).Info("Failed to write to endpoint", "connectID", t.connectID, "err", err)
 			t.finish(true)

@@ -26,7 +26,7 @@ const GRPCMaxHeaderListSize = 64 << 10
 // frontend gRPC servers should use with a Server (add credentials to
 // them): large flow-control windows, a 16 MiB message limit, a
 // [GRPCMaxHeaderListSize] header limit, no read buffer of gRPC's own,
-// and upstream's keepalive enforcement (pings no more often than every
+// [wire.Codec] for packets, and upstream's keepalive enforcement (pings no more often than every
 // 30 s, allowed without an active stream).
 //
 // gRPC's 32 KiB read buffer per connection was half of what an idle
@@ -40,6 +40,7 @@ func GRPCServerOptions() []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(wire.MaxMessageSize),
 		grpc.MaxHeaderListSize(GRPCMaxHeaderListSize),
 		grpc.ReadBufferSize(0), // see above: TLS buffers already
+		grpc.ForceServerCodecV2(wire.Codec{}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             grpcMinPingInterval,
 			PermitWithoutStream: true,

@@ -194,7 +194,8 @@ func (ht *httpTunnel) readLoop(t *tunnel, r *bufio.Reader) {
 }
 
 // writeLoop writes the agent's bytes to the client. After CLOSE_RSP it
-// writes what is queued and closes conn.
+// writes what is queued and closes conn. Each slice is the whole data of
+// a packet or a copy, and this is its last user: written, it is recycled.
 func (ht *httpTunnel) writeLoop(conn net.Conn) {
 	defer conn.Close()
 	for {
@@ -202,6 +203,7 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 		case d := <-ht.data:
 			_, err := conn.Write(d)
 			ht.queued.add(-len(d))
+			wire.Recycle(d)
 			if err != nil {
 				ht.shutdown()
 				return
@@ -212,6 +214,7 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 				case d := <-ht.data:
 					_, err := conn.Write(d)
 					ht.queued.add(-len(d))
+					wire.Recycle(d)
 					if err != nil {
 						return
 					}
