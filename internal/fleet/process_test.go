@@ -139,7 +139,7 @@ func BenchmarkServerProcess(b *testing.B) {
 		v, _ := scrape().Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "AgentService/Connect")
 		return v
 	}
-	type sample struct{ rssKiB, heap, goroutines float64 }
+	type sample struct{ rssKiB, heap, stack, goroutines float64 }
 	// Each sample is taken after idling, so that start-up garbage is
 	// collected and timers have settled.
 	idleSample := func() sample {
@@ -155,8 +155,9 @@ func BenchmarkServerProcess(b *testing.B) {
 		m := scrape()
 		require.NotNil(b, m, "scrape the server process's metrics\n%s", p.Output())
 		heap, _ := m.Value("go_memstats_heap_inuse_bytes")
+		stack, _ := m.Value("go_memstats_stack_inuse_bytes")
 		g, _ := m.Value("go_goroutines")
-		return sample{rssKiB: float64(rss), heap: heap, goroutines: g}
+		return sample{rssKiB: float64(rss), heap: heap, stack: stack, goroutines: g}
 	}
 	require.Eventually(b, func() bool { return scrape() != nil }, time.Minute, 50*time.Millisecond,
 		"the server process never served its metrics\n%s", p.Output())
@@ -177,6 +178,7 @@ func BenchmarkServerProcess(b *testing.B) {
 	b.ReportMetric(after.rssKiB/1024, "rss-MiB-all-agents")
 	b.ReportMetric((after.rssKiB-before.rssKiB)/float64(n), "rss-KiB/stream")
 	b.ReportMetric((after.heap-before.heap)/1024/float64(n), "heap-KiB/stream")
+	b.ReportMetric((after.stack-before.stack)/1024/float64(n), "stack-KiB/stream")
 	b.ReportMetric((after.goroutines-before.goroutines)/float64(n), "goroutines/stream")
 	b.ReportMetric(0, "ns/op")
 }
