@@ -180,14 +180,8 @@ func (p *peer) writeLoop() {
 		}
 		start := time.Now()
 		err := p.stream.Send(pkt)
-		p.queued.add(-dataLen(pkt)) // late packets carry no data: 0
-		if p.segment == segmentToClient {
-			// Send has copied it. A client's data is an agent packet's
-			// whole data or a copy; an agent's may be a piece of a
-			// client's packet whose rest still waits for credit, so it is
-			// not recycled.
-			wire.Recycle(pkt.GetData().GetData())
-		}
+		p.queued.add(-dataLen(pkt))           // late packets carry no data: 0
+		wire.Recycle(pkt.GetData().GetData()) // Send has copied it
 		if err != nil {
 			p.metrics.streamError(p.segment, err, wire.PacketTypeName(pkt.GetType()))
 			p.end(err)

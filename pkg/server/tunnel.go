@@ -414,7 +414,9 @@ func (s *Server) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool
 				return false
 			}
 		}
-		if !s.sendToAgent(t.be, wire.Data(t.connectID, piece[:n]), feDone) {
+		// piece[:n:n], not piece[:n]: a prefix must not look like the
+		// whole buffer to wire.Recycle while its rest waits for credit.
+		if !s.sendToAgent(t.be, wire.Data(t.connectID, piece[:n:n]), feDone) {
 			return false
 		}
 		piece = piece[n:]

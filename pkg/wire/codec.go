@@ -55,7 +55,10 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 // recycledCap is the capacity of the buffers Unmarshal reads data into.
 // It is one byte more than MaxDataPayload, a size no other slice in the
 // proxy is made with (append rounds capacities to the allocator's size
-// classes, which this is not), so that Recycle knows its own buffers.
+// classes, which this is not), so that Recycle knows its own buffers. A
+// prefix of one keeps its capacity: code that passes on part of a DATA
+// packet's data must cut it with a full slice expression (b[:n:n]) or
+// copy it, or a writer would recycle the whole buffer under the rest.
 const recycledCap = MaxDataPayload + 1
 
 // minRecycled is the least data read into a recycled buffer. Smaller
@@ -76,8 +79,9 @@ var dataBuffers = sync.Pool{New: func() any {
 // Recycle gives b back for reuse if Codec made it: the caller must be its
 // only user and must not touch it afterwards. Any other slice is left to
 // the garbage collector. A DATA packet's data is whole from Unmarshal to
-// the writer that sends it on (queues split only larger data, into
-// copies), so the writer that last sends it is where it is recycled.
+// the writer that sends it on (queues hand on whole slices or copies,
+// and a piece cut for flow control has its capacity cut too), so the
+// writer that last sends it is where it is recycled.
 func Recycle(b []byte) {
 	if cap(b) != recycledCap {
 		return
