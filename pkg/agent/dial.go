@@ -100,8 +100,8 @@ func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) 
 		md.Set(wire.HeaderTunnelWindow, strconv.Itoa(cs.cfg.TunnelWindow))
 	}
 
-	// The same windows, message limit and codec as the server's (wire), before
-	// the caller's options so that those can override them.
+	// The same windows, message limit and codec as the server's (wire),
+	// before the caller's options so that those can override them.
 	opts := append([]grpc.DialOption{
 		grpc.WithInitialWindowSize(wire.StreamWindow),
 		grpc.WithInitialConnWindowSize(wire.ConnWindow),

@@ -26,8 +26,8 @@ const GRPCMaxHeaderListSize = 64 << 10
 // frontend gRPC servers should use with a Server (add credentials to
 // them): large flow-control windows, a 16 MiB message limit, a
 // [GRPCMaxHeaderListSize] header limit, no read buffer of gRPC's own,
-// [wire.Codec] for packets, and upstream's keepalive enforcement (pings no more often than every
-// 30 s, allowed without an active stream).
+// [wire.Codec] for packets, and upstream's keepalive enforcement (pings
+// no more often than every 30 s, allowed without an active stream).
 //
 // gRPC's 32 KiB read buffer per connection was half of what an idle
 // agent stream cost the server: over TLS it only copies what crypto/tls
