@@ -414,9 +414,13 @@ func (s *Server) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool
 				return false
 			}
 		}
-		// piece[:n:n], not piece[:n]: a prefix must not look like the
-		// whole buffer to wire.Recycle while its rest waits for credit.
-		if !s.sendToAgent(t.be, wire.Data(t.connectID, piece[:n:n]), feDone) {
+		// A prefix is cut with its capacity, so that wire.Recycle does not
+		// take it for the whole buffer while its rest waits for credit.
+		p := piece
+		if n < len(piece) {
+			p = piece[:n:n]
+		}
+		if !s.sendToAgent(t.be, wire.Data(t.connectID, p), feDone) {
 			return false
 		}
 		piece = piece[n:]

@@ -17,8 +17,9 @@ import (
 // Codec is gRPC's protobuf codec with a faster way in for DATA packets:
 // their data is read from gRPC's receive buffers straight into a buffer
 // that [Recycle] takes back once it has been written, where the protobuf
-// codec copies every message twice (into one contiguous buffer, then into
-// a new slice per packet) and leaves the slice to the garbage collector.
+// codec copies a message that came in several HTTP/2 frames (a full DATA
+// packet does) twice, into one contiguous buffer and then into a new
+// slice, and leaves the slice to the garbage collector.
 // At tunnel speeds that garbage was a third of a proxy-server's CPU:
 // allocating, zeroing, collecting and handing pages back to the kernel.
 //
@@ -29,7 +30,9 @@ import (
 // (FuzzCodec). Marshalling is the protobuf codec's.
 //
 // Install it with grpc.ForceServerCodecV2 or grpc.ForceCodecV2. It has
-// no state of its own: every Codec shares one pool of buffers.
+// no state of its own: every Codec shares one pool of buffers. A gRPC
+// stats handler that kept a packet past its HandleRPC call would see the
+// data change once it is recycled.
 type Codec struct{}
 
 var _ encoding.CodecV2 = Codec{}
@@ -67,14 +70,11 @@ const recycledCap = MaxDataPayload + 1
 // be garbage.
 const minRecycled = 4 << 10
 
-// dataBuffers holds buffers of recycledCap bytes, as *[]byte so that
-// putting one back does not allocate. A package variable, as grpc's
-// mem.DefaultBufferPool is: buffers are interchangeable, and a buffer
-// decoded by one stream is often written out by another.
-var dataBuffers = sync.Pool{New: func() any {
-	b := make([]byte, recycledCap)
-	return &b
-}}
+// dataBuffers holds buffers of recycledCap bytes as array pointers, which
+// a slice converts to and from without allocating. A package variable, as
+// grpc's mem.DefaultBufferPool is: buffers are interchangeable, and a
+// buffer decoded by one stream is often written out by another.
+var dataBuffers = sync.Pool{New: func() any { return new([recycledCap]byte) }}
 
 // Recycle gives b back for reuse if Codec made it: the caller must be its
 // only user and must not touch it afterwards. Any other slice is left to
@@ -86,8 +86,7 @@ func Recycle(b []byte) {
 	if cap(b) != recycledCap {
 		return
 	}
-	b = b[:cap(b)]
-	dataBuffers.Put(&b)
+	dataBuffers.Put((*[recycledCap]byte)(b[:recycledCap]))
 }
 
 // errNotFast makes unmarshalData leave a message to the protobuf codec.
@@ -168,7 +167,7 @@ func readData(r *mem.Reader) (connectID int64, payload []byte, err error) {
 	if n < minRecycled {
 		payload = make([]byte, n)
 	} else {
-		payload = (*dataBuffers.Get().(*[]byte))[:n]
+		payload = dataBuffers.Get().(*[recycledCap]byte)[:n]
 	}
 	if _, err := io.ReadFull(r, payload); err != nil {
 		Recycle(payload)
