@@ -2,7 +2,6 @@ package wire
 
 import (
 	"encoding/binary"
-	"errors"
 	"io"
 	"sync"
 
@@ -89,9 +88,6 @@ func Recycle(b []byte) {
 	dataBuffers.Put((*[recycledCap]byte)(b[:recycledCap]))
 }
 
-// errNotFast makes unmarshalData leave a message to the protobuf codec.
-var errNotFast = errors.New("not a plain DATA packet")
-
 // Field tags (field number << 3 | wire type) of a plain DATA packet.
 const (
 	tagPacketType  = 1<<3 | uint64(protowire.VarintType) // Packet.type
@@ -103,13 +99,13 @@ const (
 // unmarshalData decodes data into pkt if it is a plain DATA packet of at
 // most MaxDataPayload bytes of data, and reports whether it did.
 func unmarshalData(data mem.BufferSlice, pkt *client.Packet) bool {
-	if data.Len() > MaxDataPayload+64 {
+	if data.Len() > MaxDataPayload+64 || !startsAsData(data) {
 		return false
 	}
 	r := data.Reader()
 	defer r.Close()
-	id, payload, err := readData(r)
-	if err != nil {
+	id, payload, ok := readData(r)
+	if !ok {
 		return false
 	}
 	protobuf.Reset(pkt)
@@ -118,51 +114,62 @@ func unmarshalData(data mem.BufferSlice, pkt *client.Packet) bool {
 	return true
 }
 
+// startsAsData reports whether data begins with the bytes of type DATA,
+// so that other packets (WINDOW, CLOSE_REQ...) go to protobuf at once.
+func startsAsData(data mem.BufferSlice) bool {
+	if len(data) == 0 {
+		return false
+	}
+	b := data[0].ReadOnlyData()
+	return len(b) >= 2 && uint64(b[0]) == tagPacketType && b[1] == byte(client.PacketType_DATA)
+}
+
 // readData reads a plain DATA packet from r: the type, then the Data
 // message as the packet's last bytes, in which an optional connectID
-// comes before optional data, which ends it.
-func readData(r *mem.Reader) (connectID int64, payload []byte, err error) {
+// comes before optional data, which ends it. ok is false for anything
+// else.
+func readData(r *mem.Reader) (connectID int64, payload []byte, ok bool) {
 	if tag, err := binary.ReadUvarint(r); err != nil || tag != tagPacketType {
-		return 0, nil, errNotFast
+		return 0, nil, false
 	}
 	if typ, err := binary.ReadUvarint(r); err != nil || typ != uint64(client.PacketType_DATA) {
-		return 0, nil, errNotFast
+		return 0, nil, false
 	}
 	if tag, err := binary.ReadUvarint(r); err != nil || tag != tagPacketData {
-		return 0, nil, errNotFast
+		return 0, nil, false
 	}
 	if n, err := binary.ReadUvarint(r); err != nil || n != uint64(r.Remaining()) {
-		return 0, nil, errNotFast
+		return 0, nil, false
 	}
 	if r.Remaining() == 0 {
-		return 0, nil, nil
+		return 0, nil, true
 	}
 	tag, err := binary.ReadUvarint(r)
 	if err != nil {
-		return 0, nil, errNotFast
+		return 0, nil, false
 	}
 	if tag == tagDataConnect {
 		v, err := binary.ReadUvarint(r)
 		if err != nil {
-			return 0, nil, errNotFast
+			return 0, nil, false
 		}
 		connectID = int64(v) // int64 fields are two's complement varints
 		if r.Remaining() == 0 {
-			return connectID, nil, nil
+			return connectID, nil, true
 		}
 		if tag, err = binary.ReadUvarint(r); err != nil {
-			return 0, nil, errNotFast
+			return 0, nil, false
 		}
 	}
 	if tag != tagDataData {
-		return 0, nil, errNotFast
+		return 0, nil, false
 	}
 	n, err := binary.ReadUvarint(r)
 	if err != nil || n != uint64(r.Remaining()) || n > MaxDataPayload {
-		return 0, nil, errNotFast
+		return 0, nil, false
 	}
 	if n == 0 {
-		return connectID, nil, nil // as protobuf decodes empty bytes
+		return connectID, nil, true // as protobuf decodes empty bytes
 	}
 	if n < minRecycled {
 		payload = make([]byte, n)
@@ -171,7 +178,7 @@ func readData(r *mem.Reader) (connectID int64, payload []byte, err error) {
 	}
 	if _, err := io.ReadFull(r, payload); err != nil {
 		Recycle(payload)
-		return 0, nil, errNotFast
+		return 0, nil, false
 	}
-	return connectID, payload, nil
+	return connectID, payload, true
 }
