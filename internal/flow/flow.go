@@ -65,6 +65,25 @@ func (w *Window) Take(max int, done <-chan struct{}) int {
 	}
 }
 
+// TryTake takes up to max bytes of credit without waiting. It returns 0
+// when there is none; open is false once the window is closed. A caller
+// that must wait with other cases of its own waits on Ready, then tries
+// again.
+func (w *Window) TryTake(max int) (n int, open bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return 0, false
+	}
+	n = min(w.n, max)
+	w.n -= n
+	return n, true
+}
+
+// Ready returns a channel that receives when credit has come or the
+// window has closed since a TryTake found none.
+func (w *Window) Ready() <-chan struct{} { return w.ready }
+
 // Give adds n bytes of credit: the receiver wrote them, or a Take took
 // more than was sent. n <= 0 is ignored.
 func (w *Window) Give(n int) {

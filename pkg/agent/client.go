@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -43,8 +44,28 @@ type client struct {
 	done chan struct{}
 
 	// sendMu serialises Send: a gRPC stream's Send is not safe for
-	// concurrent use. It is never held while anything else is locked.
+	// concurrent use. It is never held while anything else is locked, and
+	// the receive loop never takes it (see the package doc).
 	sendMu sync.Mutex
+	// senders counts the goroutines in send, waiting for sendMu or in
+	// Send; moved is when a packet last moved on the stream, in or out
+	// (unix nanoseconds). Both for the liveness backstop, see stalled.
+	senders atomic.Int32
+	moved   atomic.Int64
+
+	// controlReady wakes controlLoop when sendControl queues a packet;
+	// buffer of 1.
+	controlReady chan struct{}
+	controlMu    sync.Mutex
+	// control holds the replies the receive loop and the tunnels queue
+	// without waiting (CLOSE_RSP, refused DIAL_RSP), oldest first, for
+	// controlLoop to send; controlKeys has one key per queued packet, so
+	// that the same answer is not queued twice. Guarded by controlMu.
+	control     []*pb.Packet
+	controlKeys map[controlKey]struct{}
+	// controlOver is set when controlLoop has ended: nothing is queued
+	// after. Guarded by controlMu.
+	controlOver bool
 
 	// drained makes DRAIN go out once.
 	drained atomic.Bool
@@ -82,6 +103,8 @@ func newClient(ctx context.Context, cs *ClientSet, serverID string, serverCount 
 		cancel:      cancel,
 		done:        make(chan struct{}),
 		tunnels:     make(map[int64]*tunnel),
+
+		controlReady: make(chan struct{}, 1),
 	}
 }
 
@@ -102,16 +125,150 @@ func (c *client) ended() bool {
 	}
 }
 
-// send sends one packet on the stream.
+// send sends one packet on the stream. Only goroutines of their own
+// (dials, tunnels, controlLoop) call it: it may wait for gRPC flow
+// control for as long as the server does not read.
 func (c *client) send(p *pb.Packet) error {
+	c.senders.Add(1)
+	defer c.senders.Add(-1)
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
-	if err := c.stream.Send(p); err != nil {
+	err := c.stream.Send(p)
+	c.moved.Store(time.Now().UnixNano())
+	if err != nil {
 		c.cs.metrics.streamError(segmentToServer, err, wire.PacketTypeName(p.GetType()))
 		return err
 	}
 	c.cs.metrics.packet(segmentToServer, p.GetType())
 	return nil
+}
+
+// maxControl bounds a stream's control queue. A server that reads its
+// stream keeps it near empty; one that leaves maxControl answers unread
+// has not read for as long as it took to send that many packets for
+// distinct connections, and the stream is ended.
+const maxControl = 4096
+
+// controlKey names what a control packet answers: its type and its
+// connection ID (or dial random).
+type controlKey struct {
+	typ pb.PacketType
+	id  int64
+}
+
+// sendControl queues p, an answer without data, for controlLoop, without
+// waiting: that is how the receive loop answers, so that it never waits
+// on its own peer's send path. A packet with the same type and ID as one
+// still queued is dropped: the queued one says the same. A server that
+// leaves maxControl answers unread loses the stream.
+func (c *client) sendControl(p *pb.Packet, id int64) {
+	key := controlKey{p.GetType(), id}
+	c.controlMu.Lock()
+	if _, dup := c.controlKeys[key]; dup || c.controlOver {
+		c.controlMu.Unlock()
+		return
+	}
+	if len(c.control) >= maxControl {
+		c.controlMu.Unlock()
+		c.cs.metrics.streamEnded(streamEndedControlBacklog)
+		c.logger.Info("Ended a proxy-server stream whose server left too many answers unread; the agent will connect again", "queued", maxControl)
+		c.cancel()
+		return
+	}
+	if c.controlKeys == nil {
+		c.controlKeys = map[controlKey]struct{}{}
+	}
+	c.controlKeys[key] = struct{}{}
+	c.control = append(c.control, p)
+	c.controlMu.Unlock()
+	c.cs.metrics.addControlQueued(1)
+	select {
+	case c.controlReady <- struct{}{}:
+	default: // controlLoop is woken already
+	}
+}
+
+// controlLoop sends the control queue until ctx, the stream's, ends, and
+// is the stream's liveness backstop: a stream on which nothing has moved
+// for StreamStallTimeout while packets wait to be sent is stuck, whatever
+// the cause, and is ended, so that the agent dials the server again.
+func (c *client) controlLoop(ctx context.Context) {
+	defer c.dropControl()
+	var tick <-chan time.Time
+	if d := c.cs.cfg.StreamStallTimeout; d > 0 {
+		ticker := time.NewTicker(d / 4)
+		defer ticker.Stop()
+		tick = ticker.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+			if c.stalled(c.cs.cfg.StreamStallTimeout) {
+				c.cs.metrics.streamEnded(streamEndedStalled)
+				c.logger.Info("Ended a proxy-server stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", c.cs.cfg.StreamStallTimeout)
+				c.cancel()
+				return
+			}
+		case <-c.controlReady:
+			for {
+				c.controlMu.Lock()
+				if len(c.control) == 0 {
+					c.controlMu.Unlock()
+					break
+				}
+				p := c.control[0]
+				c.control[0] = nil
+				c.control = c.control[1:]
+				if len(c.control) == 0 {
+					c.control = nil // let the array go
+				}
+				c.controlMu.Unlock()
+				// Its key stays until it is sent: a second answer queued
+				// meanwhile would say the same.
+				err := c.send(p)
+				c.controlMu.Lock()
+				delete(c.controlKeys, controlKey{p.GetType(), controlID(p)})
+				c.controlMu.Unlock()
+				c.cs.metrics.addControlQueued(-1)
+				if err != nil {
+					c.logger.V(4).Info("Failed to send an answer", "type", p.GetType().String(), "err", err)
+					return // the stream is broken: the receive loop sees it
+				}
+			}
+		}
+	}
+}
+
+// controlID is the ID a control packet is keyed by.
+func controlID(p *pb.Packet) int64 {
+	if p.GetType() == pb.PacketType_DIAL_RSP {
+		return p.GetDialResponse().GetRandom()
+	}
+	return p.GetCloseResponse().GetConnectID()
+}
+
+// dropControl empties the control queue of a stream that has ended.
+func (c *client) dropControl() {
+	c.controlMu.Lock()
+	defer c.controlMu.Unlock()
+	c.cs.metrics.addControlQueued(-len(c.control))
+	c.control, c.controlKeys, c.controlOver = nil, nil, true
+}
+
+// stalled reports whether packets have waited to be sent while nothing
+// moved on the stream for d.
+func (c *client) stalled(d time.Duration) bool {
+	if time.Since(time.Unix(0, c.moved.Load())) < d {
+		return false
+	}
+	if c.senders.Load() > 0 {
+		return true
+	}
+	c.controlMu.Lock()
+	defer c.controlMu.Unlock()
+	return len(c.control) > 0
 }
 
 // drain sends DRAIN, once.
@@ -131,8 +288,10 @@ func (c *client) run(ctx context.Context, drain bool) {
 	if drain {
 		c.drain()
 	}
-	// The stream's context ends with the stream: dials and blocked writes
-	// stop with it.
+	// The stream's context ends with the stream: dials, blocked writes
+	// and controlLoop stop with it.
+	c.moved.Store(time.Now().UnixNano())
+	c.wg.Go(func() { c.controlLoop(c.stream.Context()) })
 	err := c.receive(klog.NewContext(c.stream.Context(), c.logger))
 	if ctx.Err() == nil {
 		c.logger.V(2).Info("Lost proxy-server connection", "err", err)
@@ -165,6 +324,7 @@ func (c *client) receive(ctx context.Context) error {
 			c.cs.metrics.streamError(segmentFromServer, err, "UNKNOWN")
 			return err
 		}
+		c.moved.Store(time.Now().UnixNano())
 		c.cs.metrics.packet(segmentFromServer, p.GetType())
 		switch p.GetType() {
 		case pb.PacketType_DIAL_REQ:
@@ -175,7 +335,7 @@ func (c *client) receive(ctx context.Context) error {
 			if reason, errText := c.admitDial(); reason != "" {
 				c.cs.metrics.endpointDialFailed(reason)
 				logger.V(2).Info("Refused DIAL_REQ", "reason", string(reason), "dialID", req.GetRandom())
-				_ = c.sendDialRsp(req.GetRandom(), 0, errText) // a failed send ends the stream: Recv reports it
+				c.sendControl(wire.DialRsp(req.GetRandom(), 0, errText), req.GetRandom())
 				continue
 			}
 			c.wg.Go(func() { c.dial(ctx, req) })
@@ -265,9 +425,7 @@ func (c *client) forget(t *tunnel) {
 	}
 }
 
-// sendCloseRsp answers CLOSE_RSP{id, errText}.
+// sendCloseRsp answers CLOSE_RSP{id, errText}, without waiting.
 func (c *client) sendCloseRsp(id int64, errText string) {
-	if err := c.send(wire.CloseRsp(id, errText)); err != nil {
-		c.logger.V(4).Info("Failed to send CLOSE_RSP", "connectID", id, "err", err)
-	}
+	c.sendControl(wire.CloseRsp(id, errText), id)
 }

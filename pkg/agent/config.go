@@ -54,6 +54,12 @@ const (
 	// keeps through one agent (logs, exec, port-forward, webhooks), and
 	// far below the file limit of a container.
 	DefaultMaxTunnelsPerServer = 5000
+	// DefaultStreamStallTimeout is how long nothing may move on a server
+	// stream while packets wait to be sent before the agent ends it and
+	// dials again: well above every bounded wait of a healthy stream (the
+	// 10 s write timeouts of endpoints and frontends), so that only a
+	// stream that is truly stuck is ended.
+	DefaultStreamStallTimeout = 30 * time.Second
 )
 
 // syncBackoffMultiplier is how much the wait grows after each failed or
@@ -142,6 +148,12 @@ type Config struct {
 	// stream's other tunnels. -1 turns it off, and the agent speaks
 	// upstream's protocol exactly.
 	TunnelWindow int
+	// StreamStallTimeout is the liveness backstop: a server stream on
+	// which nothing has moved, in or out, for this long while packets
+	// wait to be sent is ended and dialled again, logged and counted in
+	// servercount_agent_streams_ended_total{reason="stalled"}. Default
+	// DefaultStreamStallTimeout; a negative value turns it off.
+	StreamStallTimeout time.Duration
 	// Registerer receives the agent's metrics. Nil means they are not
 	// registered.
 	Registerer prometheus.Registerer
@@ -185,6 +197,7 @@ func DefaultConfig() Config {
 		MaxConcurrentDials:  DefaultMaxConcurrentDials,
 		MaxTunnelsPerServer: DefaultMaxTunnelsPerServer,
 		TunnelWindow:        wire.DefaultTunnelWindow,
+		StreamStallTimeout:  DefaultStreamStallTimeout,
 	}
 }
 
@@ -200,6 +213,7 @@ func (cfg Config) withDefaults() Config {
 	setDefault(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
 	setDefault(&cfg.EndpointWriteTimeout, DefaultEndpointWriteTimeout)
 	setDefault(&cfg.HoldDown, DefaultHoldDown)
+	setDefault(&cfg.StreamStallTimeout, DefaultStreamStallTimeout)
 	if cfg.ReceivedWindow == 0 {
 		cfg.ReceivedWindow = DefaultReceivedWindow
 	}

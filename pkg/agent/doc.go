@@ -16,4 +16,41 @@
 // caller builds the gRPC dial options (TLS, keepalive) and mounts
 // [ClientSet.Health] on its own server. Metrics are registered on the
 // prometheus.Registerer given in [Config].
+//
+// # Waits, and why none forms a cycle
+//
+// The design rule, shared with pkg/server: a stream's receive loop never
+// blocks on its own peer's send path. It takes no lock the senders hold
+// (sendMu), and never calls Send. Its answers (CLOSE_RSP for an unknown
+// connectID, refused DIAL_RSP, the CLOSE_RSP of a tunnel it ends) go to
+// the stream's control queue, which never waits, drops an answer already
+// queued, and is sent by a goroutine of its own; a server that leaves
+// maxControl answers unread loses the stream. A cycle of waits between
+// agent and server needs some receive loop to wait for its own peer to
+// read; with the rule on both sides none does, so both streams keep
+// draining. (Both loops once did, and a stream locked up for good under
+// ordinary churn: issue 21.)
+//
+// The waits that remain, and why none closes a cycle:
+//   - Dial goroutines (DIAL_RSP), tunnel readers (DATA), tunnel writers
+//     (WINDOW) and the control goroutine wait for sendMu and in Send for
+//     the server's HTTP/2 window. The server's receive loop never waits
+//     on the agent, so the window reopens.
+//   - With flow control the receive loop queues DATA in the tunnel's
+//     queue, which always has room (the server may not send beyond the
+//     window), and never waits.
+//   - Without flow control (an upstream server, or a window of -1) it
+//     waits for room in one tunnel's queue, for at most
+//     [Config.EndpointWriteTimeout] in all, then ends that tunnel:
+//     upstream's protocol has no other back-pressure. That bounded wait
+//     can be part of a chain through an endpoint that reads only after
+//     it has written, but the bound breaks it.
+//   - Tunnel writers wait for their endpoint, each write bounded by
+//     EndpointWriteTimeout.
+//
+// Liveness backstop: if a cycle nobody foresaw still forms, a stream on
+// which nothing has moved for [Config.StreamStallTimeout] while packets
+// wait to be sent is ended (logged at level 0, counted in
+// servercount_agent_streams_ended_total) and dialled again: it costs
+// seconds, not a restart.
 package agent

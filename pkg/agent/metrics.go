@@ -31,6 +31,9 @@ import (
 //	| servercount_agent_sync_rounds_total                               | counter | -                               | rounds of the sync loop, dialing or not                  |
 //	| servercount_agent_endpoint_dials_in_flight                        | gauge   | -                               | endpoint dials in flight; bounded by MaxConcurrentDials   |
 //	| servercount_agent_busiest_server_tunnels                          | gauge   | -                               | tunnels (dials included) on the server stream that has most; bounded by MaxTunnelsPerServer |
+//	| servercount_agent_queued_bytes                                    | gauge   | -                               | bytes from servers not yet written to endpoints          |
+//	| servercount_agent_control_queued_packets                          | gauge   | -                               | answers (CLOSE_RSP, refused DIAL_RSP) queued, not yet sent; at most 4096 per stream |
+//	| servercount_agent_streams_ended_total                             | counter | reason=stalled|control_backlog  | server streams the agent ended because they were stuck   |
 const (
 	upstreamNamespace = "konnectivity_network_proxy"
 	upstreamSubsystem = "agent"
@@ -69,6 +72,19 @@ const (
 	dialNone dialResult = "none"
 )
 
+// streamEndedReason labels streams_ended_total.
+type streamEndedReason string
+
+// The reasons the agent ends a server stream that is stuck.
+const (
+	// streamEndedStalled: nothing moved on the stream for
+	// StreamStallTimeout while packets waited to be sent.
+	streamEndedStalled streamEndedReason = "stalled"
+	// streamEndedControlBacklog: the server left maxControl answers
+	// unread.
+	streamEndedControlBacklog streamEndedReason = "control_backlog"
+)
+
 // metrics holds the agent's collectors. It is safe for concurrent use.
 type metrics struct {
 	openServerConns   prometheus.Gauge
@@ -85,6 +101,8 @@ type metrics struct {
 	streamErrors      *prometheus.CounterVec
 	connFailures      *prometheus.CounterVec
 	queuedBytes       prometheus.Gauge
+	controlQueued     prometheus.Gauge
+	streamsEnded      *prometheus.CounterVec
 }
 
 // Segments of a packet's way, as upstream labels them.
@@ -143,6 +161,16 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 			Name: "queued_bytes",
 			Help: "Bytes received from servers and not yet written to their endpoints, across every tunnel; at most 128 x 32 KiB per tunnel.",
 		}),
+		controlQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ourNamespace, Subsystem: ourSubsystem,
+			Name: "control_queued_packets",
+			Help: "Answers (CLOSE_RSP, refused DIAL_RSP) queued without waiting and not yet sent, across every server stream; at most 4096 per stream.",
+		}),
+		streamsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ourNamespace, Subsystem: ourSubsystem,
+			Name: "streams_ended_total",
+			Help: "Number of server streams the agent ended because they were stuck, by reason: stalled (nothing moved while packets waited), control_backlog (the server left too many answers unread).",
+		}, []string{"reason"}),
 		busiestServer: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: ourNamespace, Subsystem: ourSubsystem,
 			Name: "busiest_server_tunnels",
@@ -176,6 +204,9 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 	for _, r := range []dialResult{dialOK, dialDuplicate, dialError} {
 		m.serverDials.WithLabelValues(string(r))
 	}
+	for _, r := range []streamEndedReason{streamEndedStalled, streamEndedControlBacklog} {
+		m.streamsEnded.WithLabelValues(string(r))
+	}
 	if reg == nil {
 		return m, nil
 	}
@@ -196,12 +227,19 @@ func (m *metrics) collectors() []prometheus.Collector {
 		m.openServerConns, m.knownServerCount, m.endpointDialFails, m.openEndpointConns,
 		m.serverDials, m.targetCount, m.syncRounds, m.dialsInFlight, m.busiestServer,
 		m.dialDuration, m.streamPackets, m.streamErrors, m.connFailures, m.queuedBytes,
+		m.controlQueued, m.streamsEnded,
 	}
 }
 
 // addQueuedBytes adds n (negative: subtracts) to the bytes queued for
 // endpoints.
 func (m *metrics) addQueuedBytes(n int) { m.queuedBytes.Add(float64(n)) }
+
+// addControlQueued adds n (negative: subtracts) to the queued answers.
+func (m *metrics) addControlQueued(n int) { m.controlQueued.Add(float64(n)) }
+
+// streamEnded counts a server stream the agent ended as stuck.
+func (m *metrics) streamEnded(r streamEndedReason) { m.streamsEnded.WithLabelValues(string(r)).Inc() }
 
 // packet counts a packet sent to or received from a server.
 func (m *metrics) packet(segment string, typ pb.PacketType) {

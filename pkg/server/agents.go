@@ -84,7 +84,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
 	s.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
-	return s.waitStream(be.peer)
+	return s.waitStream(be.peer, be.logID)
 }
 
 // handshake checks the agent's metadata and returns its ID and identifiers,
@@ -212,6 +212,7 @@ func (s *Server) serveAgent(be *backend) {
 			s.backendGone(be)
 			return
 		}
+		be.peer.received()
 		s.metrics.packet(segmentFromAgent, pkt.GetType())
 		s.log.V(4).Info("Received packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		switch pkt.GetType() {

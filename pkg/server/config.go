@@ -75,6 +75,13 @@ func ParseStrategies(s string) ([]Strategy, error) {
 // the 10 s read timeout of the konnectivity-client library.
 const DefaultFrontendWriteTimeout = 10 * time.Second
 
+// DefaultStreamStallTimeout is how long nothing may move on an agent
+// stream while packets wait to be sent before the server ends it. It is
+// well above every bounded wait of a healthy stream (the 10 s write
+// timeouts of frontends and endpoints), so that only a stream that is
+// truly stuck is ended.
+const DefaultStreamStallTimeout = 30 * time.Second
+
 // TokenAuthenticator checks an agent's bearer token.
 type TokenAuthenticator interface {
 	// AuthenticateToken returns nil if token may connect, else an error
@@ -114,6 +121,13 @@ type Config struct {
 	// it shares. -1 turns it off: the server then speaks upstream's
 	// protocol exactly, whatever the agent offers.
 	TunnelWindow int
+	// StreamStallTimeout is the liveness backstop: an agent stream on
+	// which nothing has moved, in or out, for this long while packets
+	// wait to be sent is ended (the agent dials again), logged and
+	// counted in servercount_server_streams_ended_total{reason="stalled"}.
+	// Zero means [DefaultStreamStallTimeout]; a negative value turns it
+	// off.
+	StreamStallTimeout time.Duration
 	// Registerer receives the server's metrics. Nil means they are not
 	// registered anywhere.
 	Registerer prometheus.Registerer
@@ -146,6 +160,9 @@ func (cfg Config) withDefaults() (Config, error) {
 		errs = append(errs, fmt.Errorf("frontend write timeout %v is negative: use 0 for the default %v", cfg.FrontendWriteTimeout, DefaultFrontendWriteTimeout))
 	} else if cfg.FrontendWriteTimeout == 0 {
 		cfg.FrontendWriteTimeout = DefaultFrontendWriteTimeout
+	}
+	if cfg.StreamStallTimeout == 0 {
+		cfg.StreamStallTimeout = DefaultStreamStallTimeout
 	}
 	if cfg.TunnelWindow == 0 {
 		cfg.TunnelWindow = wire.DefaultTunnelWindow

@@ -24,6 +24,65 @@
 //
 // A Server is safe for concurrent use.
 //
+// # Waits, and why none forms a cycle
+//
+// The design rule: a receive loop never blocks on its own peer's send
+// path. It takes no lock a writer holds while sending, never waits for
+// room in its own stream's queue and never calls Send. A cycle of waits
+// between two processes needs some receive loop to wait, directly or
+// through other goroutines, for its own peer to read; the rule cuts every
+// such chain at the receive loop, which keeps reading, so every stream
+// keeps draining. (A stream once locked up for good under ordinary
+// churn when both receive loops waited on their own peer: issue 21.)
+//
+// Every gRPC stream has one writer goroutine, the only caller of Send. It
+// serves two queues. The data queue is bounded in packets (queueSize,
+// each at most wire.MaxDataPayload), and senders may wait for room in it.
+// The control queue carries what receive loops answer (CLOSE_REQ for a
+// connection the server has forgotten or refused, CLOSE_RSP for an
+// unknown connectID, DIAL_RSP errors); queueing there never waits. A
+// control packet goes after the data queued before it, so a CLOSE_REQ
+// never overtakes its connection's last DATA, and it is dropped when the
+// same answer is queued already. A peer that leaves maxControl of them
+// unread loses its stream.
+//
+// The waits that remain, and why none closes a cycle:
+//   - A frontend's receive loop (a gRPC frontend stream, or an HTTP
+//     CONNECT client's reader) waits for room in an agent stream's data
+//     queue: back-pressure on that frontend. The agent's writer waits
+//     only for the agent to read, and an agent's receive loop never waits
+//     on its server (pkg/agent keeps the same rule), so the queue drains.
+//     The wait ends with the frontend, the agent stream or the Server.
+//   - The same loop, for a flow-controlled tunnel, never waits for the
+//     agent's credit: data without credit goes to the tunnel's outbox,
+//     sent by a goroutine of the tunnel's own. Only when one tunnel has a
+//     window's worth in its outbox too does the loop wait for room there,
+//     and for at most [Config.FrontendWriteTimeout]; then that tunnel
+//     alone is ended. (Not waiting at all would need unbounded buffers or
+//     dropped data: a frontend stream has one HTTP/2 window for all its
+//     tunnels.)
+//   - An agent stream's receive loop hands an agent's DATA to a
+//     frontend. With flow control it queues it in the tunnel's queue,
+//     which always has room (the agent may not send beyond the window),
+//     and never waits. Without (an upstream agent, or a window of -1) it
+//     waits for room in the frontend's queue for at most
+//     FrontendWriteTimeout, then ends that frontend: upstream's protocol
+//     has no other back-pressure. That bounded wait can be part of a
+//     chain through a frontend that reads only after it has written, but
+//     the bound breaks it.
+//   - pump (per flow-controlled tunnel) waits for its frontend, bounded
+//     as above, and for room for WINDOW in the agent's data queue, which
+//     drains as above.
+//   - Writers wait in Send for their peer's HTTP/2 window, and nothing
+//     else waits on a writer but a full queue's senders, none of them a
+//     receive loop of the same stream.
+//
+// Liveness backstop: if a cycle nobody foresaw still forms, an agent
+// stream on which nothing has moved for [Config.StreamStallTimeout] while
+// packets wait to be sent is ended (logged at level 0, counted in
+// servercount_server_streams_ended_total), and its agent dials again: it
+// costs seconds, not a restart.
+//
 // # Flow control
 //
 // Every gRPC stream has one writer goroutine fed by a bounded queue, so

@@ -2,11 +2,13 @@ package server
 
 import (
 	"errors"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/flow"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -38,7 +40,7 @@ func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
 	s.mu.Unlock()
 	s.log.V(2).Info("Frontend connected", "remote", remoteAddr(stream.Context()))
 	s.goStream(f.peer, f.serve)
-	return s.waitStream(f.peer)
+	return s.waitStream(f.peer, "")
 }
 
 // serve is the frontend's receive loop.
@@ -81,21 +83,21 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 	// and a forwarded dial would hang. Refuse it at once.
 	if req.GetRandom() == 0 || req.GetAddress() == "" {
 		f.s.log.V(2).Info("Refused malformed dial request", "address", capPeer(req.GetAddress()), "dialID", req.GetRandom())
-		f.peer.send(wire.DialRsp(req.GetRandom(), 0, "invalid dial request: it needs an address and a non-zero random"), f.s.quit)
+		f.peer.sendControl(wire.DialRsp(req.GetRandom(), 0, "invalid dial request: it needs an address and a non-zero random"), req.GetRandom())
 		return
 	}
 	// As for HTTP CONNECT: an address no agent can dial is answered
 	// here, not with a DIAL_REQ and a dial attempt bound to fail.
 	if err := checkDialAddress(req.GetAddress()); err != nil {
 		f.s.log.V(2).Info("Refused dial request", "address", capPeer(req.GetAddress()), "dialID", req.GetRandom(), "err", err)
-		f.peer.send(wire.DialRsp(req.GetRandom(), 0, "invalid dial request: "+err.Error()), f.s.quit)
+		f.peer.sendControl(wire.DialRsp(req.GetRandom(), 0, "invalid dial request: "+err.Error()), req.GetRandom())
 		return
 	}
 	t, err := f.s.startDial(f, req.GetAddress(), req.GetRandom())
 	if err != nil {
 		f.s.log.V(2).Info("Dial refused", "address", capPeer(req.GetAddress()), "dialID", req.GetRandom(), "err", err)
 		if !errors.Is(err, errShuttingDown) {
-			f.peer.send(wire.DialRsp(req.GetRandom(), 0, err.Error()), f.s.quit)
+			f.peer.sendControl(wire.DialRsp(req.GetRandom(), 0, err.Error()), req.GetRandom())
 		}
 		return
 	}
@@ -122,15 +124,100 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 		// A CLOSE_REQ can cross the agent's CLOSE_RSP for a connection
 		// the target closed: the frontend has its answer already.
 		if pkt.GetType() != client.PacketType_CLOSE_REQ {
-			f.peer.send(wire.CloseRsp(connectID, errTextUnknownConnect), f.s.quit)
+			f.peer.sendControl(wire.CloseRsp(connectID, errTextUnknownConnect), connectID)
 		}
 		return
 	}
 	if pkt.GetType() == client.PacketType_DATA {
+		if t.credit != nil {
+			f.sendCredited(t, pkt.GetData().GetData())
+			return
+		}
 		f.s.sendData(t, pkt, f.peer.done)
 		return
 	}
+	f.s.mu.Lock()
+	ob := t.outbox
+	if ob != nil {
+		t.closeAfterOutbox = true
+	}
+	f.s.mu.Unlock()
+	if ob != nil {
+		// CLOSE_REQ goes after the data still waiting for credit.
+		ob.CloseWrite()
+		return
+	}
 	f.s.sendToAgent(t.be, pkt, f.peer.done)
+}
+
+// sendCredited sends DATA of flow-controlled tunnel t to its agent
+// without waiting for credit, so that one tunnel short of credit does not
+// hold up the others of this stream (nor their CLOSE_REQ and DIAL_CLS).
+// What the credit covers goes now; the rest waits in t's outbox, sent by
+// sendOutbox as credit comes. The receive loop waits only when the
+// outbox is full too, a window's worth: that is back-pressure on a
+// frontend sending faster than its endpoint reads, and it is bounded by
+// FrontendWriteTimeout, after which the tunnel is ended.
+func (f *grpcFrontend) sendCredited(t *tunnel, data []byte) {
+	s := f.s
+	s.mu.Lock()
+	ob := t.outbox
+	s.mu.Unlock()
+	for ob == nil && len(data) > 0 {
+		n, _ := t.credit.TryTake(min(len(data), wire.MaxDataPayload))
+		if n == 0 {
+			break
+		}
+		p := data
+		if n < len(data) {
+			// Cut with its capacity, so that wire.Recycle does not take
+			// a prefix for the whole buffer.
+			p = data[:n:n]
+		}
+		if !s.sendToAgent(t.be, wire.Data(t.connectID, p), f.peer.done) {
+			return
+		}
+		data = data[n:]
+	}
+	if len(data) == 0 {
+		return
+	}
+	if ob == nil {
+		s.mu.Lock()
+		if t.be.conns[t.connectID] != t || s.closed {
+			s.mu.Unlock()
+			return // the tunnel is over: its data goes nowhere
+		}
+		ob = flow.NewBoundedQueue(max(t.be.peerWindow, wire.MaxDataPayload))
+		t.outbox = ob
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.sendOutbox(t, ob, f.peer.done)
+	}
+	var timer *time.Timer
+	for len(data) > 0 {
+		n := min(len(data), wire.MaxDataPayload)
+		err := ob.Put(data[:n:n])
+		if err == nil {
+			data = data[n:]
+			continue
+		}
+		if !errors.Is(err, flow.ErrWindowExceeded) {
+			return // the tunnel is over
+		}
+		if timer == nil {
+			timer = time.NewTimer(s.cfg.FrontendWriteTimeout)
+			defer timer.Stop()
+		}
+		select {
+		case <-ob.Room():
+		case <-f.peer.done:
+			return
+		case <-timer.C:
+			s.endStuckTunnel(t, TunnelEndedNoCredit)
+			return
+		}
+	}
 }
 
 // gone drops the frontend's pending dials and closes its connections at

@@ -35,6 +35,10 @@ import (
 //	| servercount_server_reported_server_count                      | gauge   |                | the last serverCount sent to an agent                          |
 //	| servercount_server_agent_rejections_total                     | counter | reason         | agent streams refused at the handshake, by [RejectReason]      |
 //	| servercount_server_frontends_waiting_for_agent                | gauge   |                | frontends whose next packet waits for room in an agent's queue |
+//	| servercount_server_queued_bytes                               | gauge   |                | DATA bytes queued for agents and frontends, not yet sent       |
+//	| servercount_server_control_queued_packets                     | gauge   |                | control packets (replies of receive loops) queued, not yet sent |
+//	| servercount_server_streams_ended_total                        | counter | reason         | streams the server ended because they were stuck, by [StreamEndedReason] |
+//	| servercount_server_tunnels_ended_total                        | counter | reason         | tunnels the server ended because they were stuck, by [TunnelEndedReason] |
 const (
 	metricsNamespace = "konnectivity_network_proxy"
 	metricsSubsystem = "server"
@@ -84,6 +88,33 @@ var rejectReasons = []RejectReason{RejectInvalidMetadata, RejectUnauthenticated,
 // String returns the label value.
 func (r RejectReason) String() string { return string(r) }
 
+// StreamEndedReason is the reason label of the streams ended counter.
+type StreamEndedReason string
+
+// The reasons the server ends a stream that is stuck.
+const (
+	// StreamEndedStalled: nothing moved on an agent stream for
+	// Config.StreamStallTimeout while packets waited to be sent.
+	StreamEndedStalled StreamEndedReason = "stalled"
+	// StreamEndedControlBacklog: the peer left more control packets
+	// unread than a stream may queue.
+	StreamEndedControlBacklog StreamEndedReason = "control_backlog"
+)
+
+var streamEndedReasons = []StreamEndedReason{StreamEndedStalled, StreamEndedControlBacklog}
+
+// TunnelEndedReason is the reason label of the tunnels ended counter.
+type TunnelEndedReason string
+
+// The reasons the server ends a tunnel that is stuck.
+const (
+	// TunnelEndedNoCredit: a gRPC frontend's data for the tunnel waited
+	// Config.FrontendWriteTimeout for the agent's flow-control credit.
+	TunnelEndedNoCredit TunnelEndedReason = "no_credit"
+)
+
+var tunnelEndedReasons = []TunnelEndedReason{TunnelEndedNoCredit}
+
 // serviceMethod is the service_method label of the gRPC connections gauge.
 type serviceMethod string
 
@@ -105,6 +136,9 @@ type metrics struct {
 	agentRejection  *prometheus.CounterVec
 	waitingForAgent prometheus.Gauge
 	queuedBytes     prometheus.Gauge
+	controlQueued   prometheus.Gauge
+	streamsEnded    *prometheus.CounterVec
+	tunnelsEnded    *prometheus.CounterVec
 
 	readyBackends *prometheus.GaugeVec
 	dialDuration  prometheus.Histogram
@@ -172,6 +206,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "queued_bytes",
 			Help: "Bytes of DATA queued for agents and frontends and not yet sent, across every stream and HTTP CONNECT tunnel; at most 33 x 32 KiB per queue.",
 		}),
+		controlQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "control_queued_packets",
+			Help: "Control packets (CLOSE_REQ, CLOSE_RSP, DIAL_RSP errors) that receive loops queued without waiting and that are not yet sent, across every stream; at most 4096 per stream.",
+		}),
+		streamsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "streams_ended_total",
+			Help: "Number of streams the server ended because they were stuck, by reason: stalled (nothing moved while packets waited), control_backlog (the peer left too many control packets unread).",
+		}, []string{"reason"}),
+		tunnelsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "tunnels_ended_total",
+			Help: "Number of tunnels the server ended because they were stuck, by reason: no_credit (a frontend's data waited too long for the agent's flow-control credit).",
+		}, []string{"reason"}),
 		readyBackends: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "ready_backends",
 			Help: "Number of konnectivity agent connected to the proxy server",
@@ -208,11 +254,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range rejectReasons {
 		m.agentRejection.WithLabelValues(string(r))
 	}
+	for _, r := range streamEndedReasons {
+		m.streamsEnded.WithLabelValues(string(r))
+	}
+	for _, r := range tunnelEndedReasons {
+		m.tunnelsEnded.WithLabelValues(string(r))
+	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.queuedBytes,
+		m.controlQueued, m.streamsEnded, m.tunnelsEnded,
 		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
@@ -242,7 +295,14 @@ func (m *metrics) addWaitingForAgent(n int) {
 	m.waitingForAgent.Add(float64(n))
 	m.fullReceive.WithLabelValues(string(methodProxy)).Add(float64(n))
 }
-func (m *metrics) addQueuedBytes(n int) { m.queuedBytes.Add(float64(n)) }
+func (m *metrics) addQueuedBytes(n int)   { m.queuedBytes.Add(float64(n)) }
+func (m *metrics) addControlQueued(n int) { m.controlQueued.Add(float64(n)) }
+func (m *metrics) observeStreamEnded(r StreamEndedReason) {
+	m.streamsEnded.WithLabelValues(string(r)).Inc()
+}
+func (m *metrics) observeTunnelEnded(r TunnelEndedReason) {
+	m.tunnelsEnded.WithLabelValues(string(r)).Inc()
+}
 func (m *metrics) addReadyBackend(st Strategy, n int) {
 	m.readyBackends.WithLabelValues(string(st)).Add(float64(n))
 }

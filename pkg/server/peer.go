@@ -31,9 +31,30 @@ var (
 // packetStream is the server's side of an agent or frontend stream.
 type packetStream = grpc.BidiStreamingServer[client.Packet, client.Packet]
 
+// maxControl bounds a stream's control queue. A peer that reads its
+// stream keeps it near empty whatever it sends; one that fills it has not
+// read for as long as it took to answer maxControl distinct connections,
+// and its stream is ended (errControlBacklog).
+const maxControl = 4096
+
+var (
+	// errControlBacklog ends a stream whose peer left maxControl control
+	// packets unread.
+	errControlBacklog = errors.New("peer did not read its control packets: too many queued")
+	// errStalled ends an agent stream on which nothing moved for
+	// Config.StreamStallTimeout while packets waited to be sent.
+	errStalled = errors.New("nothing moved on the stream while packets waited")
+)
+
 // peer is one gRPC stream, agent or frontend, seen from the server. Its
 // writer goroutine is the only caller of stream.Send, so sends are
 // serialised without a lock held while sending.
+//
+// It has two queues. out carries packets that may wait for room: a
+// frontend's DATA waits there for its agent (back-pressure). The control
+// queue carries what a receive loop answers (CLOSE_REQ, CLOSE_RSP,
+// DIAL_RSP errors): queueing there never waits, so that a receive loop
+// never waits on its own peer's send path (see the package doc).
 type peer struct {
 	stream packetStream
 	out    chan *client.Packet // the send queue, read by writeLoop
@@ -42,14 +63,24 @@ type peer struct {
 	reason error // why the stream ended; written in once before done closes, read after
 
 	// dequeued counts the packets writeLoop has taken from out; see
-	// sendLate.
+	// sendControl.
 	dequeued atomic.Uint64
-	// lateReady wakes writeLoop when sendLate adds a packet; buffer of 1.
-	lateReady chan struct{}
-	lateMu    sync.Mutex
-	// late holds the packets of sendLate with the value of dequeued
-	// after which each may go. Guarded by lateMu.
-	late []latePacket
+	// controlReady wakes writeLoop when sendControl adds a packet; buffer
+	// of 1.
+	controlReady chan struct{}
+	controlMu    sync.Mutex
+	// control is the control queue, oldest first, each packet with the
+	// value of dequeued after which it may go; controlKeys holds a key
+	// per queued packet, so that a packet already queued for the same
+	// connection is not queued twice. Guarded by controlMu.
+	control     []controlPacket
+	controlKeys map[controlKey]struct{}
+
+	// moved is when a packet last moved on the stream, in or out (unix
+	// nanoseconds), and sending is set while writeLoop is in Send: see
+	// stalled.
+	moved   atomic.Int64
+	sending atomic.Bool
 
 	// metrics counts the packets sent, under segment (to_agent or
 	// to_client).
@@ -59,15 +90,26 @@ type peer struct {
 	queued queuedBytes
 }
 
-// latePacket is a packet of sendLate, due once dequeued reaches due.
-type latePacket struct {
+// controlPacket is a packet of the control queue, due once dequeued
+// reaches due.
+type controlPacket struct {
 	pkt *client.Packet
+	key controlKey
 	due uint64
+}
+
+// controlKey names what a control packet answers: its type and its
+// connection ID (or dial random).
+type controlKey struct {
+	typ client.PacketType
+	id  int64
 }
 
 // newPeer returns the peer of stream, whose sends m counts under segment.
 func newPeer(stream packetStream, m *metrics, segment string) *peer {
-	return &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), lateReady: make(chan struct{}, 1), metrics: m, segment: segment, queued: queuedBytes{m: m}}
+	p := &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), controlReady: make(chan struct{}, 1), metrics: m, segment: segment, queued: queuedBytes{m: m}}
+	p.moved.Store(time.Now().UnixNano())
+	return p
 }
 
 // end marks the stream as ended for reason; the first reason wins.
@@ -76,11 +118,16 @@ func (p *peer) end(reason error) {
 		p.reason = reason
 		close(p.done)
 		p.queued.stop()
+		p.controlMu.Lock()
+		p.metrics.addControlQueued(-len(p.control))
+		p.control, p.controlKeys = nil, nil
+		p.controlMu.Unlock()
 	})
 }
 
 // send queues pkt, waiting for room until the stream ends or quit closes.
-// It reports whether pkt was queued.
+// It reports whether pkt was queued. A receive loop never calls it on its
+// own stream: it uses sendControl.
 func (p *peer) send(pkt *client.Packet, quit <-chan struct{}) bool {
 	select {
 	case p.out <- pkt:
@@ -123,64 +170,99 @@ func (p *peer) sendWithin(pkt *client.Packet, d time.Duration, quit <-chan struc
 	}
 }
 
-// sendLate queues pkt without waiting: it goes after every packet queued
-// on out before the call, so it never overtakes them, but waits for no
-// room. It is for the CLOSE_REQ of a frontend that has gone: the frontend
-// cannot wait for an agent that does not read (its goroutines would stay
-// for as long as the agent does), and there is at most one such packet
-// per connection of the agent stream, so the list is bounded by them.
-func (p *peer) sendLate(pkt *client.Packet) {
+// sendControl queues pkt, a packet without data, on the control queue
+// without waiting. It goes after every packet queued on out before the
+// call, so it never overtakes them (a CLOSE_REQ never overtakes the
+// connection's last DATA), but it waits for no room. A packet with the
+// same type and ID as one still queued is dropped: the queued one says
+// the same. A peer that leaves maxControl packets unread loses its stream
+// (errControlBacklog); sendControl then reports false.
+func (p *peer) sendControl(pkt *client.Packet, id int64) bool {
+	key := controlKey{pkt.GetType(), id}
 	// The packets ahead are the queued ones and at most one that
 	// writeLoop has taken from out but not yet counted: reading len(out)
 	// first and counting that one makes due late by at most one packet
 	// (and by those dequeued between the two reads), never early. When
-	// out runs empty first, nextLate lets the packet go anyway.
-	queued := uint64(len(p.out))
-	due := p.dequeued.Load() + queued + 1
-	p.lateMu.Lock()
-	p.late = append(p.late, latePacket{pkt: pkt, due: due})
-	p.lateMu.Unlock()
+	// out runs empty first, nextControl lets the packet go anyway.
+	due := p.dequeued.Load() + uint64(len(p.out)) + 1
+	p.controlMu.Lock()
 	select {
-	case p.lateReady <- struct{}{}:
+	case <-p.done:
+		p.controlMu.Unlock()
+		return false
+	default:
+	}
+	if _, dup := p.controlKeys[key]; dup {
+		p.controlMu.Unlock()
+		return true
+	}
+	if len(p.control) >= maxControl {
+		p.controlMu.Unlock()
+		p.metrics.observeStreamEnded(StreamEndedControlBacklog)
+		p.end(errControlBacklog)
+		return false
+	}
+	if p.controlKeys == nil {
+		p.controlKeys = map[controlKey]struct{}{}
+	}
+	p.controlKeys[key] = struct{}{}
+	p.control = append(p.control, controlPacket{pkt: pkt, key: key, due: due})
+	p.controlMu.Unlock()
+	p.metrics.addControlQueued(1)
+	select {
+	case p.controlReady <- struct{}{}:
 	default: // writeLoop is woken already
 	}
+	return true
 }
 
-// nextLate removes and returns a packet of sendLate that is due, or nil.
-// Only writeLoop calls it, between sends: an empty out then means that
-// every packet queued before any late one has been sent.
-func (p *peer) nextLate() *client.Packet {
-	p.lateMu.Lock()
-	defer p.lateMu.Unlock()
-	n, drained := p.dequeued.Load(), len(p.out) == 0
-	for i, lp := range p.late {
-		if drained || lp.due <= n {
-			p.late = append(p.late[:i:i], p.late[i+1:]...)
-			return lp.pkt
-		}
+// nextControl removes and returns the oldest control packet if it is due,
+// or nil. Only writeLoop calls it, between sends: an empty out then means
+// that every packet queued before any control packet has been sent. The
+// queue is served in order: a packet behind one not yet due waits with
+// it, late by a few packets at most.
+func (p *peer) nextControl() *client.Packet {
+	p.controlMu.Lock()
+	defer p.controlMu.Unlock()
+	if len(p.control) == 0 {
+		return nil
 	}
-	return nil
+	first := p.control[0]
+	if first.due > p.dequeued.Load() && len(p.out) > 0 {
+		return nil
+	}
+	p.control[0] = controlPacket{}
+	p.control = p.control[1:]
+	if len(p.control) == 0 {
+		p.control = nil // let the array go
+	}
+	delete(p.controlKeys, first.key)
+	p.metrics.addControlQueued(-1)
+	return first.pkt
 }
 
 // writeLoop sends queued packets until the stream ends or a send fails.
 func (p *peer) writeLoop() {
 	for {
-		pkt := p.nextLate()
+		pkt := p.nextControl()
 		if pkt == nil {
 			select {
 			case <-p.done:
 				return
 			case pkt = <-p.out:
 				p.dequeued.Add(1)
-			case <-p.lateReady:
-				// A late packet not yet due waits for out to drain to
-				// it; each dequeue brings us back here.
+			case <-p.controlReady:
+				// A control packet not yet due waits for out to drain
+				// to it; each dequeue brings us back here.
 				continue
 			}
 		}
 		start := time.Now()
+		p.sending.Store(true)
 		err := p.stream.Send(pkt)
-		p.queued.add(-dataLen(pkt))           // late packets carry no data: 0
+		p.sending.Store(false)
+		p.moved.Store(time.Now().UnixNano())
+		p.queued.add(-dataLen(pkt))           // control packets carry no data: 0
 		wire.Recycle(pkt.GetData().GetData()) // Send has copied it
 		if err != nil {
 			p.metrics.streamError(p.segment, err, wire.PacketTypeName(pkt.GetType()))
@@ -192,6 +274,24 @@ func (p *peer) writeLoop() {
 		}
 		p.metrics.packet(p.segment, pkt.GetType())
 	}
+}
+
+// received records that a packet arrived on the stream.
+func (p *peer) received() { p.moved.Store(time.Now().UnixNano()) }
+
+// stalled reports whether packets have waited to be sent while nothing
+// moved on the stream, in or out, for d: the stream is stuck, whatever
+// the cause, and only ending it frees what waits on it.
+func (p *peer) stalled(d time.Duration) bool {
+	if time.Since(time.Unix(0, p.moved.Load())) < d {
+		return false
+	}
+	if p.sending.Load() || len(p.out) > 0 {
+		return true
+	}
+	p.controlMu.Lock()
+	defer p.controlMu.Unlock()
+	return len(p.control) > 0
 }
 
 // queuedBytes counts the bytes of one queue in the server's queued_bytes

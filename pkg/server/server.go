@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -127,21 +128,46 @@ func (s *Server) goStream(p *peer, recv func()) {
 // the handler's goroutine. The client's going away is watched here, not
 // only through Recv, because the receive loop may be waiting for room in
 // an agent's queue instead of receiving.
-func (s *Server) waitStream(p *peer) error {
-	select {
-	case <-p.done:
-	case <-p.stream.Context().Done():
-		p.end(p.stream.Context().Err())
-	case <-s.quit:
-		p.end(errShuttingDown)
+//
+// For an agent stream (agentID not empty) it is also the liveness
+// backstop: a stream on which nothing has moved for
+// Config.StreamStallTimeout while packets wait to be sent is stuck,
+// whatever the cause, and is ended, so that the agent dials again.
+func (s *Server) waitStream(p *peer, agentID string) error {
+	var tick <-chan time.Time
+	if d := s.cfg.StreamStallTimeout; agentID != "" && d > 0 {
+		ticker := time.NewTicker(d / 4)
+		defer ticker.Stop()
+		tick = ticker.C
+	}
+	for done := false; !done; {
+		select {
+		case <-p.done:
+			done = true
+		case <-p.stream.Context().Done():
+			p.end(p.stream.Context().Err())
+			done = true
+		case <-s.quit:
+			p.end(errShuttingDown)
+			done = true
+		case <-tick:
+			if p.stalled(s.cfg.StreamStallTimeout) {
+				s.log.Info("Ended an agent stream on which nothing moved while packets waited; the agent will connect again", "agentID", agentID, "stallTimeout", s.cfg.StreamStallTimeout)
+				s.metrics.observeStreamEnded(StreamEndedStalled)
+				p.end(errStalled)
+				done = true
+			}
+		}
 	}
 	switch err := p.reason; {
 	case err == nil, errors.Is(err, io.EOF):
 		return nil
 	case errors.Is(err, errShuttingDown):
 		return status.Error(codes.Unavailable, err.Error())
-	case errors.Is(err, errSlowFrontend):
+	case errors.Is(err, errSlowFrontend), errors.Is(err, errControlBacklog):
 		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, errStalled):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	default:

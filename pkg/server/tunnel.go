@@ -21,6 +21,7 @@ const (
 	errTextDuplicateID    = "connectID already in use on this frontend stream"
 	errTextUnknownConnect = "unknown connectID"
 	errTextWindowExceeded = "agent sent more than its flow-control window"
+	errTextNoCredit       = "agent granted no flow-control credit in time"
 )
 
 var (
@@ -73,6 +74,12 @@ type tunnel struct {
 	// last is the packet pump delivers after the queued DATA: CLOSE_RSP.
 	// Guarded by Server.mu.
 	last *client.Packet
+	// outbox holds a gRPC frontend's DATA that found no credit, for
+	// sendOutbox to send as credit comes; nil until the first such DATA.
+	// closeAfterOutbox is set when the frontend sent CLOSE_REQ after it.
+	// Both guarded by Server.mu.
+	outbox           *flow.Queue
+	closeAfterOutbox bool
 	// ending is set when a flow-controlled tunnel is over at the agent
 	// while pump still delivers what it queued: the frontend keeps the
 	// tunnel (its connectID stays taken, and what it sends for it is
@@ -181,8 +188,8 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	if t == nil {
 		s.mu.Unlock()
 		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
-		if rsp.GetConnectID() != 0 {
-			be.peer.send(wire.CloseReq(rsp.GetConnectID()), s.quit)
+		if id := rsp.GetConnectID(); id != 0 {
+			be.peer.sendControl(wire.CloseReq(id), id)
 		}
 		return
 	}
@@ -201,7 +208,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	if _, dup := be.conns[t.connectID]; dup || !t.fe.established(t) {
 		s.metrics.observeDialFailure(DialFailureDuplicate)
 		s.mu.Unlock()
-		be.peer.send(wire.CloseReq(t.connectID), s.quit)
+		be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
 		t.fe.deliver(wire.DialRsp(t.random, 0, errTextDuplicateID))
 		return
 	}
@@ -276,7 +283,7 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 	s.mu.Unlock()
 	if t == nil {
 		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.logID, "connectionID", id)
-		be.peer.send(wire.CloseReq(id), s.quit)
+		be.peer.sendControl(wire.CloseReq(id), id)
 		return
 	}
 	if t.q != nil {
@@ -315,8 +322,92 @@ func (s *Server) queueAgentData(be *backend, t *tunnel, data []byte) {
 	}
 	s.mu.Unlock()
 	if established {
-		be.peer.send(wire.CloseReq(t.connectID), s.quit)
+		be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
 	}
+}
+
+// sendOutbox sends what waits in t's outbox to t's agent as credit comes,
+// then CLOSE_REQ if the frontend asked for it. It ends with the tunnel or
+// the frontend (feDone). A wait for credit is bounded by
+// FrontendWriteTimeout: an agent that grants none for so long loses the
+// tunnel, which frees the frontend's receive loop if it waits for room in
+// the outbox.
+func (s *Server) sendOutbox(t *tunnel, ob *flow.Queue, feDone <-chan struct{}) {
+	defer s.wg.Done()
+	for {
+		b, ok := ob.Next(wire.MaxDataPayload, feDone)
+		if !ok {
+			break
+		}
+		for len(b) > 0 {
+			n := s.takeCreditWithin(t, len(b), feDone)
+			if n == 0 {
+				ob.Release(len(b))
+				return
+			}
+			// A fresh slice: the outbox's bytes are its own, and the
+			// packet's writer recycles only whole buffers of wire's.
+			if !s.sendToAgent(t.be, wire.Data(t.connectID, b[:n:n]), feDone) {
+				ob.Release(len(b))
+				return
+			}
+			ob.Release(n)
+			b = b[n:]
+		}
+	}
+	s.mu.Lock()
+	send := t.closeAfterOutbox && t.be.conns[t.connectID] == t
+	s.mu.Unlock()
+	if send {
+		s.sendToAgent(t.be, wire.CloseReq(t.connectID), feDone)
+	}
+}
+
+// takeCreditWithin waits up to FrontendWriteTimeout for credit for t and
+// takes up to max bytes of it. It returns 0 when the tunnel or the
+// frontend ended first, or when the time passed: then it ends t.
+func (s *Server) takeCreditWithin(t *tunnel, max int, feDone <-chan struct{}) int {
+	if n, open := t.credit.TryTake(max); n > 0 || !open {
+		return n
+	}
+	timer := time.NewTimer(s.cfg.FrontendWriteTimeout)
+	defer timer.Stop()
+	for {
+		n, open := t.credit.TryTake(max)
+		if n > 0 || !open {
+			return n
+		}
+		select {
+		case <-t.credit.Ready():
+		case <-feDone:
+			return 0
+		case <-timer.C:
+			s.endStuckTunnel(t, TunnelEndedNoCredit)
+			return 0
+		}
+	}
+}
+
+// endStuckTunnel ends established tunnel t, stuck for reason, at both
+// ends: the frontend gets CLOSE_RSP with an error after the data on its
+// way, and the agent CLOSE_REQ.
+func (s *Server) endStuckTunnel(t *tunnel, reason TunnelEndedReason) {
+	s.mu.Lock()
+	established := t.be.conns[t.connectID] == t
+	direct := false
+	if established {
+		direct = s.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextNoCredit))
+	}
+	s.mu.Unlock()
+	if !established {
+		return
+	}
+	s.metrics.observeTunnelEnded(reason)
+	s.log.Info("Ended a tunnel whose agent granted no flow-control credit for too long", "agentID", t.be.logID, "connectionID", t.connectID, "timeout", s.cfg.FrontendWriteTimeout)
+	if direct {
+		t.fe.deliver(wire.CloseRsp(t.connectID, errTextNoCredit))
+	}
+	t.be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
 }
 
 // onAgentCloseResponse handles CLOSE_RSP from agent stream be.
@@ -345,6 +436,9 @@ func (s *Server) forgetConnLocked(t *tunnel) {
 	if t.credit != nil {
 		t.credit.Close() // a frontend waiting for credit gives up
 	}
+	if t.outbox != nil {
+		t.outbox.Close() // nobody is left to take what waits for credit
+	}
 	s.metrics.addEstablished(-1)
 	s.metrics.observeConnection(time.Since(t.established))
 }
@@ -369,7 +463,7 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 		s.metrics.addQueuedBytes(-q.Close())
 	}
 	if established {
-		t.be.peer.sendLate(wire.CloseReq(t.connectID))
+		t.be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
 	}
 }
 

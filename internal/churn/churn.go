@@ -1,0 +1,438 @@
+// Package churn drives the traffic under which an agent stream once locked
+// up for good (issue 21): long uploads and downloads beside a stream of
+// short tunnels that are closed from both ends while data is still moving,
+// some of them read slowly. It watches that the stream keeps making
+// progress: a new tunnel must get its first byte at any moment, and every
+// short tunnel must finish or fail with an error within a bound.
+//
+// The workload only dials; the proxy under test is whatever the Dialer
+// goes through: servers and agents in the test process, or the binaries
+// as processes, ours or upstream's.
+package churn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Dialer opens a connection to addr through the proxy under test. The
+// connection may end when ctx does, and should: Run cancels ctx once it
+// is done with the connection, and that is the only way to end a
+// konnectivity-client connection whose Write waits for gRPC flow control
+// (its Close does not interrupt it).
+type Dialer func(ctx context.Context, addr string) (net.Conn, error)
+
+// Config is one churn run. Zero fields take the defaults below.
+type Config struct {
+	// Dial opens every tunnel of the run. Required.
+	Dial Dialer
+	// Targets are the endpoints the tunnels reach. Required.
+	Targets Targets
+	// Duration is how long the workload runs; default 10 s.
+	Duration time.Duration
+	// Uploads and Downloads are the long transfers that run for the whole
+	// Duration; default 10 each. Every third download reads slowly.
+	Uploads, Downloads int
+	// Workers open and close short tunnels, one at a time each; default 8.
+	// Even workers close their tunnels from the frontend while the target
+	// still sends, odd ones have the target close while the frontend
+	// still sends.
+	Workers int
+	// Stall is how long the run tolerates no progress: a probe tunnel
+	// that gets no echo, or a short tunnel that neither finishes nor
+	// fails, within Stall is a lock-up. Default 15 s: far beyond what any
+	// healthy tunnel takes on a loaded machine, far below forever.
+	Stall time.Duration
+	// ProbeInterval separates probe tunnels; default 500 ms.
+	ProbeInterval time.Duration
+}
+
+// Defaults of Config.
+const (
+	DefaultDuration      = 10 * time.Second
+	DefaultUploads       = 10
+	DefaultDownloads     = 10
+	DefaultWorkers       = 8
+	DefaultStall         = 15 * time.Second
+	DefaultProbeInterval = 500 * time.Millisecond
+)
+
+// Result is what a run did.
+type Result struct {
+	// Tunnels is the number of short tunnels that finished, and Failed
+	// the number that failed with an error (a refused dial included).
+	Tunnels, Failed int64
+	// Probes is the number of probe round trips that succeeded.
+	Probes int64
+	// Uploaded and Downloaded are the bytes the long transfers moved.
+	Uploaded, Downloaded int64
+	// SlowestProbe is the longest a successful probe took to get its
+	// echo.
+	SlowestProbe time.Duration
+	// FirstError is the first error of a short tunnel, for the log.
+	FirstError error
+}
+
+func (r Result) String() string {
+	return fmt.Sprintf("%d short tunnels (%d failed), %d probes (slowest %v), %d MB up, %d MB down",
+		r.Tunnels, r.Failed, r.Probes, r.SlowestProbe.Round(time.Millisecond), r.Uploaded>>20, r.Downloaded>>20)
+}
+
+// ErrLockedUp is wrapped by Run's error when the proxy stopped making
+// progress.
+var ErrLockedUp = errors.New("the proxy stopped making progress")
+
+// run is the state of one Run.
+type run struct {
+	cfg Config
+
+	tunnels, failed, probes atomic.Int64
+	up, down                atomic.Int64
+	slowest                 atomic.Int64 // nanoseconds
+
+	mu       sync.Mutex
+	firstErr error // guarded by mu
+	lockErr  error // guarded by mu
+	locked   chan struct{}
+}
+
+// Run runs the workload for cfg.Duration, or until ctx ends, and returns
+// what it did. The error wraps ErrLockedUp when a probe or a short tunnel
+// made no progress within cfg.Stall; it is nil otherwise, whatever single
+// tunnels failed with. Every goroutine and connection of the run is gone
+// when Run returns.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if cfg.Dial == nil || cfg.Targets.Sink == "" {
+		return Result{}, errors.New("churn: Config needs Dial and Targets")
+	}
+	cfg.Duration = or(cfg.Duration, DefaultDuration)
+	cfg.Uploads = or(cfg.Uploads, DefaultUploads)
+	cfg.Downloads = or(cfg.Downloads, DefaultDownloads)
+	cfg.Workers = or(cfg.Workers, DefaultWorkers)
+	cfg.Stall = or(cfg.Stall, DefaultStall)
+	cfg.ProbeInterval = or(cfg.ProbeInterval, DefaultProbeInterval)
+
+	r := &run{cfg: cfg, locked: make(chan struct{})}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range cfg.Uploads {
+		wg.Go(func() { r.longTransfer(ctx, i, true) })
+	}
+	for i := range cfg.Downloads {
+		wg.Go(func() { r.longTransfer(ctx, i, false) })
+	}
+	for i := range cfg.Workers {
+		wg.Go(func() { r.worker(ctx, i) })
+	}
+	wg.Go(func() { r.probe(ctx) })
+	if sleepOrLocked(ctx, cfg.Duration, r.locked) {
+		// The last word, with the load still on: a new tunnel gets its
+		// echo now, however short the run was.
+		r.finalProbe(ctx)
+	}
+	cancel()
+	wg.Wait()
+
+	res := Result{
+		Tunnels: r.tunnels.Load(), Failed: r.failed.Load(), Probes: r.probes.Load(),
+		Uploaded: r.up.Load(), Downloaded: r.down.Load(), SlowestProbe: time.Duration(r.slowest.Load()),
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res.FirstError = r.firstErr
+	return res, r.lockErr
+}
+
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// lockedUp records the first lock-up and ends the run.
+func (r *run) lockedUp(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.lockErr == nil {
+		r.lockErr = fmt.Errorf("%w: %s", ErrLockedUp, fmt.Sprintf(format, args...))
+		close(r.locked)
+	}
+}
+
+// tunnelFailed counts a short tunnel that failed with err.
+func (r *run) tunnelFailed(err error) {
+	r.failed.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.firstErr == nil {
+		r.firstErr = err
+	}
+}
+
+// watch closes c when ctx ends, so that a read or write blocked on a
+// connection without deadlines (konnectivity-client's) returns. The
+// returned stop reports whether it ran before the close.
+func watch(ctx context.Context, c net.Conn) (stop func() bool) {
+	return context.AfterFunc(ctx, func() { _ = c.Close() })
+}
+
+// longTransfer uploads to the sink or downloads from the source until ctx
+// ends, redialling when the tunnel breaks. Every third download reads
+// slowly: a few KiB, then a pause.
+func (r *run) longTransfer(ctx context.Context, i int, upload bool) {
+	slow := !upload && i%3 == 2
+	buf := make([]byte, 32<<10)
+	for ctx.Err() == nil {
+		addr := r.cfg.Targets.Source
+		if upload {
+			addr = r.cfg.Targets.Sink
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		c, err := r.cfg.Dial(cctx, addr)
+		if err != nil {
+			cancel()
+			if !sleep(ctx, 50*time.Millisecond) {
+				return
+			}
+			continue
+		}
+		stop := watch(cctx, c)
+		for ctx.Err() == nil {
+			if upload {
+				n, err := c.Write(buf)
+				r.up.Add(int64(n))
+				if err != nil {
+					break
+				}
+				continue
+			}
+			b := buf
+			if slow {
+				b = buf[:4<<10]
+			}
+			n, err := c.Read(b)
+			r.down.Add(int64(n))
+			if err != nil {
+				break
+			}
+			if slow && !sleep(ctx, 5*time.Millisecond) {
+				break
+			}
+		}
+		stop()
+		_ = c.Close()
+		cancel()
+	}
+}
+
+// worker opens short tunnels one after another until ctx ends.
+func (r *run) worker(ctx context.Context, i int) {
+	rng := rand.New(rand.NewPCG(uint64(i), 21))
+	for ctx.Err() == nil {
+		// Each tunnel must end on its own well within Stall; past it, it
+		// is cut and the run has locked up.
+		tctx, cancel := context.WithTimeout(ctx, r.cfg.Stall)
+		var err error
+		if i%2 == 0 {
+			err = r.frontendCloses(tctx, rng)
+		} else {
+			err = r.endpointCloses(tctx, rng)
+		}
+		hung := tctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return // the run is over: whatever happened is not the tunnel's
+		case hung:
+			r.lockedUp("a short tunnel neither finished nor failed within %v (worker %d)", r.cfg.Stall, i)
+			return
+		case err != nil:
+			r.tunnelFailed(err)
+		default:
+			r.tunnels.Add(1)
+		}
+	}
+}
+
+// frontendCloses reads a random amount from the endless source, then
+// closes the tunnel while the source still sends.
+func (r *run) frontendCloses(ctx context.Context, rng *rand.Rand) error {
+	c, err := r.cfg.Dial(ctx, r.cfg.Targets.Source)
+	if err != nil {
+		return fmt.Errorf("dial the source: %w", err)
+	}
+	stop := watch(ctx, c)
+	defer stop()
+	defer c.Close()
+	want := 1 + rng.IntN(256<<10)
+	buf := make([]byte, 32<<10)
+	for got := 0; got < want; {
+		n, err := c.Read(buf)
+		got += n
+		if err != nil {
+			return fmt.Errorf("read from the source after %d of %d bytes: %w", got, want, err)
+		}
+	}
+	return nil
+}
+
+// endpointCloses writes to a target that closes after a random amount,
+// and keeps writing until the close reaches the frontend as EOF.
+func (r *run) endpointCloses(ctx context.Context, rng *rand.Rand) error {
+	c, err := r.cfg.Dial(ctx, r.cfg.Targets.Closer)
+	if err != nil {
+		return fmt.Errorf("dial the closer: %w", err)
+	}
+	stop := watch(ctx, c)
+	defer stop()
+	defer c.Close()
+	// The first bytes tell the closer how much to read before it closes.
+	n := 1 + rng.IntN(256<<10)
+	hdr := []byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
+	if _, err := c.Write(hdr); err != nil {
+		return fmt.Errorf("write to the closer: %w", err)
+	}
+	eof := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, c)
+		eof <- err
+	}()
+	buf := make([]byte, 16<<10)
+	for {
+		select {
+		case err := <-eof:
+			if err != nil {
+				return fmt.Errorf("wait for the closer's close: %w", err)
+			}
+			return nil // the close arrived: the tunnel is done
+		default:
+		}
+		if _, err := c.Write(buf); err != nil {
+			// Writes fail once the tunnel is torn down; the read side
+			// says whether it ended cleanly.
+			_ = c.Close()
+			if err := <-eof; err != nil && !errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("wait for the closer's close: %w", err)
+			}
+			return nil
+		}
+	}
+}
+
+// probe dials the echo target every ProbeInterval and makes one round
+// trip. A probe without its echo within Stall, or no successful probe for
+// Stall (every dial refused, say), is a lock-up.
+func (r *run) probe(ctx context.Context) {
+	lastOK := time.Now()
+	for i := 0; ; i++ {
+		if !sleep(ctx, r.cfg.ProbeInterval) {
+			return
+		}
+		start := time.Now()
+		err := r.roundTrip(ctx)
+		hung := errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil
+		switch {
+		case ctx.Err() != nil:
+			return
+		case hung:
+			r.lockedUp("probe %d got no echo within %v (%v)", i, r.cfg.Stall, err)
+			return
+		case err == nil:
+			lastOK = time.Now()
+			r.probes.Add(1)
+			for d := int64(time.Since(start)); ; {
+				old := r.slowest.Load()
+				if d <= old || r.slowest.CompareAndSwap(old, d) {
+					break
+				}
+			}
+		case time.Since(lastOK) > r.cfg.Stall:
+			r.lockedUp("no probe got its echo for %v; the last one failed with %v", r.cfg.Stall, err)
+			return
+		}
+	}
+}
+
+// finalProbe retries a probe until one gets its echo; none within Stall
+// is a lock-up.
+func (r *run) finalProbe(ctx context.Context) {
+	deadline := time.Now().Add(r.cfg.Stall)
+	for {
+		err := r.roundTrip(ctx)
+		switch {
+		case err == nil:
+			r.probes.Add(1)
+			return
+		case ctx.Err() != nil:
+			return
+		case time.Now().After(deadline):
+			r.lockedUp("the final probe got no echo within %v: %v", r.cfg.Stall, err)
+			return
+		}
+		if !sleep(ctx, 100*time.Millisecond) {
+			return
+		}
+	}
+}
+
+// roundTrip dials the echo target and makes one round trip, within
+// Stall: a probe. Past Stall the error wraps context.DeadlineExceeded.
+func (r *run) roundTrip(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Stall)
+	defer cancel()
+	err := func() error {
+		c, err := r.cfg.Dial(ctx, r.cfg.Targets.Echo)
+		if err != nil {
+			return err
+		}
+		stop := watch(ctx, c)
+		defer stop()
+		defer c.Close()
+		msg := []byte("probe")
+		if _, err := c.Write(msg); err != nil {
+			return err
+		}
+		_, err = io.ReadFull(c, msg)
+		return err
+	}()
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	return err
+}
+
+// sleepOrLocked waits d, and reports true, unless ctx ends or locked
+// closes first.
+func sleepOrLocked(ctx context.Context, d time.Duration, locked <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+	case <-locked:
+	}
+	return false
+}
+
+// sleep waits d or until ctx ends, and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,101 @@
+package churn
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+)
+
+// Targets are the endpoints of a run, host:port each.
+type Targets struct {
+	// Sink reads and discards until EOF.
+	Sink string
+	// Source writes until the write fails.
+	Source string
+	// Closer reads a 4-byte big-endian length n, then n bytes, then
+	// closes the connection (while its peer still writes).
+	Closer string
+	// Echo writes back what it reads.
+	Echo string
+}
+
+// StartTargets starts the four targets on 127.0.0.1 in this process; they
+// stop, every connection closed and every goroutine gone, when tb ends.
+func StartTargets(tb testing.TB) Targets {
+	tb.Helper()
+	return Targets{
+		Sink: listen(tb, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }),
+		Source: listen(tb, func(c net.Conn) {
+			buf := make([]byte, 32<<10)
+			for {
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+			}
+		}),
+		Closer: listen(tb, func(c net.Conn) {
+			var hdr [4]byte
+			if _, err := io.ReadFull(c, hdr[:]); err != nil {
+				return
+			}
+			_, _ = io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(hdr[:])))
+		}),
+		Echo: listen(tb, func(c net.Conn) { _, _ = io.Copy(c, c) }),
+	}
+}
+
+// listen serves handle on a new loopback port, closing each connection
+// when handle returns, and returns the port's address.
+func listen(tb testing.TB, handle func(net.Conn)) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("churn: listen for a target: %v", err)
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		conns  = map[net.Conn]struct{}{}
+		closed bool
+	)
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if err != nil {
+				continue
+			}
+			mu.Lock()
+			if closed {
+				mu.Unlock()
+				_ = c.Close()
+				return
+			}
+			conns[c] = struct{}{}
+			mu.Unlock()
+			wg.Go(func() {
+				handle(c)
+				_ = c.Close()
+				mu.Lock()
+				delete(conns, c)
+				mu.Unlock()
+			})
+		}
+	})
+	tb.Cleanup(func() {
+		_ = l.Close()
+		mu.Lock()
+		closed = true
+		for c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return l.Addr().String()
+}
