@@ -47,6 +47,10 @@ type ServerConfig struct {
 	Count string
 	// OmitID and OmitCount leave the header out.
 	OmitID, OmitCount bool
+	// Deaf makes the server read nothing from its agents after the
+	// handshake: what an agent sends stays in gRPC's windows, and its
+	// Send blocks once they are full.
+	Deaf bool
 	// Metadata are more response headers, as key, value pairs: for
 	// example wire.HeaderTunnelWindow, to turn flow control on and then
 	// break its rules.
@@ -159,6 +163,13 @@ func (s *HostileServer) Connect(stream wire.AgentConnectServer) error {
 	case s.streams <- ss:
 	default:
 		return errors.New("adversary: hostile server: too many streams")
+	}
+	if s.cfg.Deaf {
+		select {
+		case <-stream.Context().Done():
+		case <-ss.end:
+		}
+		return nil
 	}
 	// The reader stops when the handler returns: gRPC then cancels the
 	// stream's context, which ends Recv.

@@ -168,7 +168,7 @@ func (c *client) sendControl(p *pb.Packet, id int64) {
 		c.controlMu.Unlock()
 		return
 	}
-	if len(c.control) >= maxControl {
+	if len(c.controlKeys) >= maxControl { // the one being sent included
 		c.controlMu.Unlock()
 		c.cs.metrics.streamEnded(streamEndedControlBacklog)
 		c.logger.Info("Ended a proxy-server stream whose server left too many answers unread; the agent will connect again", "queued", maxControl)

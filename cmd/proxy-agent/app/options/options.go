@@ -69,6 +69,8 @@ type Options struct {
 	// the flow-control window offered to servers per tunnel (-1: none).
 	EndpointWriteTimeout time.Duration
 	TunnelWindow         int
+	// StreamStallTimeout ends a server stream stuck for that long (0: never).
+	StreamStallTimeout time.Duration
 	// DrainTimeout bounds a drain (0: no bound): after the first signal
 	// the agent stops once no tunnel is open or this has passed.
 	DrainTimeout time.Duration
@@ -113,6 +115,7 @@ func NewOptions() *Options {
 		MaxConcurrentDials:   agent.DefaultMaxConcurrentDials,
 		MaxTunnelsPerServer:  agent.DefaultMaxTunnelsPerServer,
 		EndpointWriteTimeout: agent.DefaultEndpointWriteTimeout,
+		StreamStallTimeout:   agent.DefaultStreamStallTimeout,
 		TunnelWindow:         wire.DefaultTunnelWindow,
 		DrainTimeout:         DefaultDrainTimeout,
 	}
@@ -152,6 +155,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "most endpoint dials in flight at once, across every proxy-server; a dial request over it is refused at once")
 	fs.IntVar(&o.MaxTunnelsPerServer, "max-tunnels-per-server", o.MaxTunnelsPerServer, "most tunnels (dials in flight included) one proxy-server connection may hold open; a dial request over it is refused at once")
 	fs.DurationVar(&o.EndpointWriteTimeout, "endpoint-write-timeout", o.EndpointWriteTimeout, "close a tunnel whose endpoint takes none of its data for this long")
+	fs.DurationVar(&o.StreamStallTimeout, "stream-stall-timeout", o.StreamStallTimeout, "end and redial a proxy-server stream on which nothing moved for this long while packets waited to be sent; 0 never does")
 	fs.IntVar(&o.TunnelWindow, "tunnel-window", o.TunnelWindow, "bytes per tunnel and direction a proxy-server may send ahead of what the endpoint has read, with servers that take up flow control (servercount's); -1 turns flow control off")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "after the first SIGTERM, stop once no tunnel is open or this has passed (0: no bound); a second signal stops at once")
 	fs.StringVar(&o.HealthServerHost, "health-server-host", o.HealthServerHost, "address for the health port (empty: all)")
@@ -214,6 +218,9 @@ func (o *Options) Validate() []error {
 	if o.MaxTunnelsPerServer < 1 {
 		errs = append(errs, fmt.Errorf("invalid --max-tunnels-per-server %d: must be at least 1", o.MaxTunnelsPerServer))
 	}
+	if o.StreamStallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("invalid --stream-stall-timeout %v: must be positive, or 0 to turn the check off", o.StreamStallTimeout))
+	}
 	if o.EndpointWriteTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("invalid --endpoint-write-timeout %v: must be positive", o.EndpointWriteTimeout))
 	}
@@ -262,6 +269,10 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 	cfg.ServerCountMax = o.DNS.Max
 	cfg.MaxConcurrentDials, cfg.MaxTunnelsPerServer = o.MaxConcurrentDials, o.MaxTunnelsPerServer
 	cfg.EndpointWriteTimeout, cfg.TunnelWindow = o.EndpointWriteTimeout, o.TunnelWindow
+	cfg.StreamStallTimeout = o.StreamStallTimeout
+	if cfg.StreamStallTimeout == 0 {
+		cfg.StreamStallTimeout = -1 // the flag's 0 is "never"; the Config's is the default
+	}
 	cfg.Registerer = reg
 	cfg.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
 	if o.InsecurePlaintext {

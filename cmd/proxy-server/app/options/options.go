@@ -70,8 +70,11 @@ type Options struct {
 	// FrontendWriteTimeout bounds the wait for a frontend that does not
 	// read; TunnelWindow is the flow-control window granted to our
 	// agents per tunnel (-1: none).
-	FrontendWriteTimeout     time.Duration
-	TunnelWindow             int
+	FrontendWriteTimeout time.Duration
+	TunnelWindow         int
+	// StreamStallTimeout ends an agent stream stuck for that long (0:
+	// never).
+	StreamStallTimeout       time.Duration
 	DeleteExistingUDSFile    bool
 	EnableContentionProfiler bool
 
@@ -102,6 +105,7 @@ type Options struct {
 func NewOptions() *Options {
 	return &Options{
 		FrontendWriteTimeout:    server.DefaultFrontendWriteTimeout,
+		StreamStallTimeout:      server.DefaultStreamStallTimeout,
 		TunnelWindow:            wire.DefaultTunnelWindow,
 		ServerID:                serve.RandomID(),
 		ServerCount:             1,
@@ -155,6 +159,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.FrontendKeepaliveTime, "frontend-keepalive-time", o.FrontendKeepaliveTime, "time between keepalive pings to frontends")
 	fs.DurationVar(&o.BackendDialTimeout, "backend-dial-timeout", o.BackendDialTimeout, "give up on an agent's dial after this long (0: wait)")
 	fs.DurationVar(&o.FrontendWriteTimeout, "frontend-write-timeout", o.FrontendWriteTimeout, "end a frontend that takes none of its data for this long")
+	fs.DurationVar(&o.StreamStallTimeout, "stream-stall-timeout", o.StreamStallTimeout, "end an agent stream on which nothing moved for this long while packets waited to be sent (the agent connects again); 0 never does")
 	fs.IntVar(&o.TunnelWindow, "tunnel-window", o.TunnelWindow, "bytes per tunnel and direction an agent may send ahead of what its frontend has read, with agents that offer flow control (servercount's); -1 turns flow control off")
 	fs.DurationVar(&o.GracefulShutdownTimeout, "graceful-shutdown-timeout", o.GracefulShutdownTimeout, "how long to wait for streams to end on SIGTERM")
 	o.DNS.AddFlags(fs, false)
@@ -204,6 +209,9 @@ func (o *Options) Validate() []error {
 		errs = append(errs, errors.New("--kubeconfig needs --agent-namespace and --agent-service-account, or --enable-lease-controller"))
 	}
 	errs = append(errs, o.Leases.Validate()...)
+	if o.StreamStallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("invalid --stream-stall-timeout %v: must be positive, or 0 to turn the check off", o.StreamStallTimeout))
+	}
 	if o.FrontendWriteTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("invalid --frontend-write-timeout %v: must be positive", o.FrontendWriteTimeout))
 	}
@@ -359,7 +367,11 @@ func (o *Options) config(reg prometheus.Registerer) (st Setup, err error) {
 		BackendDialTimeout:   o.BackendDialTimeout,
 		FrontendWriteTimeout: o.FrontendWriteTimeout,
 		TunnelWindow:         o.TunnelWindow,
+		StreamStallTimeout:   o.StreamStallTimeout,
 		Registerer:           reg,
+	}
+	if cfg.StreamStallTimeout == 0 {
+		cfg.StreamStallTimeout = -1 // the flag's 0 is "never"; the Config's is the default
 	}
 	switch {
 	case o.AgentTokenFile != "":

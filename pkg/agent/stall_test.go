@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// Issue 21, the liveness backstop: a server stream on which nothing moves
+// while the agent has packets to send (a server that stopped reading) is
+// ended within StreamStallTimeout, logged at level 0 and counted, and the
+// agent dials the server again.
+func TestStalledServerStreamIsEndedAndRedialled(t *testing.T) {
+	const stall = 300 * time.Millisecond
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1", Deaf: true})
+	target := newTestTarget(t, false)
+	cfg := testConfig(tt, srv.Addr())
+	cfg.StreamStallTimeout = stall
+	a, logs := runLogged(t, cfg)
+
+	// The server asks for a tunnel to a target that never stops talking,
+	// and then reads nothing: the agent's DATA fills the stream's window
+	// and its Send waits.
+	ss := srv.NextStream(t)
+	ss.Send(t, wire.DialReq("tcp", target.addr, 1))
+	c := target.accepted(t)
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		chunk := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	require.Eventually(t, func() bool {
+		v, _ := a.metric(t, "servercount_agent_streams_ended_total", "reason", "stalled")
+		return v >= 1 && srv.Opened() >= 2
+	}, waitFor, tick, "the stalled stream was not ended and dialled again")
+	assert.Contains(t, logs.String(), "Ended a proxy-server stream on which nothing moved while packets waited")
+	c.Close()
+	<-writerDone
+
+	// The new stream is idle: nothing waits on it, so it stays.
+	opened := srv.Opened()
+	assert.Never(t, func() bool { return srv.Opened() != opened }, 8*stall, stall/4, "an idle stream was ended")
+	assert.Equal(t, 1, strings.Count(logs.String(), "Ended a proxy-server stream on which nothing moved"), "a stream was ended more than once")
+}
+
+// Issue 21: the agent answers without waiting, so a server that stops
+// reading can make it queue answers; the queue is bounded. Answers to the
+// same connectID are queued once, and past the bound the stream is ended
+// (and counted), freeing the queue.
+func TestControlQueueIsBounded(t *testing.T) {
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1", Deaf: true})
+	target := newTestTarget(t, false)
+	cfg := testConfig(tt, srv.Addr())
+	cfg.StreamStallTimeout = -1 // the bound, not the backstop, must end it
+	a, logs := runLogged(t, cfg)
+	queued := func() float64 { v, _ := a.metric(t, "servercount_agent_control_queued_packets"); return v }
+
+	// As above: the agent's sends wait for a server that reads nothing.
+	ss := srv.NextStream(t)
+	ss.Send(t, wire.DialReq("tcp", target.addr, 1))
+	c := target.accepted(t)
+	defer c.Close()
+	go func() {
+		chunk := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	// DATA for unknown connections: each is answered with CLOSE_RSP,
+	// which waits in the queue. The same ID a thousand times is one
+	// answer.
+	for range 1000 {
+		ss.Send(t, wire.Data(1<<40, []byte("x")))
+	}
+	require.Eventually(t, func() bool { return queued() >= 1 }, waitFor, tick)
+	for id := int64(1); id < maxControl; id++ {
+		ss.Send(t, wire.Data(1<<40+id, []byte("x")))
+	}
+	require.Eventually(t, func() bool { return queued() == maxControl }, waitFor, tick)
+	v, _ := a.metric(t, "servercount_agent_streams_ended_total", "reason", "control_backlog")
+	require.Equal(t, float64(0), v, "the stream was ended before its queue passed the bound")
+
+	ss.Send(t, wire.Data(1<<41, []byte("x")))
+	require.Eventually(t, func() bool {
+		v, _ := a.metric(t, "servercount_agent_streams_ended_total", "reason", "control_backlog")
+		return v == 1 && queued() == 0 && srv.Opened() >= 2
+	}, waitFor, tick, "the stream over its answer bound was not ended")
+	assert.Contains(t, logs.String(), "Ended a proxy-server stream whose server left too many answers unread")
+}

@@ -1,0 +1,205 @@
+package server_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/pkg/server"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// Issue 21, the liveness backstop: an agent stream on which nothing moves
+// while packets wait to be sent is ended within its bound, logged at
+// level 0 and counted, so that its agent dials again. An idle stream with
+// nothing waiting is left alone.
+func TestStalledAgentStreamIsEnded(t *testing.T) {
+	t.Parallel()
+	const stall = 300 * time.Millisecond
+	reg := prometheus.NewPedanticRegistry()
+	log := logs.capture(t)
+	e := startEnv(t, server.Config{Registerer: reg, StreamStallTimeout: stall})
+	stalled := gaugeOf(reg, "servercount_server_streams_ended_total", map[string]string{"reason": "stalled"})
+
+	// An agent that never reads, with a frontend sending to it until its
+	// HTTP/2 window and then its queue are full: the writer waits in
+	// Send, and nothing else moves.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	_, stream := tunnelThroughAgent(t, ctx, e, "deaf")
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		chunk := make([]byte, 64<<10)
+		for stream.Send(wire.Data(1, chunk)) == nil {
+		}
+	}()
+	require.Eventually(t, func() bool { return stalled() == 1 && e.srv.Backends() == 0 }, waitFor, 5*time.Millisecond,
+		"the stalled agent stream was not ended")
+	assert.Contains(t, log.String(), "Ended an agent stream on which nothing moved while packets waited")
+	cancel()
+	<-sendDone
+
+	// An agent that reads nothing but has nothing waiting for it stays,
+	// however long it is idle.
+	a, err := connectAgent(t, e, agentOpts{id: "idle"})
+	require.NoError(t, err)
+	defer a.Close()
+	waitBackends(t, e, 1)
+	assert.Never(t, func() bool { return e.srv.Backends() != 1 }, 8*stall, stall/4, "an idle agent stream was ended")
+	assert.Equal(t, float64(1), stalled(), "an idle stream was counted as stalled")
+}
+
+// Issue 21: a gRPC frontend's receive loop never waits for one tunnel's
+// flow-control credit. The agent grants none for tunnel 1 while the
+// frontend sends it more than the window; the frontend's DATA and
+// CLOSE_REQ for tunnel 2, sent after, still reach the agent, before
+// tunnel 1 is given up. When tunnel 1 has a window's worth waiting too
+// and the agent still grants nothing for FrontendWriteTimeout, tunnel 1
+// alone is ended, at both ends, and counted.
+func TestGRPCFrontendDoesNotWaitForOneTunnelsCredit(t *testing.T) {
+	t.Parallel()
+	const window = 64 << 10
+	reg := prometheus.NewPedanticRegistry()
+	e := startEnv(t, server.Config{Registerer: reg, TunnelWindow: window, FrontendWriteTimeout: 2 * time.Second})
+	noCredit := gaugeOf(reg, "servercount_server_tunnels_ended_total", map[string]string{"reason": "no_credit"})
+	a, err := connectAgent(t, e, agentOpts{id: "stingy", extraMD: []string{wire.HeaderTunnelWindow, strconv.Itoa(window)}})
+	require.NoError(t, err)
+	waitBackends(t, e, 1)
+
+	f, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+	require.NoError(t, err)
+	defer f.Close()
+	for i, random := range []int64{7, 8} {
+		accepted := make(chan error, 1)
+		go func() { _, err := a.AcceptDial(int64(i + 1)); accepted <- err }()
+		id, err := f.Dial("127.0.0.1:9", random)
+		require.NoError(t, err)
+		require.NoError(t, <-accepted)
+		require.Equal(t, int64(i+1), id)
+	}
+
+	// Tunnel 1: the whole window, then as much again, which finds no
+	// credit. Tunnel 2: a few bytes and CLOSE_REQ.
+	chunk := make([]byte, window)
+	require.NoError(t, f.Send(wire.Data(1, chunk)))
+	require.NoError(t, f.Send(wire.Data(1, chunk)))
+	require.NoError(t, f.Send(wire.Data(2, []byte("beside"))))
+	require.NoError(t, f.Send(wire.CloseReq(2)))
+
+	// The agent reads: tunnel 1's window, then tunnel 2's packets, and
+	// no CLOSE_REQ for tunnel 1 before them.
+	var got1 int
+	var saw2Data, saw2Close bool
+	for !saw2Close {
+		p, err := recvWithin(a, waitFor)
+		require.NoError(t, err, "tunnel 2's packets never reached the agent: the frontend's receive loop waited for tunnel 1's credit")
+		switch {
+		case p.GetType() == client.PacketType_DATA && p.GetData().GetConnectID() == 1:
+			got1 += len(p.GetData().GetData())
+		case p.GetType() == client.PacketType_DATA && p.GetData().GetConnectID() == 2:
+			saw2Data = true
+		case p.GetType() == client.PacketType_CLOSE_REQ && p.GetCloseRequest().GetConnectID() == 2:
+			saw2Close = true
+		case p.GetType() == client.PacketType_CLOSE_REQ:
+			t.Fatalf("tunnel %d was closed before tunnel 2's packets went", p.GetCloseRequest().GetConnectID())
+		}
+	}
+	assert.True(t, saw2Data, "tunnel 2's DATA did not reach the agent before its CLOSE_REQ")
+	assert.Equal(t, window, got1, "tunnel 1 sent beyond its credit")
+
+	// More for tunnel 1 than its outbox holds: the frontend's loop waits
+	// for room, at most FrontendWriteTimeout, then tunnel 1 is ended.
+	require.NoError(t, f.Send(wire.Data(1, chunk)))
+	require.NoError(t, f.Send(wire.Data(1, chunk)))
+	for {
+		p, err := recvWithin(a, 3*waitFor)
+		require.NoError(t, err, "the agent never got CLOSE_REQ for the tunnel without credit")
+		if p.GetType() == client.PacketType_CLOSE_REQ && p.GetCloseRequest().GetConnectID() == 1 {
+			break
+		}
+		require.NotEqual(t, client.PacketType_DATA, p.GetType(), "data went beyond the credit")
+	}
+	for {
+		p, err := f.Recv()
+		require.NoError(t, err, "the frontend never got CLOSE_RSP for the tunnel without credit")
+		if p.GetType() == client.PacketType_CLOSE_RSP && p.GetCloseResponse().GetConnectID() == 1 {
+			assert.True(t, strings.Contains(p.GetCloseResponse().GetError(), "credit"), "CLOSE_RSP error %q does not say why", p.GetCloseResponse().GetError())
+			break
+		}
+	}
+	assert.Equal(t, float64(1), noCredit())
+	assert.Equal(t, 1, e.srv.Backends(), "the agent stream was dropped")
+}
+
+// recvWithin reads the agent's next packet, failing after d.
+func recvWithin(a *adversary.DeafAgent, d time.Duration) (*client.Packet, error) {
+	type result struct {
+		p   *client.Packet
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		p, err := a.Recv()
+		ch <- result{p, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.p, r.err
+	case <-time.After(d):
+		return nil, context.DeadlineExceeded
+	}
+}
+
+// Issue 21: the server answers an agent without waiting, so an agent
+// that stops reading can make it queue answers; the queue is bounded.
+// Answers for the same connection are queued once, and past the bound
+// the stream is ended (and counted), freeing the queue.
+func TestControlQueueIsBounded(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	e := startEnv(t, server.Config{Registerer: reg, StreamStallTimeout: -1})
+	queued := gaugeOf(reg, "servercount_server_control_queued_packets", nil)
+	backlog := gaugeOf(reg, "servercount_server_streams_ended_total", map[string]string{"reason": "control_backlog"})
+
+	// As above: the agent reads nothing, and the server's writer waits
+	// in Send behind a frontend's data.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	a, stream := tunnelThroughAgent(t, ctx, e, "deaf")
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		chunk := make([]byte, 64<<10)
+		for stream.Send(wire.Data(1, chunk)) == nil {
+		}
+	}()
+	waiting := gaugeOf(reg, "servercount_server_frontends_waiting_for_agent", nil)
+	require.Eventually(t, func() bool { return waiting() == 1 }, waitFor, 5*time.Millisecond, "the agent's queue never filled")
+
+	// DATA for unknown connections, each answered with CLOSE_REQ. The
+	// same ID a thousand times is one answer.
+	for range 1000 {
+		require.NoError(t, a.Send(wire.Data(1<<40, []byte("x"))))
+	}
+	for id := int64(1); id < server.MaxControl; id++ {
+		require.NoError(t, a.Send(wire.Data(1<<40+id, []byte("x"))))
+	}
+	require.Eventually(t, func() bool { return queued() == server.MaxControl }, waitFor, 5*time.Millisecond)
+	require.Equal(t, float64(0), backlog(), "the stream was ended before its queue passed the bound")
+	require.Equal(t, 1, e.srv.Backends())
+
+	require.NoError(t, a.Send(wire.Data(1<<41, []byte("x"))))
+	require.Eventually(t, func() bool { return backlog() == 1 && queued() == 0 && e.srv.Backends() == 0 }, waitFor, 5*time.Millisecond,
+		"the stream over its control bound was not ended")
+	cancel()
+	<-sendDone
+}
