@@ -10,6 +10,13 @@
 // expiry, whichever is first; a refused one is refused again for
 // DenialTTL without asking; concurrent reviews of one token are one
 // request; and at most MaxInFlight reviews run at once.
+//
+// Tokens come from peers that have proven nothing yet, so a flood of
+// distinct bogus tokens must cost little and end with its callers: a
+// review waits for its slot, and runs, only while some caller still waits
+// for it, and at most MaxQueued reviews wait for a slot; a token beyond
+// them is refused at once (ErrOverloaded), and its agent tries again, as
+// agents do.
 package tokenreview
 
 import (
@@ -25,7 +32,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/singleflight"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,6 +66,10 @@ type Config struct {
 	// MaxInFlight bounds the reviews sent at once; default
 	// DefaultMaxInFlight.
 	MaxInFlight int
+	// MaxQueued bounds the reviews waiting for one of the MaxInFlight
+	// slots; a token that would be one more is refused at once. Default
+	// DefaultMaxQueued.
+	MaxQueued int
 	// Registerer receives the review metrics; nil registers none.
 	Registerer prometheus.Registerer
 	// Clock tells when cached verdicts expire; nil means the real clock.
@@ -80,7 +90,15 @@ const (
 	DefaultDenialTTL   = 10 * time.Second
 	DefaultMaxEntries  = 10000
 	DefaultMaxInFlight = 32
+	// DefaultMaxQueued lets a fleet's reconnecting agents queue (a queue
+	// of 1024 behind 32 slots is about 0.6 s at 20 ms a review) while a
+	// flood of bogus tokens is refused beyond it.
+	DefaultMaxQueued = 1024
 )
+
+// ErrOverloaded is returned for a token that found MaxQueued reviews
+// waiting already: the agent should try again.
+var ErrOverloaded = errors.New("too many agent tokens waiting for review: try again")
 
 // Authenticator checks agent tokens with TokenReviews. It is safe for
 // concurrent use.
@@ -91,11 +109,26 @@ type Authenticator struct {
 	cfg      Config
 	metrics  *metrics
 
-	flight   singleflight.Group
 	inFlight chan struct{} // a token per review sent
 
-	mu    sync.Mutex // guards cache
+	mu    sync.Mutex // guards cache, reviews and pending
 	cache map[[sha256.Size]byte]verdict
+	// reviews are the reviews not yet decided, by token hash: a second
+	// caller of the same token waits for the same review.
+	reviews map[[sha256.Size]byte]*review
+	// pending counts the reviews started and not yet over, in flight or
+	// waiting for a slot; bounded by MaxInFlight + MaxQueued.
+	pending int
+}
+
+// review is one TokenReview that callers wait for.
+type review struct {
+	done   chan struct{} // closed once err is set
+	err    error
+	cancel context.CancelFunc
+	// waiters counts the callers waiting for it; the last to leave
+	// cancels it. Guarded by Authenticator.mu.
+	waiters int
 }
 
 // verdict is a cached review: err is nil for an accepted token.
@@ -123,6 +156,7 @@ func New(cfg Config) (*Authenticator, error) {
 	setDefault(&cfg.DenialTTL, DefaultDenialTTL)
 	setDefault(&cfg.MaxEntries, DefaultMaxEntries)
 	setDefault(&cfg.MaxInFlight, DefaultMaxInFlight)
+	setDefault(&cfg.MaxQueued, DefaultMaxQueued)
 	if cfg.Clock == nil {
 		cfg.Clock = servercounter.RealClock{}
 	}
@@ -138,6 +172,7 @@ func New(cfg Config) (*Authenticator, error) {
 		metrics:  m,
 		inFlight: make(chan struct{}, cfg.MaxInFlight),
 		cache:    map[[sha256.Size]byte]verdict{},
+		reviews:  map[[sha256.Size]byte]*review{},
 	}, nil
 }
 
@@ -156,22 +191,74 @@ func (a *Authenticator) AuthenticateToken(ctx context.Context, token string) err
 		a.metrics.hits.Inc()
 		return v.err
 	}
-	// Callers that share a review do not share a context: the review runs
-	// on its own, bounded by reviewTimeout, and each caller waits for it
-	// as long as its own context lets it.
-	ch := a.flight.DoChan(string(key[:]), func() (any, error) {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
-		defer cancel()
-		err := a.review(rctx, token)
-		a.remember(key, token, err)
-		return nil, err
-	})
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("review agent token: %w", err)
+	}
+	r, err := a.join(key, token)
+	if err != nil {
+		return err
+	}
 	select {
-	case r := <-ch:
-		return r.Err
+	case <-r.done:
+		return r.err
 	case <-ctx.Done():
+		a.leave(key, r)
 		return fmt.Errorf("review agent token: %w", ctx.Err())
 	}
+}
+
+// join returns the review of key that is under way, or starts one, and
+// counts the caller as waiting for it. Callers that share a review do not
+// share a context: the review runs on its own, bounded by reviewTimeout,
+// for as long as any of them waits.
+func (a *Authenticator) join(key [sha256.Size]byte, token string) (*review, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.reviews[key]
+	if r == nil {
+		if a.pending >= a.cfg.MaxInFlight+a.cfg.MaxQueued {
+			a.metrics.overloaded.Inc()
+			return nil, ErrOverloaded
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
+		r = &review{done: make(chan struct{}), cancel: cancel}
+		a.reviews[key] = r
+		a.pending++
+		a.metrics.pending.Set(float64(a.pending))
+		go a.run(ctx, key, token, r)
+	}
+	r.waiters++
+	return r, nil
+}
+
+// leave counts a caller that stopped waiting for r. The last one cancels
+// it, wherever it is: waiting for a slot, or sent.
+func (a *Authenticator) leave(key [sha256.Size]byte, r *review) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r.waiters--; r.waiters == 0 {
+		r.cancel()
+		if a.reviews[key] == r {
+			delete(a.reviews, key) // a new caller starts afresh
+		}
+	}
+}
+
+// run carries out review r of token and remembers its verdict.
+func (a *Authenticator) run(ctx context.Context, key [sha256.Size]byte, token string, r *review) {
+	r.err = a.review(ctx, token)
+	if ctx.Err() == nil || r.err == nil {
+		a.remember(key, token, r.err)
+	}
+	r.cancel()
+	a.mu.Lock()
+	if a.reviews[key] == r {
+		delete(a.reviews, key)
+	}
+	a.pending--
+	a.metrics.pending.Set(float64(a.pending))
+	a.mu.Unlock()
+	close(r.done)
 }
 
 // reviewTimeout bounds one TokenReview.
@@ -231,6 +318,10 @@ func (a *Authenticator) review(ctx context.Context, token string) error {
 		return fmt.Errorf("wait to review agent token: %w", ctx.Err())
 	}
 	defer func() { <-a.inFlight }()
+	if err := ctx.Err(); err != nil {
+		// The slot and the end came together: select chose the slot.
+		return fmt.Errorf("wait to review agent token: %w", err)
+	}
 	a.metrics.inFlight.Inc()
 	defer a.metrics.inFlight.Dec()
 	start := time.Now()
@@ -295,11 +386,13 @@ func expiry(token string) (time.Time, bool) {
 
 // metrics of the reviews.
 type metrics struct {
-	reviews  *prometheus.CounterVec
-	hits     prometheus.Counter
-	entries  prometheus.Gauge
-	inFlight prometheus.Gauge
-	latency  prometheus.Histogram
+	reviews    *prometheus.CounterVec
+	pending    prometheus.Gauge
+	overloaded prometheus.Counter
+	hits       prometheus.Counter
+	entries    prometheus.Gauge
+	inFlight   prometheus.Gauge
+	latency    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -309,6 +402,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "token_reviews_total",
 			Help: "TokenReviews sent to the API server for agent tokens, by result: accepted, refused, error.",
 		}, []string{"result"}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "token_reviews_pending",
+			Help: "TokenReviews started and not yet over, sent or waiting for a slot; at most 32 sent and 1024 waiting.",
+		}),
+		overloaded: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "token_reviews_overloaded_total",
+			Help: "Agent tokens refused at once, unreviewed, because the review queue was full.",
+		}),
 		hits: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "token_review_cache_hits_total",
 			Help: "Agent tokens judged from the review cache, without a TokenReview.",
@@ -328,7 +429,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.reviews, m.hits, m.entries, m.inFlight, m.latency} {
+		for _, c := range []prometheus.Collector{m.reviews, m.pending, m.overloaded, m.hits, m.entries, m.inFlight, m.latency} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register token review metrics: %w", err)
 			}

@@ -1,14 +1,18 @@
 package tokenreview_test
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/servercount/servercount/internal/clocktest"
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/tokenreview"
 )
@@ -50,7 +55,8 @@ type reviewServer struct {
 	reviews    atomic.Int32
 	inFlight   atomic.Int32
 	maxFlight  atomic.Int32
-	gate       chan struct{} // nil: no gate
+	gate       chan struct{} // nil: no gate; tokens "ungated..." pass
+	delay      time.Duration // how long each review takes
 	failing    atomic.Bool   // answer 500
 }
 
@@ -62,24 +68,9 @@ func newReviewServer(t *testing.T, tokens map[string]authenticationv1.TokenRevie
 			http.NotFound(w, r)
 			return
 		}
-		rs.reviews.Add(1)
-		n := rs.inFlight.Add(1)
-		defer rs.inFlight.Add(-1)
-		for m := rs.maxFlight.Load(); n > m && !rs.maxFlight.CompareAndSwap(m, n); m = rs.maxFlight.Load() {
-		}
-		if rs.gate != nil {
-			select {
-			case <-rs.gate:
-			case <-r.Context().Done():
-				return
-			}
-		}
-		if rs.failing.Load() {
-			http.Error(w, "etcd is down", http.StatusInternalServerError)
-			return
-		}
 		// client-go sends protobuf; the scheme's codecs read it as the
-		// API server would.
+		// API server would. Read first: only then does the server notice
+		// a client that goes away (and cancel r.Context).
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -88,6 +79,29 @@ func newReviewServer(t *testing.T, tokens map[string]authenticationv1.TokenRevie
 		var review authenticationv1.TokenReview
 		if _, _, err := scheme.Codecs.UniversalDeserializer().Decode(body, nil, &review); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		rs.reviews.Add(1)
+		n := rs.inFlight.Add(1)
+		defer rs.inFlight.Add(-1)
+		for m := rs.maxFlight.Load(); n > m && !rs.maxFlight.CompareAndSwap(m, n); m = rs.maxFlight.Load() {
+		}
+		if rs.delay > 0 {
+			select {
+			case <-time.After(rs.delay):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if rs.gate != nil && !strings.HasPrefix(review.Spec.Token, "ungated") {
+			select {
+			case <-rs.gate:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if rs.failing.Load() {
+			http.Error(w, "etcd is down", http.StatusInternalServerError)
 			return
 		}
 		review.APIVersion, review.Kind = "authentication.k8s.io/v1", "TokenReview"
@@ -260,4 +274,139 @@ func TestCacheIsBoundedAndSkipsErrors(t *testing.T) {
 	assert.Equal(t, int32(12), rs.reviews.Load(), "an API server error is no verdict: not cached")
 	errors, _ := metricstest.Value(reg, "servercount_server_token_reviews_total", "result", "error")
 	assert.Equal(t, 2.0, errors)
+}
+
+// Issue 21: a flood of distinct bogus tokens, from callers that leave at
+// once, ends with them. Each caller's review waits for a slot, and runs,
+// only while a caller waits: within a second of the callers leaving the
+// goroutines and the heap are back where they were, and the API server
+// saw few of the reviews.
+func TestFloodEndsWithItsCallers(t *testing.T) {
+	const (
+		callers = 2000
+		size    = 32 << 10
+	)
+	rs := newReviewServer(t, nil)
+	rs.gate = make(chan struct{}) // the API server is slow: it answers nothing
+	defer close(rs.gate)
+	a, _, reg := newCached(t, rs, unthrottled(t, rs, nil))
+	// Reviews first, as many at once as may be sent, so that client-go's
+	// pool of idle connections is full in the baseline.
+	var warm sync.WaitGroup
+	for i := range tokenreview.DefaultMaxInFlight {
+		warm.Go(func() { _ = a.AuthenticateToken(t.Context(), fmt.Sprint("ungated-", i)) })
+	}
+	warm.Wait()
+	reviewed := rs.reviews.Load()
+	goroutines, heap := runtime.NumGoroutine(), heapInUse()
+	// Every caller comes at once and goes at once, its own big token in
+	// hand.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Hour)
+	defer cancel()
+	var wg, ready sync.WaitGroup
+	ready.Add(callers)
+	start := make(chan struct{})
+	for i := range callers {
+		wg.Go(func() {
+			token := make([]byte, size)
+			copy(token, fmt.Sprint("bogus-", i, "-"))
+			ready.Done()
+			<-start
+			_ = a.AuthenticateToken(ctx, string(token))
+		})
+	}
+	ready.Wait()
+	close(start)
+	require.Eventually(t, func() bool { return rs.inFlight.Load() == tokenreview.DefaultMaxInFlight }, 10*time.Second, time.Millisecond)
+	cancel()
+	wg.Wait()
+	left := time.Now()
+	require.Eventually(t, func() bool {
+		return runtime.NumGoroutine() <= goroutines+2 && pending(reg) == 0 && rs.inFlight.Load() == 0
+	}, 5*time.Second, 10*time.Millisecond, "the flood's reviews outlived their callers: %d goroutines (baseline %d), %v pending",
+		runtime.NumGoroutine(), goroutines, pending(reg))
+	assert.Less(t, time.Since(left), time.Second, "freeing the flood took more than a second")
+	assert.Less(t, heapInUse(), heap+16<<20, "the flood's tokens are still held")
+	// Only reviews whose callers were still there were sent: the first
+	// MaxInFlight, and a few more that took the slots they freed before
+	// their own callers had gone (before the fix, every one was sent).
+	assert.Less(t, rs.reviews.Load()-reviewed, int32(callers/2), "reviews were sent for callers that had gone")
+}
+
+// Issue 21: during a flood of distinct bogus tokens from callers that
+// stay, a real agent's review goes through within a second: the queue in
+// front of the review slots is bounded, the flood beyond it is refused at
+// once (counted), and the agent, refused too while the queue is full,
+// tries again as agents do.
+func TestRealAgentGetsThroughAFlood(t *testing.T) {
+	const callers = 4000
+	good := jwt(time.Now().Add(time.Hour))
+	rs := newReviewServer(t, map[string]authenticationv1.TokenReviewStatus{good: {Authenticated: true, User: agentUser, Audiences: audience}})
+	rs.delay = 20 * time.Millisecond // a loaded API server
+	a, _, reg := newCached(t, rs, unthrottled(t, rs, func(c *tokenreview.Config) { c.MaxQueued = 128 }))
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	flooding := make(chan struct{})
+	var started sync.WaitGroup
+	started.Add(callers)
+	for i := range callers {
+		wg.Go(func() {
+			started.Done()
+			<-flooding
+			// The server's handshake waits 10 s at most.
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			_ = a.AuthenticateToken(ctx, fmt.Sprint("bogus-", i))
+		})
+	}
+	started.Wait()
+	close(flooding)
+	require.Eventually(t, func() bool { return pending(reg) > 0 }, 10*time.Second, time.Millisecond)
+
+	start := time.Now()
+	var err error
+	for time.Since(start) < 5*time.Second {
+		if err = a.AuthenticateToken(t.Context(), good); !errors.Is(err, tokenreview.ErrOverloaded) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the agent's retry, much shortened
+	}
+	took := time.Since(start)
+	require.NoError(t, err)
+	assert.Less(t, took, time.Second, "the real agent's review waited behind the flood")
+	overloaded, _ := metricstest.Value(reg, "servercount_server_token_reviews_overloaded_total")
+	assert.Greater(t, overloaded, 0.0, "the flood beyond the queue was not refused")
+}
+
+// unthrottled returns mod, and a client for rs without client-go's
+// client-side rate limit (5 requests a second by default, which
+// --kubeconfig-qps raises in production): the floods must meet this
+// package's bounds, not client-go's.
+func unthrottled(t *testing.T, rs *reviewServer, mod func(*tokenreview.Config)) func(*tokenreview.Config) {
+	t.Helper()
+	rc, err := kubeclient.Config(kubeclient.Options{Kubeconfig: rs.kubeconfig, QPS: 1e6, Burst: 1e6})
+	require.NoError(t, err)
+	client, err := kubeclient.NewTokenReviews(rc)
+	require.NoError(t, err)
+	return func(c *tokenreview.Config) {
+		c.Client = client
+		if mod != nil {
+			mod(c)
+		}
+	}
+}
+
+// pending reads the reviews started and not yet over.
+func pending(reg prometheus.Gatherer) float64 {
+	v, _ := metricstest.Value(reg, "servercount_server_token_reviews_pending")
+	return v
+}
+
+// heapInUse returns the live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
 }
