@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -96,16 +97,22 @@ type Call struct {
 type Counter struct {
 	cfg      CounterConfig
 	informer cache.SharedIndexInformer
+	synced   func() bool
 	cancel   context.CancelFunc
 	done     chan struct{}
 
 	mu sync.Mutex // guards the fields below
-	// renewals are the renewals of the leases in the informer's store,
-	// by name.
-	renewals map[string]*renewal
-	count    int
-	// expiry recounts when the next valid lease expires.
-	expiry servercounter.Timer
+	// leases are the leases in the informer's store, by name, and valid
+	// holds those valid when last looked at, soonest expiry first: the
+	// count is valid's length. Each event costs O(log n) (issue 21: a
+	// recount of every lease per event made the first list of 16,000
+	// leases quadratic).
+	leases map[string]*counted
+	valid  expiryHeap
+	count  int
+	// expiry recounts when the next valid lease expires, armedFor.
+	expiry   servercounter.Timer
+	armedFor time.Time
 	// apiErr is the last list or watch failure; nil once a list or watch
 	// has succeeded since. apiDown is when the failures began.
 	apiErr  error
@@ -146,7 +153,7 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = servercounter.RealClock{}
 	}
-	c := &Counter{cfg: cfg, done: make(chan struct{}), renewals: map[string]*renewal{}, changed: make(chan struct{})}
+	c := &Counter{cfg: cfg, done: make(chan struct{}), leases: map[string]*counted{}, changed: make(chan struct{})}
 	leases := cfg.Client
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
@@ -168,13 +175,21 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 		},
 	}
 	c.informer = cache.NewSharedIndexInformer(plainListWatch{lw}, &coordinationv1.Lease{}, 0, cache.Indexers{})
-	if _, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// The store keeps only what counting needs, not whole Leases.
+	if err := c.informer.SetTransform(slim); err != nil {
+		return nil, fmt.Errorf("lease: watch leases: %w", err)
+	}
+	handler, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.update(obj) },
 		UpdateFunc: func(_, obj any) { c.update(obj) },
 		DeleteFunc: c.remove,
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("lease: watch leases: %w", err)
 	}
+	// Synced once the handler, not only the store, has every lease of the
+	// first list: the count is the handler's.
+	c.synced = handler.HasSynced
 	if err := c.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
 		c.failed(ctx, err)
 	}); err != nil {
@@ -193,7 +208,7 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 // servercounter.SourceLeases. Before the first list has ended it waits for
 // it, up to ctx.
 func (c *Counter) Count(ctx context.Context) (servercounter.Result, error) {
-	if !c.informer.HasSynced() && !cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced) {
+	if !c.synced() && !c.waitSynced(ctx) {
 		c.mu.Lock()
 		err := c.apiErr
 		c.mu.Unlock()
@@ -205,6 +220,22 @@ func (c *Counter) Count(ctx context.Context) (servercounter.Result, error) {
 		return servercounter.Result{}, fmt.Errorf("lease: count unknown while the API server cannot be watched: %w", c.apiErr)
 	}
 	return servercounter.Result{Count: c.count, Found: c.count, Source: servercounter.SourceLeases, At: c.cfg.Clock.Now()}, nil
+}
+
+// waitSynced waits for the first list to be counted, up to ctx, and
+// reports whether it was. It looks every 10 ms (cache.WaitForCacheSync
+// looks every 100 ms, a tenth of a second on every start).
+func (c *Counter) waitSynced(ctx context.Context) bool {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for !c.synced() {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }
 
 // Changed returns a channel that is closed when the count changes, or when
@@ -228,6 +259,23 @@ func (c *Counter) Close() error {
 	return nil
 }
 
+// slim returns the part of a Lease that counting needs: its name and
+// namespace (the store's key), resource version, and renewal.
+func slim(obj any) (any, error) {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return obj, nil // a tombstone: its lease was slimmed already
+	}
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: l.Name, Namespace: l.Namespace, ResourceVersion: l.ResourceVersion},
+		Spec: coordinationv1.LeaseSpec{
+			AcquireTime:          l.Spec.AcquireTime,
+			RenewTime:            l.Spec.RenewTime,
+			LeaseDurationSeconds: l.Spec.LeaseDurationSeconds,
+		},
+	}, nil
+}
+
 func (c *Counter) update(obj any) {
 	l, ok := obj.(*coordinationv1.Lease)
 	if !ok {
@@ -236,8 +284,15 @@ func (c *Counter) update(obj any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.cfg.Clock.Now()
-	r := renewalOf(l, c.renewals[l.Name], now)
-	c.renewals[l.Name] = &r
+	e := c.leases[l.Name]
+	if e == nil {
+		e = &counted{index: -1}
+		c.leases[l.Name] = e
+		e.renewal = renewalOf(l, nil, now)
+	} else {
+		e.renewal = renewalOf(l, &e.renewal, now)
+	}
+	c.place(e, now)
 	c.recount(now)
 }
 
@@ -251,40 +306,91 @@ func (c *Counter) remove(obj any) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.renewals, l.Name)
+	if e := c.leases[l.Name]; e != nil {
+		if e.index >= 0 {
+			heap.Remove(&c.valid, e.index)
+		}
+		delete(c.leases, l.Name)
+	}
 	c.recount(c.cfg.Clock.Now())
 }
 
-// recount counts the valid leases at now, signals a change, and arms the
-// timer for the next expiry. c.mu must be held.
-func (c *Counter) recount(now time.Time) {
-	n := 0
-	var next time.Time
-	for _, r := range c.renewals {
-		end, ok := r.expiry()
-		if !ok || !end.After(now) {
-			continue
-		}
-		n++
-		if next.IsZero() || end.Before(next) {
-			next = end
-		}
+// place puts e among the valid leases if its renewal is valid at now,
+// and takes it out if not. c.mu must be held.
+func (c *Counter) place(e *counted, now time.Time) {
+	end, ok := e.renewal.expiry()
+	e.end = end
+	switch valid := ok && end.After(now); {
+	case valid && e.index >= 0:
+		heap.Fix(&c.valid, e.index)
+	case valid:
+		heap.Push(&c.valid, e)
+	case e.index >= 0:
+		heap.Remove(&c.valid, e.index)
 	}
-	if n != c.count {
+}
+
+// recount drops the leases that have expired by now, signals a change of
+// the count, and arms the timer for the next expiry. c.mu must be held.
+func (c *Counter) recount(now time.Time) {
+	for len(c.valid) > 0 && !c.valid[0].end.After(now) {
+		heap.Pop(&c.valid)
+	}
+	if n := len(c.valid); n != c.count {
 		c.count = n
 		c.signal()
+	}
+	var next time.Time
+	if len(c.valid) > 0 {
+		next = c.valid[0].end
+	}
+	if next.Equal(c.armedFor) && c.expiry != nil {
+		return // armed for it already
 	}
 	if c.expiry != nil {
 		c.expiry.Stop()
 		c.expiry = nil
 	}
+	c.armedFor = next
 	if !next.IsZero() {
 		c.expiry = c.cfg.Clock.AfterFunc(next.Sub(now), func() {
 			c.mu.Lock()
 			defer c.mu.Unlock()
+			c.expiry = nil
 			c.recount(c.cfg.Clock.Now())
 		})
 	}
+}
+
+// counted is a lease in the count: its renewal, when that expires, and
+// its place in the heap of valid leases (-1 when not valid).
+type counted struct {
+	renewal renewal
+	end     time.Time
+	index   int
+}
+
+// expiryHeap is a container/heap of valid leases, soonest expiry first.
+type expiryHeap []*counted
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].end.Before(h[j].end) }
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *expiryHeap) Push(x any) {
+	e := x.(*counted)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *expiryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	e.index = -1
+	return e
 }
 
 // signal wakes the watchers of Changed. c.mu must be held.
@@ -320,9 +426,10 @@ func (c *Counter) called(ctx context.Context, verb string, start time.Time, err 
 // now, by which time its holder has renewed it, or has gone. c.mu must be
 // held.
 func (c *Counter) recovered(now time.Time) {
-	for _, r := range c.renewals {
-		if end, ok := r.expiry(); ok && end.After(c.apiDown) {
-			r.seen = now
+	for _, e := range c.leases {
+		if end, ok := e.renewal.expiry(); ok && end.After(c.apiDown) {
+			e.renewal.seen = now
+			c.place(e, now)
 		}
 	}
 	c.apiErr, c.apiDown = nil, time.Time{}
