@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak cross images push image-test rules-test
+.PHONY: all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream cross images push image-test rules-test
 
 all: lint test build
 
@@ -136,10 +136,27 @@ image-test:
 	bash .ci/image-test
 
 ## soak: the binaries under thousands of normal, slow, vanishing and hostile
-## peers for SOAK_DURATION (default 2m); then every resource must come back
+## peers for SOAK_DURATION (default 2m), then every resource must come back;
+## then the churn of issue 21 for CHURN_SOAK_DURATION (default 1m) in each
+## frontend mode and window setting
 SOAK_DURATION ?= 2m
+CHURN_SOAK_DURATION ?= 1m
 soak:
 	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -v -timeout 15m -run TestSoak ./internal/soak
+	$(GO) test -count=1 -v -timeout 30m -run '^TestChurn$$' ./internal/proxytest -churn.duration=$(CHURN_SOAK_DURATION)
+
+## churn: the churn of issue 21 through the binaries as processes, ours and
+## upstream's in all four pairings, both frontend modes, CHURN_DURATION
+## (default 60s) each; builds upstream's binaries once (see make upstream)
+CHURN_DURATION ?= 60s
+churn:
+	$(GO) test -count=1 -v -timeout 40m -run TestChurnProcesses ./internal/churn -churn.process-duration=$(CHURN_DURATION)
+
+## upstream: build upstream's server, agent, test-client and test-server from
+## ../shared/upstream (or $$SERVERCOUNT_UPSTREAM_SRC) into ~/.cache, once, and
+## print their directory
+upstream:
+	@$(GO) run ./internal/upstream/cmd/upstream-bin
 
 ## bench: the benchmarks quoted in the README
 bench:

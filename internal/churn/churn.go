@@ -38,9 +38,11 @@ type Config struct {
 	// Duration is how long the workload runs; default 10 s.
 	Duration time.Duration
 	// Uploads and Downloads are the long transfers that run for the whole
-	// Duration; default 10 each. Every third download reads slowly.
+	// Duration; default 10 each, and -1 for none. Every third download
+	// reads slowly (4 KiB every 5 ms) unless Gentle.
 	Uploads, Downloads int
-	// Workers open and close short tunnels, one at a time each; default 8.
+	// Workers open and close short tunnels, one at a time each; default 8,
+	// and -1 for none.
 	// Even workers close their tunnels from the frontend while the target
 	// still sends, odd ones have the target close while the frontend
 	// still sends.
@@ -52,6 +54,13 @@ type Config struct {
 	Stall time.Duration
 	// ProbeInterval separates probe tunnels; default 500 ms.
 	ProbeInterval time.Duration
+	// Gentle leaves the slow readers out. Without flow control (upstream's
+	// protocol, a window of -1) one slow reader holds up every tunnel of
+	// its agent stream for as long as it keeps its queue full: upstream's
+	// own server and agent starve new tunnels for more than Stall with
+	// them. Runs with an upstream half are gentle, so that they test our
+	// half, not the protocol.
+	Gentle bool
 }
 
 // Defaults of Config.
@@ -123,13 +132,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	for i := range cfg.Uploads {
+	for i := range max(cfg.Uploads, 0) {
 		wg.Go(func() { r.longTransfer(ctx, i, true) })
 	}
-	for i := range cfg.Downloads {
+	for i := range max(cfg.Downloads, 0) {
 		wg.Go(func() { r.longTransfer(ctx, i, false) })
 	}
-	for i := range cfg.Workers {
+	for i := range max(cfg.Workers, 0) {
 		wg.Go(func() { r.worker(ctx, i) })
 	}
 	wg.Go(func() { r.probe(ctx) })
@@ -190,7 +199,7 @@ func watch(ctx context.Context, c net.Conn) (stop func() bool) {
 // ends, redialling when the tunnel breaks. Every third download reads
 // slowly: a few KiB, then a pause.
 func (r *run) longTransfer(ctx context.Context, i int, upload bool) {
-	slow := !upload && i%3 == 2
+	slow := !upload && i%3 == 2 && !r.cfg.Gentle
 	buf := make([]byte, 32<<10)
 	for ctx.Err() == nil {
 		addr := r.cfg.Targets.Source
@@ -207,7 +216,10 @@ func (r *run) longTransfer(ctx context.Context, i int, upload bool) {
 			continue
 		}
 		stop := watch(cctx, c)
-		for ctx.Err() == nil {
+		if !upload {
+			_, err = c.Write([]byte{'G'}) // the source's request
+		}
+		for err == nil && ctx.Err() == nil {
 			if upload {
 				n, err := c.Write(buf)
 				r.up.Add(int64(n))
@@ -274,6 +286,9 @@ func (r *run) frontendCloses(ctx context.Context, rng *rand.Rand) error {
 	stop := watch(ctx, c)
 	defer stop()
 	defer c.Close()
+	if _, err := c.Write([]byte{'G'}); err != nil {
+		return fmt.Errorf("send the source its request: %w", err)
+	}
 	want := 1 + rng.IntN(256<<10)
 	buf := make([]byte, 32<<10)
 	for got := 0; got < want; {

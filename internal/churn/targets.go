@@ -13,7 +13,11 @@ import (
 type Targets struct {
 	// Sink reads and discards until EOF.
 	Sink string
-	// Source writes until the write fails.
+	// Source reads one byte, the request, then writes until the write
+	// fails. It waits for the request, as HTTP servers do: a target that
+	// speaks first meets a race of the konnectivity-client library
+	// (v0.37), whose tunnel can take DATA that comes right after the
+	// DIAL_RSP for an unknown connection and close it.
 	Source string
 	// Closer reads a 4-byte big-endian length n, then n bytes, then
 	// closes the connection (while its peer still writes).
@@ -29,6 +33,10 @@ func StartTargets(tb testing.TB) Targets {
 	return Targets{
 		Sink: listen(tb, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }),
 		Source: listen(tb, func(c net.Conn) {
+			var req [1]byte
+			if _, err := io.ReadFull(c, req[:]); err != nil {
+				return
+			}
 			buf := make([]byte, 32<<10)
 			for {
 				if _, err := c.Write(buf); err != nil {

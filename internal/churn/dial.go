@@ -1,0 +1,78 @@
+package churn
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
+)
+
+// ConnectOverUnix returns a Dialer through a proxy-server's HTTP CONNECT
+// frontend on a Unix socket, as kube-apiserver's HTTPConnect egress over
+// UDS: a new connection per tunnel, CONNECT, and a 200.
+func ConnectOverUnix(socket string) Dialer {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "unix", socket)
+		if err != nil {
+			return nil, fmt.Errorf("connect to the proxy-server's socket %s: %w", socket, err)
+		}
+		// Until the 200, ctx bounds the handshake; after, the connection
+		// lives as long as ctx, as Dialer asks.
+		context.AfterFunc(ctx, func() { _ = c.Close() })
+		if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", addr, addr); err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("send CONNECT %s: %w", addr, err)
+		}
+		br := bufio.NewReader(c)
+		rsp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("read the answer to CONNECT %s: %w", addr, err)
+		}
+		if rsp.StatusCode != http.StatusOK {
+			_ = c.Close()
+			return nil, fmt.Errorf("CONNECT %s: %s", addr, rsp.Status)
+		}
+		if br.Buffered() == 0 {
+			return c, nil
+		}
+		return &bufferedConn{Conn: c, r: br}, nil
+	}
+}
+
+// bufferedConn is a connection whose first bytes were read into r.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// GRPCOverUnix returns a Dialer through a proxy-server's gRPC frontend on
+// a Unix socket, as kube-apiserver's GRPC egress: a new gRPC connection
+// and single-use tunnel per dial, made with the konnectivity-client
+// library, that ends when ctx does.
+func GRPCOverUnix(socket string) Dialer {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		tunnel, err := konnectivity.CreateSingleUseGrpcTunnelWithContext(ctx, ctx, socket,
+			grpc.WithContextDialer(func(ctx context.Context, socket string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", socket)
+			}),
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, fmt.Errorf("create a gRPC tunnel over %s: %w", socket, err)
+		}
+		conn, err := tunnel.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s through the gRPC tunnel: %w", addr, err)
+		}
+		return conn, nil
+	}
+}
