@@ -66,6 +66,9 @@ type Config struct {
 	// MaxInFlight bounds the reviews sent at once; default
 	// DefaultMaxInFlight.
 	MaxInFlight int
+	// ReviewTimeout bounds one review, from its start to the API
+	// server's answer; default DefaultReviewTimeout.
+	ReviewTimeout time.Duration
 	// MaxQueued bounds the reviews waiting for one of the MaxInFlight
 	// slots; a token that would be one more is refused at once. Default
 	// DefaultMaxQueued.
@@ -90,6 +93,9 @@ const (
 	DefaultDenialTTL   = 10 * time.Second
 	DefaultMaxEntries  = 10000
 	DefaultMaxInFlight = 32
+	// DefaultReviewTimeout bounds a review as a handshake is: an agent
+	// waits no longer.
+	DefaultReviewTimeout = 10 * time.Second
 	// DefaultMaxQueued lets a fleet's reconnecting agents queue (a queue
 	// of 1024 behind 32 slots is about 0.6 s at 20 ms a review) while a
 	// flood of bogus tokens is refused beyond it.
@@ -157,6 +163,7 @@ func New(cfg Config) (*Authenticator, error) {
 	setDefault(&cfg.MaxEntries, DefaultMaxEntries)
 	setDefault(&cfg.MaxInFlight, DefaultMaxInFlight)
 	setDefault(&cfg.MaxQueued, DefaultMaxQueued)
+	setDefault(&cfg.ReviewTimeout, DefaultReviewTimeout)
 	if cfg.Clock == nil {
 		cfg.Clock = servercounter.RealClock{}
 	}
@@ -209,7 +216,7 @@ func (a *Authenticator) AuthenticateToken(ctx context.Context, token string) err
 
 // join returns the review of key that is under way, or starts one, and
 // counts the caller as waiting for it. Callers that share a review do not
-// share a context: the review runs on its own, bounded by reviewTimeout,
+// share a context: the review runs on its own, bounded by ReviewTimeout,
 // for as long as any of them waits.
 func (a *Authenticator) join(key [sha256.Size]byte, token string) (*review, error) {
 	a.mu.Lock()
@@ -220,7 +227,7 @@ func (a *Authenticator) join(key [sha256.Size]byte, token string) (*review, erro
 			a.metrics.overloaded.Inc()
 			return nil, ErrOverloaded
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ReviewTimeout)
 		r = &review{done: make(chan struct{}), cancel: cancel}
 		a.reviews[key] = r
 		a.pending++
@@ -260,9 +267,6 @@ func (a *Authenticator) run(ctx context.Context, key [sha256.Size]byte, token st
 	a.mu.Unlock()
 	close(r.done)
 }
-
-// reviewTimeout bounds one TokenReview.
-const reviewTimeout = 10 * time.Second
 
 // cached returns the cached verdict on key, if one is still valid.
 func (a *Authenticator) cached(key [sha256.Size]byte) (verdict, bool) {

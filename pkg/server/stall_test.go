@@ -69,7 +69,7 @@ func TestGRPCFrontendDoesNotWaitForOneTunnelsCredit(t *testing.T) {
 	t.Parallel()
 	const window = 64 << 10
 	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg, TunnelWindow: window, FrontendWriteTimeout: 2 * time.Second})
+	e := startEnv(t, server.Config{Registerer: reg, TunnelWindow: window, FrontendWriteTimeout: 5 * time.Second})
 	noCredit := gaugeOf(reg, "servercount_server_tunnels_ended_total", map[string]string{"reason": "no_credit"})
 	a, err := connectAgent(t, e, agentOpts{id: "stingy", extraMD: []string{wire.HeaderTunnelWindow, strconv.Itoa(window)}})
 	require.NoError(t, err)
