@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream cross images push image-test rules-test
+.PHONY: all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream upstream-suite parity cross images push image-test rules-test
 
 all: lint test build
 
@@ -151,6 +151,19 @@ soak:
 CHURN_DURATION ?= 60s
 churn:
 	$(GO) test -count=1 -v -timeout 40m -run TestChurnProcesses ./internal/churn -churn.process-duration=$(CHURN_DURATION)
+
+## upstream-suite: upstream's own integration suite (its ./tests) against
+## our proxy-agent; every test must pass but the one that fails here with
+## upstream's agent too (skips, with one line, without upstream's source)
+upstream-suite:
+	$(GO) build -o $(BIN)/ ./cmd/proxy-agent
+	@rc=0; $(GO) run ./internal/upstream/cmd/upstream-suite -agent-path=$(BIN)/proxy-agent || rc=$$?; \
+	if [ $$rc -eq 3 ]; then exit 0; fi; exit $$rc
+
+## parity: the same scenarios through upstream's binaries and ours; a
+## difference not in the README's table "Differences from upstream" fails
+parity:
+	$(GO) test -count=1 -v -timeout 20m ./internal/parity -parity
 
 ## upstream: build upstream's server, agent, test-client and test-server from
 ## ../shared/upstream (or $$SERVERCOUNT_UPSTREAM_SRC) into ~/.cache, once, and

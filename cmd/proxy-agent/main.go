@@ -2,11 +2,11 @@
 // connection to every proxy-server and dials, on their behalf, into the
 // cluster network.
 //
-// The first SIGTERM drains: the agent tells the servers and keeps serving
-// its open tunnels, and stops once none is left or --drain-timeout has
-// passed (at once when there is nothing to drain). A second signal stops it at any time. A second signal
-// sent right after the first may be merged into it by the Go runtime;
-// the drain does not depend on it to end.
+// The first SIGTERM drains, as upstream's agent does: the agent tells
+// the servers, opens no new server connection and keeps serving, open
+// tunnels and new ones, until a second signal stops it. The drain is
+// bounded by --drain-timeout: a second signal sent right after the first
+// may be merged into it by the Go runtime.
 package main
 
 import (

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -182,70 +181,68 @@ func startPlainAgent(t *testing.T, agentPort int, args ...string) (*process, int
 }
 
 // Two SIGTERMs sent back to back, as `kill PID; kill PID` does, stop the
-// agent. The Go runtime merges the second into the first when it comes
-// before the first was handled, so the agent sees one signal: it must
-// not then drain forever (issue 10, item 15). Several rounds, since the
-// merge does not happen every time.
+// agent: at once when both arrive, and within --drain-timeout when the Go
+// runtime merged the second into the first (issue 10, item 15). Several
+// rounds, since the merge does not happen every time.
 func TestAgentStopsOnBackToBackSignals(t *testing.T) {
 	agentPort := plainServer(t)
 	for round := range 3 {
-		a, healthPort := startPlainAgent(t, agentPort)
+		a, healthPort := startPlainAgent(t, agentPort, "--drain-timeout=2s")
 		readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)
 		require.Eventually(t, func() bool { return status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent connected")
 		require.NoError(t, a.Process.Signal(syscall.SIGTERM))
-		// The first signal may already have stopped the agent, when it
-		// had nothing to drain; then there is no one left to signal.
-		if err := a.Process.Signal(syscall.SIGTERM); !errors.Is(err, os.ErrProcessDone) {
-			require.NoError(t, err)
-		}
+		require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 		assert.NoError(t, a.wait(t), "round %d", round)
 	}
 }
 
-// One SIGTERM with nothing to drain (no server connected) stops the
-// agent, without promising a drain (issue 10, item 13).
-func TestAgentSingleSignalWithNothingToDrainStops(t *testing.T) {
-	refused := freePorts(t, 1)[0]
-	a, _ := startPlainAgent(t, refused)
-	// At the default log level the refused port shows (issue 10, item 12).
-	require.Eventually(t, func() bool { return strings.Contains(a.stderr.String(), "Failed to connect to proxy-server") }, 20*time.Second, 10*time.Millisecond)
-	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, a.wait(t))
-	out := a.stderr.String()
-	assert.NotContains(t, out, "signal again")
-	assert.Contains(t, out, "Stopping: nothing to drain")
-	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), "once, not once per retry")
-}
-
-// A draining agent stops by itself once its last tunnel closes: no
-// second signal is needed, so a lost one cannot leave it running.
-func TestAgentStopsWhenDrainedTunnelsClose(t *testing.T) {
-	a, endpoint := agentWithOpenTunnel(t)
+// Issue 22, item 6: after the first SIGTERM the agent drains as
+// upstream's does: it keeps serving, new tunnels included, even with none
+// open, and the second signal stops it. (It used to stop at once when
+// nothing was open, and upstream's suite then found "No agent available"
+// in TestProxyHandle_AfterDrain.) An open tunnel goes on working across
+// the drain.
+func TestAgentServesUntilTheSecondSignal(t *testing.T) {
+	a, endpoint, dial := agentWithOpenTunnel(t)
 	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 	require.Eventually(t, func() bool { return strings.Contains(a.stderr.String(), "Draining") }, 20*time.Second, 10*time.Millisecond)
+
+	// The open tunnel still carries data, and a new one can be made.
+	_, err := endpoint.Write([]byte("still here"))
+	require.NoError(t, err)
+	c, target := dial()
+	_, err = target.Write([]byte("new"))
+	require.NoError(t, err)
+	got := make([]byte, 3)
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	assert.Equal(t, "new", string(got))
+	require.NoError(t, c.Close())
+	require.NoError(t, endpoint.Close())
+
 	select {
 	case <-a.exited:
-		t.Fatalf("agent stopped with a tunnel open: %v", a.err)
+		t.Fatalf("agent stopped after one signal: %v\n%s", a.err, a.stderr.String())
 	default:
 	}
-	require.NoError(t, endpoint.Close())
-	require.NoError(t, a.wait(t))
-	assert.Contains(t, a.stderr.String(), "Drained: every tunnel is closed")
-}
-
-// A drain whose tunnels stay open ends after --drain-timeout: a lost
-// second signal cannot leave the agent running for hours.
-func TestAgentDrainIsBounded(t *testing.T) {
-	a, _ := agentWithOpenTunnel(t, "--drain-timeout=200ms")
 	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, a.wait(t))
-	assert.Contains(t, a.stderr.String(), "Drain timed out with tunnels open, stopping")
+}
+
+// A drain ends after --drain-timeout: a lost second signal cannot leave
+// the agent running for hours.
+func TestAgentDrainIsBounded(t *testing.T) {
+	a, _, _ := agentWithOpenTunnel(t, "--drain-timeout=200ms")
+	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, a.wait(t))
+	assert.Contains(t, a.stderr.String(), "Drain timed out, stopping")
 }
 
 // agentWithOpenTunnel runs an insecure proxy-server and a proxy-agent
 // (with extra args) and opens one tunnel through them to a loopback
-// endpoint, which it returns with the agent.
-func agentWithOpenTunnel(t *testing.T, args ...string) (*process, net.Conn) {
+// endpoint, which it returns with the agent and a function that opens
+// another tunnel, returning the client's and the endpoint's end.
+func agentWithOpenTunnel(t *testing.T, args ...string) (*process, net.Conn, func() (net.Conn, net.Conn)) {
 	t.Helper()
 	ports := freePorts(t, 4)
 	start(t, build(t, "proxy-server"), "--insecure-plaintext", "--mode=http-connect",
@@ -257,17 +254,24 @@ func agentWithOpenTunnel(t *testing.T, args ...string) (*process, net.Conn) {
 	target, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { target.Close() })
-	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]))
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target.Addr(), target.Addr())
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	endpoint, err := target.Accept()
-	require.NoError(t, err)
-	t.Cleanup(func() { endpoint.Close() })
-	return a, endpoint
+	dial := func() (net.Conn, net.Conn) {
+		t.Helper()
+		conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target.Addr(), target.Addr())
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Zero(t, br.Buffered())
+		endpoint, err := target.Accept()
+		require.NoError(t, err)
+		t.Cleanup(func() { endpoint.Close() })
+		return conn, endpoint
+	}
+	_, endpoint := dial()
+	return a, endpoint, dial
 }
 
 type process struct {

@@ -18,7 +18,11 @@ import (
 
 func main() {
 	o := options.NewOptions()
-	serve.ParseFlags("proxy-server", o.Flags(), os.Args[1:], o.Validate)
+	fs := o.Flags()
+	serve.ParseFlags("proxy-server", fs, os.Args[1:], o.Validate)
+	if ignored := o.Ignored(fs); len(ignored) > 0 {
+		klog.InfoS("Ignored flags that have no effect in this server", "flags", ignored)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := app.Run(ctx, o); err != nil {

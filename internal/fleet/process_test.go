@@ -136,7 +136,7 @@ func BenchmarkServerProcess(b *testing.B) {
 		return m
 	}
 	streams := func() float64 {
-		v, _ := scrape().Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "AgentService/Connect")
+		v, _ := scrape().Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "Connect")
 		return v
 	}
 	type sample struct{ rssKiB, heap, stack, goroutines float64 }

@@ -152,16 +152,11 @@ func (o *PublishOptions) Validate() []error {
 }
 
 // Build returns the publisher of serverID's lease through the API server
-// rc reaches, and registers upstream's lease controller metrics with reg
-// (which may be nil).
-func (o *PublishOptions) Build(rc *rest.Config, serverID string, reg prometheus.Registerer) (*lease.Publisher, error) {
+// rc reaches, which counts its calls in m.
+func (o *PublishOptions) Build(rc *rest.Config, serverID string, m *PublishMetrics) (*lease.Publisher, error) {
 	client, err := kubeclient.NewLeases(rc, o.Namespace)
 	if err != nil {
 		return nil, fmt.Errorf("--enable-lease-controller: %w", err)
-	}
-	m := newPublishMetrics()
-	if err := register(reg, m.culled, m.deletes, m.lists, m.latency); err != nil {
-		return nil, err
 	}
 	p, err := lease.NewPublisher(lease.PublisherConfig{Client: client, ServerID: serverID, Labels: o.Labels, Observe: m.observe})
 	if err != nil {
@@ -170,21 +165,26 @@ func (o *PublishOptions) Build(rc *rest.Config, serverID string, reg prometheus.
 	return p, nil
 }
 
-// metrics are upstream's server lease metrics, with its names, labels and
-// HELP texts (typos included: dashboards match them); a labelled series
-// appears when it first happens.
-type publishMetrics struct {
-	culled, deletes, lists *prometheus.CounterVec
-	latency                *prometheus.HistogramVec
+// PublishMetrics are upstream's server lease metrics, with its names,
+// labels and HELP texts (typos included: dashboards match them). A server
+// registers them whether or not it publishes leases, as upstream's does:
+// culled_leases_count is there, at 0, from the start, and a labelled
+// series appears when it first happens.
+type PublishMetrics struct {
+	culled         prometheus.Counter
+	deletes, lists *prometheus.CounterVec
+	latency        *prometheus.HistogramVec
 }
 
-func newPublishMetrics() *publishMetrics {
+// NewPublishMetrics returns the server's lease metrics, registered on reg
+// unless it is nil.
+func NewPublishMetrics(reg prometheus.Registerer) (*PublishMetrics, error) {
 	const ns, sub = "konnectivity_network_proxy", "server"
-	return &publishMetrics{
-		culled: prometheus.NewCounterVec(prometheus.CounterOpts{
+	m := &PublishMetrics{
+		culled: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "culled_leases_count",
 			Help: "Count of expired leases that the lease garbage collection controller has culled.",
-		}, []string{"http_status_code"}),
+		}),
 		deletes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "lease_delete_total",
 			Help: "Count of lease delection calls by the garbage collection controller. Labeled by HTTP status code and reason.",
@@ -198,9 +198,13 @@ func newPublishMetrics() *publishMetrics {
 			Help: "Latency of lease list calls by the garbage collection controller in seconds.",
 		}, []string{"http_status_code"}),
 	}
+	if err := register(reg, m.culled, m.deletes, m.lists, m.latency); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
-func (m *publishMetrics) observe(c lease.Call) {
+func (m *PublishMetrics) observe(c lease.Call) {
 	code := strconv.Itoa(c.Code)
 	switch c.Verb {
 	case "list":
@@ -208,8 +212,8 @@ func (m *publishMetrics) observe(c lease.Call) {
 		m.latency.WithLabelValues(code).Observe(c.Duration.Seconds())
 	case "delete":
 		m.deletes.WithLabelValues(code, c.Reason).Inc()
-		if c.Culled {
-			m.culled.WithLabelValues(code).Inc()
+		if c.Culled && c.Code == 200 {
+			m.culled.Inc()
 		}
 	}
 }

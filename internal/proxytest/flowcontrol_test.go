@@ -269,7 +269,7 @@ func TestFlowControlNeedsBothEnds(t *testing.T) {
 			require.Equal(t, sent, got, "bytes lost or out of order")
 
 			windows := metric(t, f.srv.Registry(), metricServerPackets, "segment", "from_agent", "packet_type", "WINDOW") +
-				metric(t, f.agent.Registry(), metricAgentPackets, "segment", "from_server", "packet_type", "WINDOW")
+				metric(t, f.agent.Registry(), metricAgentPackets, "segment", "to_agent", "packet_type", "WINDOW")
 			if tc.windows {
 				assert.Positive(t, windows, "no WINDOW packet crossed with flow control on both ends")
 			} else {

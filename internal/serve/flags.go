@@ -39,6 +39,30 @@ func ParseFlags(name string, fs *pflag.FlagSet, args []string, validate func() [
 	}
 }
 
+// IgnoredFlags returns, as --name, those of names that were set on fs:
+// flags accepted for compatibility that have no effect, for a log line at
+// start-up.
+func IgnoredFlags(fs *pflag.FlagSet, names ...string) []string {
+	var set []string
+	for _, n := range names {
+		if fs.Changed(n) {
+			set = append(set, "--"+n)
+		}
+	}
+	return set
+}
+
+// IDFromEnv returns the value of the environment variable env, or a new
+// random ID when it is unset or empty: upstream's binaries take their
+// default --server-id and --agent-id so (PROXY_SERVER_ID,
+// PROXY_AGENT_ID), and the flag, when set, wins.
+func IDFromEnv(env string) string {
+	if id := os.Getenv(env); id != "" {
+		return id
+	}
+	return RandomID()
+}
+
 // AddKlogFlags adds klog's flags to fs and makes fs take every flag in
 // either spelling, as Kubernetes components do: klog names its flags with
 // underscores (--log_file), manifests often use dashes (--log-file).

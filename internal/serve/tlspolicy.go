@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"fmt"
 	"strings"
+
+	"github.com/spf13/pflag"
 )
 
 // TLSPolicy is what --cipher-suites and --tls-min-version ask of every
@@ -67,3 +69,32 @@ func ParseTLSVersion(s string) (uint16, error) {
 	}
 	return 0, fmt.Errorf("unknown TLS version %q: use VersionTLS12 or VersionTLS13 (VersionTLS10 and VersionTLS11 are accepted but unsafe)", s)
 }
+
+// CipherSuitesVar defines --cipher-suites on fs, into p, as upstream's: a
+// list of names (pflag's type "strings"), comma-separated, and a repeated
+// flag adds to the list. A name Go does not know is refused by Parse.
+func CipherSuitesVar(fs *pflag.FlagSet, p *[]uint16, name, usage string) {
+	fs.Var(&cipherSuitesValue{p: p}, name, usage)
+}
+
+// cipherSuitesValue is the pflag.Value of CipherSuitesVar.
+type cipherSuitesValue struct {
+	p     *[]uint16
+	names []string
+}
+
+func (v *cipherSuitesValue) Set(s string) error {
+	ids, err := ParseCipherSuites(s)
+	if err != nil {
+		return err
+	}
+	*v.p = append(*v.p, ids...)
+	if ids != nil {
+		v.names = append(v.names, s)
+	}
+	return nil
+}
+
+func (v *cipherSuitesValue) String() string { return strings.Join(v.names, ",") }
+
+func (v *cipherSuitesValue) Type() string { return "strings" }

@@ -136,10 +136,10 @@ func (c *client) send(p *pb.Packet) error {
 	err := c.stream.Send(p)
 	c.moved.Store(time.Now().UnixNano())
 	if err != nil {
-		c.cs.metrics.streamError(segmentToServer, err, wire.PacketTypeName(p.GetType()))
+		c.cs.metrics.streamError(segmentSent, err, wire.PacketTypeName(p.GetType()))
 		return err
 	}
-	c.cs.metrics.packet(segmentToServer, p.GetType())
+	c.cs.metrics.packet(segmentSent, p.GetType())
 	return nil
 }
 
@@ -318,14 +318,19 @@ func (c *client) receive(ctx context.Context) error {
 	for {
 		p, err := c.stream.Recv()
 		if err != nil {
-			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+			if errors.Is(err, io.EOF) {
 				return nil
 			}
-			c.cs.metrics.streamError(segmentFromServer, err, "UNKNOWN")
+			// Counted as upstream's agent counts it, its own stop
+			// (Canceled) included.
+			c.cs.metrics.streamError(segmentReceived, err, wire.PacketTypeNone)
+			if status.Code(err) == codes.Canceled {
+				return nil
+			}
 			return err
 		}
 		c.moved.Store(time.Now().UnixNano())
-		c.cs.metrics.packet(segmentFromServer, p.GetType())
+		c.cs.metrics.packet(segmentReceived, p.GetType())
 		switch p.GetType() {
 		case pb.PacketType_DIAL_REQ:
 			req := p.GetDialRequest()

@@ -244,7 +244,8 @@ func TestHealth(t *testing.T) {
 	t.Cleanup(hs.Close)
 
 	assert.Equal(t, http.StatusServiceUnavailable, httpStatus(t, hs.URL+"/healthz"), "healthz before Run")
-	assert.Equal(t, http.StatusServiceUnavailable, httpStatus(t, hs.URL+"/readyz"))
+	assert.Equal(t, http.StatusInternalServerError, httpStatus(t, hs.URL+"/readyz"))
+	assert.Equal(t, http.StatusInternalServerError, httpStatus(t, hs.URL+"/ready"))
 	assert.Equal(t, http.StatusNotFound, httpStatus(t, hs.URL+"/other"))
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -253,7 +254,7 @@ func TestHealth(t *testing.T) {
 	go func() { done <- a.Run(ctx) }()
 	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/healthz") == http.StatusOK }, waitFor, tick)
 	a.waitSyncRounds(t, 3)
-	assert.Equal(t, http.StatusServiceUnavailable, httpStatus(t, hs.URL+"/readyz"), "ready with no server")
+	assert.Equal(t, http.StatusInternalServerError, httpStatus(t, hs.URL+"/readyz"), "ready with no server")
 
 	lb.setBackends(srv.Addr())
 	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/readyz") == http.StatusOK }, waitFor, tick)
@@ -261,7 +262,7 @@ func TestHealth(t *testing.T) {
 
 	lb.setBackends()
 	srv.Stop()
-	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/readyz") == http.StatusServiceUnavailable }, waitFor, tick)
+	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/readyz") == http.StatusInternalServerError }, waitFor, tick)
 
 	cancel()
 	require.NoError(t, <-done)

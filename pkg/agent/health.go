@@ -7,7 +7,8 @@ import (
 // Health returns a handler for the agent's health endpoints:
 //
 //   - /healthz: 200 while Run runs, 503 otherwise;
-//   - /readyz: 200 while at least one server is connected, 503 otherwise.
+//   - /readyz and /ready: 200 while at least one server is connected,
+//     500 otherwise, as upstream's agent answers.
 //
 // Other paths get 404. Mount it on the health server beside /metrics.
 func (cs *ClientSet) Health() http.Handler {
@@ -19,13 +20,15 @@ func (cs *ClientSet) Health() http.Handler {
 		}
 		writeOK(w)
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	ready := func(w http.ResponseWriter, _ *http.Request) {
 		if !cs.Ready() {
-			http.Error(w, "no proxy-server connected", http.StatusServiceUnavailable)
+			http.Error(w, "no proxy-server connected", http.StatusInternalServerError)
 			return
 		}
 		writeOK(w)
-	})
+	}
+	mux.HandleFunc("/readyz", ready)
+	mux.HandleFunc("/ready", ready)
 	return mux
 }
 

@@ -23,7 +23,7 @@ import (
 //	| konnectivity_network_proxy_agent_endpoint_dial_failure_total      | counter | reason=timeout|unknown|dial_limit|tunnel_limit | failed endpoint dials, and DIAL_REQs refused over a bound |
 //	| konnectivity_network_proxy_agent_open_endpoint_connections        | gauge   | -                               | open endpoint (tunnel) connections                       |
 //	| konnectivity_network_proxy_agent_dial_duration_seconds            | histogram | -                             | time to dial an endpoint                                 |
-//	| konnectivity_network_proxy_agent_stream_packets_total             | counter | segment=from_server|to_server, packet_type | packets on the server streams            |
+//	| konnectivity_network_proxy_agent_stream_packets_total             | counter | segment=from_agent|to_agent, packet_type | packets on the server streams: sent, received |
 //	| konnectivity_network_proxy_agent_stream_errors_total              | counter | segment, code, packet_type      | failed sends and receives on the server streams          |
 //	| konnectivity_network_proxy_agent_server_connection_failure_count  | counter | direction=from_server|to_server | the same, upstream's deprecated name                     |
 //	| servercount_agent_server_dials_total                              | counter | result=ok|duplicate|error       | server dials by outcome                                  |
@@ -105,10 +105,15 @@ type metrics struct {
 	streamsEnded      *prometheus.CounterVec
 }
 
-// Segments of a packet's way, as upstream labels them.
-const (
-	segmentFromServer = "from_server"
-	segmentToServer   = "to_server"
+// segment is a packet's way between agent and server: upstream's
+// segment label values, named from the server's side (from_agent is what
+// the agent sends), and the deprecated failure counter's direction
+// label, named from the agent's.
+type segment struct{ name, direction string }
+
+var (
+	segmentSent     = segment{name: "from_agent", direction: "to_server"}
+	segmentReceived = segment{name: "to_agent", direction: "from_server"}
 )
 
 // newMetrics builds the collectors and registers them on reg, unless reg
@@ -242,15 +247,15 @@ func (m *metrics) addControlQueued(n int) { m.controlQueued.Add(float64(n)) }
 func (m *metrics) streamEnded(r streamEndedReason) { m.streamsEnded.WithLabelValues(string(r)).Inc() }
 
 // packet counts a packet sent to or received from a server.
-func (m *metrics) packet(segment string, typ pb.PacketType) {
-	m.streamPackets.WithLabelValues(segment, wire.PacketTypeName(typ)).Inc()
+func (m *metrics) packet(seg segment, typ pb.PacketType) {
+	m.streamPackets.WithLabelValues(seg.name, wire.PacketTypeName(typ)).Inc()
 }
 
 // streamError counts a failed send or receive on a server stream; typ is
-// the type of the packet sent, "UNKNOWN" for a receive.
-func (m *metrics) streamError(segment string, err error, typ string) {
-	m.streamErrors.WithLabelValues(segment, status.Code(err).String(), typ).Inc()
-	m.connFailures.WithLabelValues(segment).Inc()
+// the type of the packet sent, wire.PacketTypeNone for a receive.
+func (m *metrics) streamError(seg segment, err error, typ string) {
+	m.streamErrors.WithLabelValues(seg.name, status.Code(err).String(), typ).Inc()
+	m.connFailures.WithLabelValues(seg.direction).Inc()
 }
 
 // setOpenServerConnections records the number of connected servers.

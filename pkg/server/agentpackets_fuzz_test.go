@@ -146,7 +146,7 @@ func FuzzAgentPackets(f *testing.F) {
 			return gauge("konnectivity_network_proxy_server_established_connections") == 0 &&
 				gauge("konnectivity_network_proxy_server_pending_backend_dials") == 0 &&
 				gauge("konnectivity_network_proxy_server_http_connections") == 0 &&
-				gauge("konnectivity_network_proxy_server_grpc_connections", "service_method", "ProxyService/Proxy") == 0 &&
+				gauge("konnectivity_network_proxy_server_grpc_connections", "service_method", "Proxy") == 0 &&
 				gauge("servercount_server_queued_bytes") == 0
 		}, waitFor, time.Millisecond, "tunnels, dials, frontends or queued bytes left behind")
 

@@ -204,8 +204,8 @@ func (s *Server) serveAgent(be *backend) {
 	for {
 		pkt, err := be.peer.stream.Recv()
 		if err != nil {
-			if !isEndOfStream(err) {
-				s.metrics.streamError(segmentFromAgent, err, "UNKNOWN")
+			if !errors.Is(err, io.EOF) {
+				s.metrics.streamError(segmentFromAgent, err, wire.PacketTypeNone)
 			}
 			be.peer.end(err)
 			s.log.V(2).Info("Agent disconnected", "agentID", be.logID, "err", err)
@@ -243,12 +243,6 @@ func (s *Server) countReadyBackend(be *backend, n int) {
 		}
 		s.metrics.addReadyBackend(st, n)
 	}
-}
-
-// isEndOfStream reports whether err is a stream's normal end rather than
-// a failure.
-func isEndOfStream(err error) bool {
-	return errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled
 }
 
 // chooseLocked picks an agent stream for a dial to address by the

@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"io"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -50,8 +51,8 @@ func (f *grpcFrontend) serve() {
 	for {
 		pkt, err := f.peer.stream.Recv()
 		if err != nil {
-			if !isEndOfStream(err) {
-				s.metrics.streamError(segmentFromClient, err, "UNKNOWN")
+			if !errors.Is(err, io.EOF) {
+				s.metrics.streamError(segmentFromClient, err, wire.PacketTypeNone)
 			}
 			f.peer.end(err)
 			f.gone()

@@ -197,7 +197,7 @@ func TestGRPCFrontendCancelFreedWhileAgentDoesNotRead(t *testing.T) {
 		return func() float64 { return metricValue(t, reg, name, labels) }
 	}
 	waiting := gauge("servercount_server_frontends_waiting_for_agent", nil)
-	frontends := gauge("konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "ProxyService/Proxy"})
+	frontends := gauge("konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "Proxy"})
 	established := gauge("konnectivity_network_proxy_server_established_connections", nil)
 
 	// The agent answers one dial, then never reads again.

@@ -20,7 +20,7 @@ import (
 //	| name                                                          | type    | labels         | meaning                                                        |
 //	|---------------------------------------------------------------|---------|----------------|----------------------------------------------------------------|
 //	| konnectivity_network_proxy_server_ready_backend_connections   | gauge   |                | connected agent streams (an agent may hold several)            |
-//	| konnectivity_network_proxy_server_grpc_connections            | gauge   | service_method | open gRPC streams: "AgentService/Connect", "ProxyService/Proxy" |
+//	| konnectivity_network_proxy_server_grpc_connections            | gauge   | service_method | open gRPC streams: "Connect" (agents), "Proxy" (frontends)     |
 //	| konnectivity_network_proxy_server_http_connections            | gauge   |                | open HTTP CONNECT tunnels (after the 200)                      |
 //	| konnectivity_network_proxy_server_pending_backend_dials       | gauge   |                | dials sent to an agent and not yet answered                    |
 //	| konnectivity_network_proxy_server_established_connections     | gauge   |                | tunnels with a connectID, over all frontends                   |
@@ -35,6 +35,7 @@ import (
 //	| servercount_server_reported_server_count                      | gauge   |                | the last serverCount sent to an agent                          |
 //	| servercount_server_agent_rejections_total                     | counter | reason         | agent streams refused at the handshake, by [RejectReason]      |
 //	| servercount_server_frontends_waiting_for_agent                | gauge   |                | frontends whose next packet waits for room in an agent's queue |
+//	| servercount_server_duplicate_dials_total                      | counter |                | dials refused as duplicates: a frontend reused a pending random, or an agent a connectID |
 //	| servercount_server_queued_bytes                               | gauge   |                | DATA bytes queued for agents and frontends, not yet sent       |
 //	| servercount_server_control_queued_packets                     | gauge   |                | control packets (replies of receive loops) queued, not yet sent |
 //	| servercount_server_streams_ended_total                        | counter | reason         | streams the server ended because they were stuck, by [StreamEndedReason] |
@@ -47,22 +48,25 @@ const (
 // DialFailureReason is the reason label of the dial failure counter.
 type DialFailureReason string
 
-// The dial failure reasons.
+// The dial failure reasons: upstream's label values, so that dashboards
+// and alerts written for upstream's server match.
 const (
 	// DialFailureNoAgent: no strategy found an agent.
 	DialFailureNoAgent DialFailureReason = "no_agent"
-	// DialFailureBackend: the agent answered DIAL_RSP with an error.
-	DialFailureBackend DialFailureReason = "backend_error"
-	// DialFailureTimeout: no DIAL_RSP within Config.BackendDialTimeout.
-	DialFailureTimeout DialFailureReason = "timeout"
-	// DialFailureBackendClosed: the agent stream ended before it answered.
-	DialFailureBackendClosed DialFailureReason = "backend_closed"
-	// DialFailureFrontendClosed: the frontend gave up (DIAL_CLS, or its
+	// DialFailureErrorResponse: the agent answered DIAL_RSP with an
+	// error.
+	DialFailureErrorResponse DialFailureReason = "error_response"
+	// DialFailureUnrecognizedResponse: the agent answered a dial that was
+	// not pending (it had timed out, or the frontend had gone).
+	DialFailureUnrecognizedResponse DialFailureReason = "unrecognized_response"
+	// DialFailureBackendDialTimeout: no DIAL_RSP within
+	// Config.BackendDialTimeout.
+	DialFailureBackendDialTimeout DialFailureReason = "backend_dial_timeout"
+	// DialFailureBackendClose: the agent stream ended before it answered.
+	DialFailureBackendClose DialFailureReason = "backend_close"
+	// DialFailureFrontendClose: the frontend gave up (DIAL_CLS, or its
 	// stream or connection ended) before the agent answered.
-	DialFailureFrontendClosed DialFailureReason = "frontend_closed"
-	// DialFailureDuplicate: the frontend reused a random of a pending dial,
-	// or the agent answered with a connectID the frontend already uses.
-	DialFailureDuplicate DialFailureReason = "duplicate_id"
+	DialFailureFrontendClose DialFailureReason = "frontend_close"
 )
 
 // String returns the label value.
@@ -118,9 +122,10 @@ var tunnelEndedReasons = []TunnelEndedReason{TunnelEndedNoCredit}
 // serviceMethod is the service_method label of the gRPC connections gauge.
 type serviceMethod string
 
+// Upstream's values: the method's name alone.
 const (
-	methodAgentConnect serviceMethod = "AgentService/Connect"
-	methodProxy        serviceMethod = "ProxyService/Proxy"
+	methodAgentConnect serviceMethod = "Connect"
+	methodProxy        serviceMethod = "Proxy"
 )
 
 // metrics holds the server's collectors behind typed methods. Its fields
@@ -135,6 +140,7 @@ type metrics struct {
 	reportedCount   prometheus.Gauge
 	agentRejection  *prometheus.CounterVec
 	waitingForAgent prometheus.Gauge
+	duplicateDials  prometheus.Counter
 	queuedBytes     prometheus.Gauge
 	controlQueued   prometheus.Gauge
 	streamsEnded    *prometheus.CounterVec
@@ -202,6 +208,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "frontends_waiting_for_agent",
 			Help: "Number of frontends (gRPC streams and HTTP CONNECT tunnels) whose next packet waits for room in an agent stream's send queue: an agent that does not read holds them.",
 		}),
+		duplicateDials: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "duplicate_dials_total",
+			Help: "Number of dials refused as duplicates: a frontend reused the random of a pending dial, or an agent answered with a connectID the frontend already uses.",
+		}),
 		queuedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "queued_bytes",
 			Help: "Bytes of DATA queued for agents and frontends and not yet sent, across every stream and HTTP CONNECT tunnel; at most 33 x 32 KiB per queue.",
@@ -264,7 +274,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.queuedBytes,
+	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.duplicateDials, m.queuedBytes,
 		m.controlQueued, m.streamsEnded, m.tunnelsEnded,
 		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors} {
 		if err := reg.Register(c); err != nil {
@@ -287,6 +297,7 @@ func (m *metrics) addEstablished(n int)  { m.established.Add(float64(n)) }
 func (m *metrics) observeDialFailure(r DialFailureReason) {
 	m.dialFailures.WithLabelValues(string(r)).Inc()
 }
+func (m *metrics) observeDuplicateDial()        { m.duplicateDials.Inc() }
 func (m *metrics) setReportedServerCount(n int) { m.reportedCount.Set(float64(n)) }
 func (m *metrics) observeAgentRejection(r RejectReason) {
 	m.agentRejection.WithLabelValues(string(r)).Inc()
@@ -314,7 +325,7 @@ func (m *metrics) packet(segment string, typ client.PacketType) {
 }
 
 // streamError counts a failed send or receive on a gRPC stream; typ is
-// the type of the packet sent, "UNKNOWN" for a receive.
+// the type of the packet sent, wire.PacketTypeNone for a receive.
 func (m *metrics) streamError(segment string, err error, typ string) {
 	m.streamErrors.WithLabelValues(segment, status.Code(err).String(), typ).Inc()
 }

@@ -638,12 +638,13 @@ func TestHealth(t *testing.T) {
 		return resp.StatusCode
 	}
 	assert.Equal(t, http.StatusOK, get("/healthz"))
-	assert.Equal(t, http.StatusServiceUnavailable, get("/readyz"))
+	assert.Equal(t, http.StatusInternalServerError, get("/readyz"))
+	assert.Equal(t, http.StatusInternalServerError, get("/ready"))
 	a := startAgent(t, e, agentOpts{id: "a1"})
 	require.Eventually(t, func() bool { return get("/readyz") == http.StatusOK }, waitFor, 5*time.Millisecond)
 	assert.True(t, e.srv.Ready())
 	a.stop()
-	require.Eventually(t, func() bool { return get("/readyz") == http.StatusServiceUnavailable }, waitFor, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return get("/readyz") == http.StatusInternalServerError }, waitFor, 5*time.Millisecond)
 	assert.False(t, e.srv.Ready())
 }
 

@@ -122,7 +122,7 @@ func TestFrontendThatNeverReadsIsEnded(t *testing.T) {
 			a := startAgent(t, e, agentOpts{id: "a1"})
 			waitBackends(t, e, 1)
 			established := gaugeOf(reg, "konnectivity_network_proxy_server_established_connections", nil)
-			frontends := gaugeOf(reg, "konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "ProxyService/Proxy"})
+			frontends := gaugeOf(reg, "konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "Proxy"})
 
 			// The well-behaved tunnel, through the same agent stream.
 			echo, br, code := connectVia(t, e, http.MethodConnect, echoServer(t))

@@ -116,7 +116,7 @@ func (s *Server) startDial(fe frontend, address string, random int64) (*tunnel, 
 			random = rand.Int64()
 		}
 	} else if s.pending[random] != nil {
-		s.metrics.observeDialFailure(DialFailureDuplicate)
+		s.metrics.observeDuplicateDial()
 		return nil, errDuplicateDial
 	}
 	be := s.chooseLocked(address)
@@ -159,7 +159,7 @@ func (s *Server) dropPendingLocked(t *tunnel, reason DialFailureReason) bool {
 // and a connection it opened is closed.
 func (s *Server) dialTimedOut(t *tunnel) {
 	s.mu.Lock()
-	if s.closed || !s.dropPendingLocked(t, DialFailureTimeout) {
+	if s.closed || !s.dropPendingLocked(t, DialFailureBackendDialTimeout) {
 		s.mu.Unlock()
 		return
 	}
@@ -176,7 +176,7 @@ func (s *Server) cancelDial(fe frontend, random int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t := s.pending[random]; t != nil && t.fe == fe {
-		s.dropPendingLocked(t, DialFailureFrontendClosed)
+		s.dropPendingLocked(t, DialFailureFrontendClose)
 	}
 }
 
@@ -187,6 +187,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	t := be.pending[rsp.GetRandom()]
 	if t == nil {
 		s.mu.Unlock()
+		s.metrics.observeDialFailure(DialFailureUnrecognizedResponse)
 		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
 		if id := rsp.GetConnectID(); id != 0 {
 			be.peer.sendControl(wire.CloseReq(id), id)
@@ -196,7 +197,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	failed := rsp.GetError() != "" || rsp.GetConnectID() == 0
 	reason := DialFailureReason("")
 	if failed {
-		reason = DialFailureBackend
+		reason = DialFailureErrorResponse
 	}
 	s.dropPendingLocked(t, reason)
 	if failed {
@@ -206,7 +207,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	}
 	t.connectID = rsp.GetConnectID()
 	if _, dup := be.conns[t.connectID]; dup || !t.fe.established(t) {
-		s.metrics.observeDialFailure(DialFailureDuplicate)
+		s.metrics.observeDuplicateDial()
 		s.mu.Unlock()
 		be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
 		t.fe.deliver(wire.DialRsp(t.random, 0, errTextDuplicateID))
@@ -448,7 +449,7 @@ func (s *Server) forgetConnLocked(t *tunnel) {
 // find nothing (an agent's DATA is then answered with CLOSE_REQ again).
 func (s *Server) closeFromFrontend(t *tunnel) {
 	s.mu.Lock()
-	if s.dropPendingLocked(t, DialFailureFrontendClosed) {
+	if s.dropPendingLocked(t, DialFailureFrontendClose) {
 		s.mu.Unlock()
 		return
 	}
@@ -558,7 +559,7 @@ func (s *Server) backendGone(be *backend) {
 		dials = append(dials, t)
 	}
 	for _, t := range dials {
-		s.dropPendingLocked(t, DialFailureBackendClosed)
+		s.dropPendingLocked(t, DialFailureBackendClose)
 	}
 	for _, t := range be.conns {
 		conns = append(conns, t)

@@ -103,6 +103,10 @@ func ParseWindowUpdate(pkt *client.Packet) (connectID int64, n int, ok bool) {
 	return d.GetConnectID(), int(v), true
 }
 
+// PacketTypeNone is the packet_type label of a failed receive, which has
+// no packet: upstream's value.
+const PacketTypeNone = "Unknown"
+
 // PacketTypeName names typ for metric labels: upstream's names, "WINDOW",
 // or "UNKNOWN" for any other number, so that a peer sending made-up types
 // cannot make a series for each.

@@ -23,7 +23,7 @@ const shutdownGrace = 5 * time.Second
 
 // Run runs the agent until ctx ends. When drain ends first, the agent
 // drains: it tells every server, stops opening connections, and keeps
-// serving until ctx ends or no tunnel is left open.
+// serving until ctx ends or --drain-timeout has passed.
 func Run(ctx, drain context.Context, o *options.Options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
@@ -71,37 +71,29 @@ func Run(ctx, drain context.Context, o *options.Options) error {
 	return err
 }
 
-// drainThenStop drains cs and stops it, with stop, once no tunnel is
-// open: a drain lets open tunnels finish, so with nothing open there is
-// nothing to wait for. That matters beyond saving the operator a second
-// signal: the Go runtime merges a signal that arrives before the previous
-// one of its kind was handled, so `kill PID; kill PID` often delivers one
-// SIGTERM, and an agent waiting for a second one would drain forever.
-// For the same reason the drain is bounded by timeout (0: no bound), as
-// tunnels such as a followed log can stay open for hours.
+// drainThenStop drains cs as upstream's agent does on its first signal:
+// it tells every server, which then chooses other agents for new tunnels
+// where there are any, and opens no new server connection, but it keeps
+// serving, open tunnels and new ones, until the second signal ends ctx.
+// Unlike upstream's, the drain is bounded by timeout (0: no bound), after
+// which it stops with stop: the Go runtime merges a second `kill` sent
+// before the first was handled, and an agent that saw one signal must
+// not drain for ever.
 func drainThenStop(ctx context.Context, cs *agent.ClientSet, timeout time.Duration, stop context.CancelFunc) {
-	if servers, tunnels := cs.Connected(), cs.OpenTunnels(); servers == 0 || tunnels == 0 {
-		klog.InfoS("Stopping: nothing to drain", "servers", servers, "tunnels", tunnels)
-		stop()
-		return
-	}
-	klog.InfoS("Draining: told the proxy-servers, opening no new connections; stopping once every tunnel is closed or --drain-timeout has passed, or signal again to stop now",
+	klog.InfoS("Draining: told the proxy-servers, opening no new connections and serving until a second signal or --drain-timeout",
 		"servers", cs.Connected(), "tunnels", cs.OpenTunnels(), "drainTimeout", timeout)
 	cs.Drain(ctx)
-	wctx := ctx
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
+	if timeout <= 0 {
+		return // until the second signal
 	}
-	switch err := cs.WaitTunnelsClosed(wctx); {
-	case err == nil:
-		klog.InfoS("Drained: every tunnel is closed, stopping")
-	case ctx.Err() != nil:
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
 		return // stopped by a second signal or a failure
-	default:
-		klog.InfoS("Drain timed out with tunnels open, stopping", "tunnels", cs.OpenTunnels(), "drainTimeout", timeout)
+	case <-t.C:
 	}
+	klog.InfoS("Drain timed out, stopping", "tunnels", cs.OpenTunnels(), "drainTimeout", timeout)
 	stop()
 }
 

@@ -127,6 +127,10 @@ func Run(ctx context.Context, o *options.Options) error {
 	return err
 }
 
+// udsMode is the frontend Unix socket's mode: owner and group may
+// connect.
+const udsMode = 0o770
+
 // frontendListener listens on the Unix socket or the TCP port, and returns
 // the mTLS configuration the TCP port needs.
 func frontendListener(o *options.Options) (net.Listener, *tls.Config, error) {
@@ -139,6 +143,14 @@ func frontendListener(o *options.Options) (net.Listener, *tls.Config, error) {
 		l, err := net.Listen("unix", o.UDSName)
 		if err != nil {
 			return nil, nil, fmt.Errorf("listen for frontends on unix socket %s: %w", o.UDSName, err)
+		}
+		// As upstream's (created under umask 0007): a kube-apiserver in
+		// the socket's group may connect, others may not. Until the
+		// chmod the socket is 0755 or stricter under the usual umask:
+		// connecting needs write permission, so nobody else gets in.
+		if err := os.Chmod(o.UDSName, udsMode); err != nil {
+			_ = l.Close()
+			return nil, nil, fmt.Errorf("set the mode of unix socket %s: %w", o.UDSName, err)
 		}
 		return l, nil, nil
 	}

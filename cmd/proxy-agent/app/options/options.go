@@ -72,7 +72,7 @@ type Options struct {
 	// StreamStallTimeout ends a server stream stuck for that long (0: never).
 	StreamStallTimeout time.Duration
 	// DrainTimeout bounds a drain (0: no bound): after the first signal
-	// the agent stops once no tunnel is open or this has passed.
+	// the agent serves until a second one or until this has passed.
 	DrainTimeout time.Duration
 
 	HealthServerHost         string
@@ -96,7 +96,7 @@ type Options struct {
 // NewOptions returns upstream's defaults.
 func NewOptions() *Options {
 	return &Options{
-		AgentID:              serve.RandomID(),
+		AgentID:              serve.IDFromEnv("PROXY_AGENT_ID"),
 		ProxyServerHost:      "127.0.0.1",
 		ProxyServerPort:      8091,
 		KeepaliveTime:        time.Hour,
@@ -129,7 +129,7 @@ const DefaultDrainTimeout = 5 * time.Minute
 // Flags returns the flags, bound to o.
 func (o *Options) Flags() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("proxy-agent", pflag.ContinueOnError)
-	fs.StringVar(&o.AgentID, "agent-id", o.AgentID, "unique ID of this agent (default: random)")
+	fs.StringVar(&o.AgentID, "agent-id", o.AgentID, "unique ID of this agent (default: $PROXY_AGENT_ID, else random)")
 	// The default is random: --help would show this run's random ID as a
 	// second default beside "(default: random)". An empty DefValue is
 	// what pflag takes for no default.
@@ -157,7 +157,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.EndpointWriteTimeout, "endpoint-write-timeout", o.EndpointWriteTimeout, "close a tunnel whose endpoint takes none of its data for this long")
 	fs.DurationVar(&o.StreamStallTimeout, "stream-stall-timeout", o.StreamStallTimeout, "end and redial a proxy-server stream on which nothing moved for this long while packets waited to be sent; 0 never does")
 	fs.IntVar(&o.TunnelWindow, "tunnel-window", o.TunnelWindow, "bytes per tunnel and direction a proxy-server may send ahead of what the endpoint has read, with servers that take up flow control (servercount's); -1 turns flow control off")
-	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "after the first SIGTERM, stop once no tunnel is open or this has passed (0: no bound); a second signal stops at once")
+	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "after the first SIGTERM, drain and keep serving until a second signal or until this has passed (0: no bound)")
 	fs.StringVar(&o.HealthServerHost, "health-server-host", o.HealthServerHost, "address for the health port (empty: all)")
 	fs.IntVar(&o.HealthServerPort, "health-server-port", o.HealthServerPort, "port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.AdminBindAddress, "admin-bind-address", o.AdminBindAddress, "address for the admin port")
@@ -390,11 +390,5 @@ func (o *Options) ALPN() []string {
 // Ignored lists the compatibility flags that were set and have no effect,
 // for a log line at start-up.
 func (o *Options) Ignored(fs *pflag.FlagSet) []string {
-	var names []string
-	for _, n := range []string{"enable-contention-profiling", "warn-on-channel-limit", "xfr-channel-size"} {
-		if fs.Changed(n) {
-			names = append(names, "--"+n)
-		}
-	}
-	return names
+	return serve.IgnoredFlags(fs, "enable-contention-profiling", "warn-on-channel-limit", "xfr-channel-size")
 }

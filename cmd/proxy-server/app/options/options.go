@@ -95,9 +95,10 @@ type Options struct {
 	// TLS is --cipher-suites and --tls-min-version, for every TLS port.
 	TLS serve.TLSPolicy
 
-	// XfrChannelSize is accepted for compatibility; the server's queues
-	// have bounds of their own.
-	XfrChannelSize int
+	// XfrChannelSize and WarnOnChannelLimit are accepted for
+	// compatibility; the server's queues have bounds of their own.
+	XfrChannelSize     int
+	WarnOnChannelLimit bool
 }
 
 // NewOptions returns the defaults: upstream's, so that an existing manifest
@@ -107,8 +108,10 @@ func NewOptions() *Options {
 		FrontendWriteTimeout:    server.DefaultFrontendWriteTimeout,
 		StreamStallTimeout:      server.DefaultStreamStallTimeout,
 		TunnelWindow:            wire.DefaultTunnelWindow,
-		ServerID:                serve.RandomID(),
+		ServerID:                serve.IDFromEnv("PROXY_SERVER_ID"),
+		DeleteExistingUDSFile:   true,
 		ServerCount:             1,
+		XfrChannelSize:          10,
 		Mode:                    ModeGRPC,
 		ServerPort:              8090,
 		AgentPort:               8091,
@@ -128,7 +131,7 @@ func NewOptions() *Options {
 // Flags returns the flags, bound to o.
 func (o *Options) Flags() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("proxy-server", pflag.ContinueOnError)
-	fs.StringVar(&o.ServerID, "server-id", o.ServerID, "unique ID of this server, sent to agents (default: random)")
+	fs.StringVar(&o.ServerID, "server-id", o.ServerID, "unique ID of this server, sent to agents (default: $PROXY_SERVER_ID, else random)")
 	// The default is drawn anew for every process: --help shows
 	// "random" from the usage text rather than this process's draw.
 	fs.Lookup("server-id").DefValue = ""
@@ -171,10 +174,19 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.Float32Var(&o.Kube.QPS, "kubeconfig-qps", o.Kube.QPS, "most requests per second to the API server (0: client-go's default)")
 	fs.IntVar(&o.Kube.Burst, "kubeconfig-burst", o.Kube.Burst, "most requests in a burst to the API server (0: client-go's default)")
 	o.Leases.AddFlags(fs)
-	serve.ParsedVar(fs, &o.TLS.CipherSuites, "cipher-suites", "", serve.ParseCipherSuites, "comma-separated IANA names of the TLS 1.2 cipher suites every TLS port allows (empty: Go's defaults; TLS 1.3 suites are fixed)")
+	serve.CipherSuitesVar(fs, &o.TLS.CipherSuites, "cipher-suites", "comma-separated IANA names of the TLS 1.2 cipher suites every TLS port allows (empty: Go's defaults; TLS 1.3 suites are fixed)")
 	serve.ParsedVar(fs, &o.TLS.MinVersion, "tls-min-version", "", serve.ParseTLSVersion, "lowest TLS version every TLS port accepts: VersionTLS12 (default) or VersionTLS13")
 	fs.IntVar(&o.XfrChannelSize, "xfr-channel-size", o.XfrChannelSize, "accepted for compatibility; ignored")
+	// Deprecated and hidden upstream, which still accepts it.
+	fs.BoolVar(&o.WarnOnChannelLimit, "warn-on-channel-limit", true, "accepted for compatibility; ignored")
+	_ = fs.MarkDeprecated("warn-on-channel-limit", "it has no effect and will be removed, as upstream's") // the flag exists
 	return fs
+}
+
+// Ignored lists the compatibility flags that were set and have no effect,
+// for a log line at start-up.
+func (o *Options) Ignored(fs *pflag.FlagSet) []string {
+	return serve.IgnoredFlags(fs, "enable-contention-profiling", "warn-on-channel-limit", "xfr-channel-size")
 }
 
 // Validate returns every problem with o, each naming its flag.
@@ -391,8 +403,12 @@ func (o *Options) config(reg prometheus.Registerer) (st Setup, err error) {
 			return st, err
 		}
 	}
+	leaseMetrics, err := leaseopts.NewPublishMetrics(reg)
+	if err != nil {
+		return st, err
+	}
 	if o.Leases.Enabled {
-		if st.Leases, err = o.Leases.Build(rc, o.ServerID, reg); err != nil {
+		if st.Leases, err = o.Leases.Build(rc, o.ServerID, leaseMetrics); err != nil {
 			return st, err
 		}
 	}

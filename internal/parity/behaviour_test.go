@@ -1,0 +1,208 @@
+package parity
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/churn"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// Issue 22, item 4: the IDs come from PROXY_SERVER_ID and PROXY_AGENT_ID
+// when the flags are not set.
+func TestIDsFromTheEnvironment(t *testing.T) {
+	up, ours := sides(t)
+	p := writePKI(t)
+	for _, s := range []side{up, ours} {
+		t.Run(s.name, func(t *testing.T) {
+			srv := startServer(t, s.server, "grpc", p, []string{"PROXY_SERVER_ID", "server-from-env"})
+			waitStatus(t, srv.healthURL+"/healthz", http.StatusOK, srv.Process)
+			a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{
+				Addr: net.JoinHostPort("localhost", itoa(srv.agentPort)), TLS: agentTLS(t, p), ID: "probe",
+			})
+			require.NoError(t, err)
+			defer a.Close()
+			assert.Equal(t, []string{"server-from-env"}, a.Header().Get(wire.HeaderServerID), "the server's ID")
+
+			hostile := adversary.StartHostileServer(t, adversary.ServerConfig{
+				Creds: credentials.NewTLS(serverTLS(t, p)), ID: "hostile", Count: "1",
+			})
+			_, port, _ := net.SplitHostPort(hostile.Addr())
+			startAgent(t, s.agent, atoi(port), p, []string{"PROXY_AGENT_ID", "agent-from-env"})
+			ss := hostile.NextStream(t)
+			assert.Equal(t, []string{"agent-from-env"}, ss.Metadata().Get(wire.HeaderAgentID), "the agent's ID")
+		})
+	}
+}
+
+// Issue 22, items 2 and 3: the frontend socket is created with mode 0770
+// (a kube-apiserver in its group may connect), and a file left at its
+// path by an unclean stop is removed first, by default.
+func TestFrontendSocket(t *testing.T) {
+	up, ours := sides(t)
+	p := writePKI(t)
+	modes := map[string]os.FileMode{}
+	for _, s := range []side{up, ours} {
+		t.Run(s.name, func(t *testing.T) {
+			srv := startServer(t, s.server, "grpc", p, nil)
+			waitStatus(t, srv.healthURL+"/healthz", http.StatusOK, srv.Process)
+			modes[s.name] = fileMode(t, srv.socket)
+
+			// A stale socket file, as after a SIGKILL: a new server on
+			// the same path starts and serves.
+			stale := startServer(t, s.server, "grpc", p, nil)
+			waitStatus(t, stale.healthURL+"/healthz", http.StatusOK, stale.Process)
+			require.NoError(t, stale.Process.Process.Signal(syscall.SIGKILL))
+			_ = stale.Wait(t)
+			_, err := os.Stat(stale.socket)
+			require.NoError(t, err, "the killed server left no socket file")
+			again := startServer(t, s.server, "grpc", p, nil, "--uds-name="+stale.socket)
+			waitStatus(t, again.healthURL+"/healthz", http.StatusOK, again.Process)
+		})
+	}
+	assert.Equal(t, modes["upstream"], modes["ours"], "the socket's mode")
+}
+
+// Health paths and their answers, before and after an agent connects,
+// on both binaries.
+func TestHealthPaths(t *testing.T) {
+	up, ours := sides(t)
+	p := writePKI(t)
+	paths := []string{"/healthz", "/ready", "/readyz", "/livez", "/metrics"}
+	type codes map[string]int
+	seen := map[string][2]codes{}
+	for _, s := range []side{up, ours} {
+		t.Run(s.name, func(t *testing.T) {
+			srv := startServer(t, s.server, "grpc", p, nil)
+			waitStatus(t, srv.healthURL+"/healthz", http.StatusOK, srv.Process)
+			var before, after codes = codes{}, codes{}
+			for _, path := range paths {
+				before["server "+path] = status(srv.healthURL + path)
+			}
+			a := startAgent(t, s.agent, srv.agentPort, p, nil)
+			waitStatus(t, a.healthURL+"/readyz", http.StatusOK, a.Process)
+			waitStatus(t, srv.healthURL+"/readyz", http.StatusOK, srv.Process)
+			for _, path := range paths {
+				after["server "+path] = status(srv.healthURL + path)
+				after["agent "+path] = status(a.healthURL + path)
+			}
+			seen[s.name] = [2]codes{before, after}
+		})
+	}
+	if t.Failed() {
+		return
+	}
+	known := differences(t)
+	for i, when := range []string{"before an agent", "with an agent"} {
+		for path, want := range seen["upstream"][i] {
+			if got := seen["ours"][i][path]; got != want {
+				differ(t, known, path, "%s: %d, upstream's %d", when, got, want)
+			}
+		}
+	}
+}
+
+// Issue 22, item 6: after the first SIGTERM the agent drains and keeps
+// serving, new tunnels included, until the second signal, which stops
+// it; both exit with the same status. The server's exit status on
+// SIGTERM matches too.
+func TestSignals(t *testing.T) {
+	up, ours := sides(t)
+	p := writePKI(t)
+	targets := churn.StartTargets(t)
+	exits := map[string][2]int{}
+	for _, s := range []side{up, ours} {
+		t.Run(s.name, func(t *testing.T) {
+			srv := startServer(t, s.server, "http-connect", p, nil)
+			a := startAgent(t, s.agent, srv.agentPort, p, nil)
+			waitStatus(t, srv.healthURL+"/readyz", http.StatusOK, srv.Process, a.Process)
+			dial := churn.ConnectOverUnix(srv.socket)
+			roundTrip(t, dial, targets.Echo, "before the signal")
+
+			require.NoError(t, a.Process.Process.Signal(syscall.SIGTERM))
+			// It keeps running, and serves a new tunnel.
+			require.Never(t, a.Exited, time.Second, 20*time.Millisecond, "the agent stopped on the first signal")
+			roundTrip(t, dial, targets.Echo, "after the first signal")
+			require.NoError(t, a.Process.Process.Signal(syscall.SIGTERM))
+			err := a.Wait(t)
+			agentExit := exitCode(err)
+
+			require.NoError(t, srv.Process.Process.Signal(syscall.SIGTERM))
+			serverExit := exitCode(srv.Wait(t))
+			exits[s.name] = [2]int{agentExit, serverExit}
+		})
+	}
+	if t.Failed() {
+		return
+	}
+	known := differences(t)
+	for i, who := range []string{"agent", "server"} {
+		if got, want := exits["ours"][i], exits["upstream"][i]; got != want {
+			differ(t, known, who+" exit on SIGTERM", "exit status %d, upstream's %d", got, want)
+		}
+	}
+}
+
+// roundTrip opens a tunnel to the echo target and makes one round trip.
+func roundTrip(t *testing.T, dial churn.Dialer, echo, when string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	c, err := dial(ctx, echo)
+	require.NoError(t, err, "a new tunnel %s", when)
+	defer c.Close()
+	_, err = c.Write([]byte("ping"))
+	require.NoError(t, err)
+	b := make([]byte, 4)
+	_, err = c.Read(b)
+	require.NoError(t, err, "the echo %s", when)
+}
+
+// exitCode is the exit status behind a Wait error: 0 for none, -1 when
+// the process did not exit (a signal killed it).
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.ExitCode()
+	default:
+		return -1
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s) // from a listener's address: a number
+	return n
+}
+
+func agentTLS(t *testing.T, p pkiFiles) *tls.Config {
+	t.Helper()
+	pair, err := p.ca.Client("probe-agent")
+	require.NoError(t, err)
+	return &tls.Config{Certificates: []tls.Certificate{pair.TLS}, RootCAs: p.ca.Pool(), ServerName: "localhost"}
+}
+
+func serverTLS(t *testing.T, p pkiFiles) *tls.Config {
+	t.Helper()
+	pair, err := p.ca.Server("hostile-server")
+	require.NoError(t, err)
+	return &tls.Config{Certificates: []tls.Certificate{pair.TLS}, ClientCAs: p.ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert}
+}
