@@ -133,14 +133,19 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	s.metrics.addHTTPConns(1)
 	defer s.metrics.addHTTPConns(-1)
 
+	log.V(2).Info("HTTP CONNECT tunnel established", "connectionID", t.connectID)
+	// The 200 goes out before the writer starts: a target that speaks
+	// first (SSH, SMTP, MySQL) has its bytes wait in ht.data meanwhile,
+	// and a client would read them as the proxy's answer if they came
+	// first (issue 23).
+	_, err = io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n")
 	writerDone := make(chan struct{})
 	go func() {
 		defer s.wg.Done()
 		defer close(writerDone)
 		ht.writeLoop(conn)
 	}()
-	log.V(2).Info("HTTP CONNECT tunnel established", "connectionID", t.connectID)
-	if _, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n"); err == nil {
+	if err == nil {
 		ht.readLoop(t, brw.Reader)
 	}
 	if s.ending(t) {
