@@ -47,13 +47,19 @@ func run() error {
 	}
 	defer cache.Close()
 
-	// The simple API: a number, never an error.
+	// The rich API waits for the first answer, as long as ctx lets it,
+	// and says where the number came from.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cache.Count(ctx); err != nil {
+		return err
+	}
+
+	// The simple API: a number, never an error, never a wait (before the
+	// first answer, the fallback).
 	var counter servercounter.ServerCounter = cache
 	fmt.Println("servers:", counter.CountServers())
 
-	// The rich API: where the number came from.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	res, err := cache.Count(ctx)
 	if err != nil {
 		return err

@@ -77,7 +77,15 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer cache.Close()
-	fmt.Fprintf(out, "cached count: %d\n", cache.CountServers())
+	// Count waits for the first answer (CountServers would say the
+	// fallback until it came).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	first, err := cache.Count(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "cached count: %d\n", first.Count)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
 	failed := srv.Queries("")
 	deadline := time.Now().Add(5 * time.Second)

@@ -104,7 +104,15 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 	}
 	cs.metrics = m
 	m.setOpenServerConnections(0)
-	cs.Target() // export the first target
+	// The first target, exported at once. A constructor waits on no
+	// network: the Counter is read with a context that has ended, so a
+	// Counter that knows its count (a static one) answers it, and one
+	// that would have to wait (leases before their first list, DNS before
+	// its first answer) answers later, in Run; the fallback stands until
+	// then.
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	cs.target(ended, cs.count(ended))
 	return cs, nil
 }
 

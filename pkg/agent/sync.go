@@ -100,7 +100,13 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	if cs.isDraining() {
 		return cs.cfg.SyncInterval
 	}
-	counted := cs.count(ctx)
+	// A Counter that has no count yet (a lease informer before its first
+	// list, a DNS cache before its first answer) may wait for one: not
+	// longer than a sync interval, so that an API server or a nameserver
+	// that does not answer costs the agent its count, never its servers.
+	cctx, cancel := context.WithTimeout(ctx, cs.cfg.SyncInterval)
+	counted := cs.count(cctx)
+	cancel()
 	target := cs.target(ctx, counted)
 	if n := cs.Connected(); n >= target {
 		// Whatever failed dials there were no longer keep the agent from

@@ -68,8 +68,9 @@ type CacheConfig struct {
 // next call starts one refresh in the background and answers the last count
 // until the refresh ends (stale-while-revalidate); however many callers
 // there are, one refresh runs at a time. A failed refresh keeps the last good
-// count. Before the first success the cache answers CacheConfig.Fallback;
-// the very first call waits for the first refresh to end.
+// count. Before the first success the cache answers CacheConfig.Fallback:
+// CountServers never waits, and Count waits for the first refresh only as
+// long as its context lets it.
 //
 // A CachedServerCounter is safe for concurrent use. Close stops it. The
 // source must honour its context: RefreshTimeout bounds a refresh, and so
@@ -171,8 +172,10 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 	return c, nil
 }
 
-// CountServers returns the cached count. The first call waits for the first
-// refresh to end; later calls never wait.
+// CountServers returns the cached count, and never waits: before the
+// first refresh has ended it answers CacheConfig.Fallback (and asks for
+// the refresh, if none has started). A caller that would rather wait for
+// the first count calls Count with a context that bounds the wait.
 func (c *CachedServerCounter) CountServers() int {
 	// Kept small enough to inline: a fresh read is one atomic load.
 	if v := c.fast.Load(); v >= 0 {
@@ -185,7 +188,11 @@ func (c *CachedServerCounter) CountServers() int {
 //
 //go:noinline
 func (c *CachedServerCounter) countStale() int {
-	return c.revalidate(context.Background()).count
+	select {
+	case c.refresh <- struct{}{}:
+	default: // a refresh is asked for already
+	}
+	return c.cur.Load().count
 }
 
 // Count returns the cached count with where it came from: Source is that of

@@ -96,20 +96,24 @@ func eventually(t *testing.T, cond func() bool, msg string) {
 	}
 }
 
-func TestCachedFirstCallWaitsForFirstResult(t *testing.T) {
+// Issue 23: the first calls of CountServers never wait for the first
+// lookup (a nameserver that does not answer would hold every caller): they
+// answer the fallback at once, and one refresh runs for all of them.
+func TestCachedFirstCallsAnswerTheFallbackAtOnce(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
+	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour, Fallback: 2})
 	var wg sync.WaitGroup
 	got := make([]int, 50)
 	for i := range got {
 		wg.Go(func() { got[i] = c.CountServers() })
 	}
-	src.give(t, 3, nil)
-	wg.Wait()
+	wg.Wait() // before the source answers: nobody waited for it
 	for _, n := range got {
-		assert.Equal(t, 3, n)
+		assert.Equal(t, 2, n)
 	}
+	src.give(t, 3, nil)
+	eventually(t, func() bool { return c.CountServers() == 3 }, "the count once the source answered")
 	assert.Equal(t, int32(1), src.calls.Load(), "one refresh for all first callers")
 }
 
@@ -117,10 +121,8 @@ func TestCachedFallbackBeforeFirstSuccess(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
 	c, clk := newCache(t, src, servercounter.CacheConfig{Fallback: 2, MinExpiry: time.Second, MaxExpiry: time.Hour})
-	done := make(chan int)
-	go func() { done <- c.CountServers() }()
+	assert.Equal(t, 2, c.CountServers())
 	src.give(t, 0, errors.New("dns down"))
-	assert.Equal(t, 2, <-done)
 	res, err := c.Count(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, servercounter.SourceFallback, res.Source)
@@ -208,7 +210,7 @@ func TestCachedSingleFlightUnderLoad(t *testing.T) {
 	eventually(t, func() bool { return calls.Load() == 1 }, "the first refresh starts")
 	close(release)
 	wg.Wait()
-	assert.Equal(t, 7, c.CountServers())
+	eventually(t, func() bool { return c.CountServers() == 7 }, "the count once the source answered")
 	assert.Equal(t, int32(1), calls.Load())
 }
 
@@ -235,6 +237,8 @@ func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
 				return servercounter.Result{Count: 1, TTL: tc.ttl, Source: servercounter.SourceDNS}, nil
 			})
 			c, clk := newCache(t, src, tc.cfg)
+			_, err := c.Count(t.Context()) // the first refresh
+			require.NoError(t, err)
 			for range 100 {
 				c.CountServers()
 			}
@@ -292,7 +296,9 @@ func TestCachedDNSFollowsScaling(t *testing.T) {
 				failed.Add(1)
 			}
 		}})
-	assert.Equal(t, 3, c.CountServers())
+	res, err := c.Count(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 3, res.Count)
 
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5")...)
 	expire(t, clk, time.Minute)

@@ -69,9 +69,19 @@ func ExampleCachedServerCounter() {
 	}
 	defer c.Close()
 
+	// CountServers never waits: before DNS has answered it says 1, the
+	// fallback. Count waits for the first answer, as long as its context
+	// lets it.
+	res, err := c.Count(context.Background())
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.Count)
 	var counter servercounter.ServerCounter = c
 	fmt.Println(counter.CountServers())
-	// Output: 3
+	// Output:
+	// 3
+	// 3
 }
 
 // A fixed count, as upstream's --server-count.

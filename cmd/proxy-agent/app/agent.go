@@ -75,11 +75,20 @@ func Run(ctx, drain context.Context, o *options.Options) error {
 // it tells every server, which then chooses other agents for new tunnels
 // where there are any, and opens no new server connection, but it keeps
 // serving, open tunnels and new ones, until the second signal ends ctx.
-// Unlike upstream's, the drain is bounded by timeout (0: no bound), after
-// which it stops with stop: the Go runtime merges a second `kill` sent
+// With no server connected there is nothing to drain, and it stops at
+// once. Unlike upstream's, the drain is bounded by timeout (0: no bound),
+// after which it stops with stop: the Go runtime merges a second `kill` sent
 // before the first was handled, and an agent that saw one signal must
 // not drain for ever.
 func drainThenStop(ctx context.Context, cs *agent.ClientSet, timeout time.Duration, stop context.CancelFunc) {
+	if cs.Connected() == 0 {
+		// No server to tell and none to route a tunnel here: a drain
+		// would wait for nothing (an agent that cannot reach its servers,
+		// its API server or DNS must still stop when asked).
+		klog.InfoS("Stopping: no proxy-server connected, nothing to drain")
+		stop()
+		return
+	}
 	klog.InfoS("Draining: told the proxy-servers, opening no new connections and serving until a second signal or --drain-timeout",
 		"servers", cs.Connected(), "tunnels", cs.OpenTunnels(), "drainTimeout", timeout)
 	cs.Drain(ctx)

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/internal/pki"
+)
+
+// Issue 23, item 1: nothing the agent depends on can keep it from serving
+// its health port or from stopping. Against an API server that accepts
+// TCP and never answers (with --count-server-leases), a nameserver that
+// never answers (with --server-count-dns), and a proxy-server that
+// accepts TCP and never completes TLS, /healthz answers 200 soon after
+// start (before the fix: never, and 10 s) and one SIGTERM stops the agent
+// within 5 s (before the fix it ignored two). The bounds are far above
+// what the agent takes (milliseconds) and far below the waits it used to
+// make; they are the issue's.
+func TestAgentStartsAndStopsWhateverItsDependenciesDo(t *testing.T) {
+	silentTCP := silentTCPListener(t)
+	silentUDP := silentUDPSocket(t)
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://%s", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: agent}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, silentTCP)), 0o600))
+	ca, err := pki.NewCA("startup-ca")
+	require.NoError(t, err)
+	caFile, err := ca.WriteFile(dir, "ca")
+	require.NoError(t, err)
+	ap, err := ca.Client("proxy-agent")
+	require.NoError(t, err)
+	agentCert, agentKey, err := ap.WriteFiles(dir, "agent")
+	require.NoError(t, err)
+	_, silentPort, _ := net.SplitHostPort(silentTCP)
+	refused := freePorts(t, 1)[0]
+
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"API server that never answers", []string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1", port("proxy-server-port", refused),
+			"--count-server-leases", "--kubeconfig=" + kubeconfig}},
+		{"nameserver that never answers", []string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1", port("proxy-server-port", refused),
+			"--server-count-dns=proxy-server.example.test", "--server-count-dns-server=" + silentUDP}},
+		{"proxy-server that never completes TLS", []string{"--proxy-server-host=127.0.0.1", "--proxy-server-port=" + silentPort,
+			"--ca-cert=" + caFile, "--agent-cert=" + agentCert, "--agent-key=" + agentKey}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ports := freePorts(t, 2)
+			bin := build(t, "proxy-agent")
+			started := time.Now()
+			a := start(t, bin, append(tc.args, "--health-server-host=127.0.0.1",
+				port("health-server-port", ports[0]), port("admin-server-port", ports[1]))...)
+			healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0])
+			require.Eventually(t, func() bool { return status(healthz) == http.StatusOK }, 5*time.Second, 10*time.Millisecond,
+				"no /healthz within 5 s:\n%s", a.stderr.String())
+			t.Logf("/healthz answered %v after start", time.Since(started).Round(time.Millisecond))
+
+			require.NoError(t, a.Process.Signal(syscall.SIGTERM))
+			select {
+			case <-a.exited:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("the agent did not stop within 5 s of SIGTERM:\n%s", a.stderr.String())
+			}
+		})
+	}
+}
+
+// silentTCPListener accepts connections and never writes a byte, until
+// the test ends; it returns its address.
+func silentTCPListener(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return l.Addr().String()
+}
+
+// silentUDPSocket is a UDP socket that reads nothing and answers nothing:
+// a nameserver that never answers.
+func silentUDPSocket(t *testing.T) string {
+	t.Helper()
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c.LocalAddr().String()
+}
