@@ -224,6 +224,7 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 						return
 					}
 				default:
+					lingerClose(conn)
 					return
 				}
 			}
@@ -231,6 +232,27 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 			return
 		}
 	}
+}
+
+// lingerTimeout bounds lingerClose's wait for the client's end.
+const lingerTimeout = time.Second
+
+// lingerClose ends the tunnel toward the client without losing what was
+// written: it sends the end of the stream (FIN, or TLS close_notify and
+// FIN) and reads until the client closes too, for at most lingerTimeout,
+// before the caller closes conn. Closing at once with the client's bytes
+// unread (it was still sending) would send a TCP reset, and a reset makes
+// the client's kernel drop what it had not yet read of the target's last
+// bytes.
+func lingerClose(conn net.Conn) {
+	cw, ok := conn.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	if conn.SetReadDeadline(time.Now().Add(lingerTimeout)) != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, conn) // until EOF, the deadline, or an error: all end it
 }
 
 // shutdown stops the tunnel's loops, once.
