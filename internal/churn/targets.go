@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Targets are the endpoints of a run, host:port each.
@@ -106,4 +107,35 @@ func listen(tb testing.TB, handle func(net.Conn)) string {
 		wg.Wait()
 	})
 	return l.Addr().String()
+}
+
+// StartStreamer starts a target that reads one byte, the request, from
+// every connection, then writes n chunks of size bytes, one every
+// interval, and closes it: a stream such as `kubectl logs -f`. It stops
+// when tb ends; it returns its address.
+func StartStreamer(tb testing.TB, n, size int, interval time.Duration) string {
+	tb.Helper()
+	stop := make(chan struct{})
+	tb.Cleanup(func() { close(stop) }) // runs before the listener's cleanup
+	return listen(tb, func(c net.Conn) {
+		var req [1]byte
+		if _, err := io.ReadFull(c, req[:]); err != nil {
+			return
+		}
+		b := make([]byte, size)
+		for i := range n {
+			if i > 0 {
+				t := time.NewTimer(interval) // the stream's pace
+				select {
+				case <-t.C:
+				case <-stop:
+					t.Stop()
+					return
+				}
+			}
+			if _, err := c.Write(b); err != nil {
+				return
+			}
+		}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -205,4 +206,54 @@ func serverTLS(t *testing.T, p pkiFiles) *tls.Config {
 	pair, err := p.ca.Server("hostile-server")
 	require.NoError(t, err)
 	return &tls.Config{Certificates: []tls.Certificate{pair.TLS}, ClientCAs: p.ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert}
+}
+
+// What SIGTERM does to an open tunnel (issue 22, and the lifecycle of
+// issue 23): a streaming download, 10 chunks a 300 ms apart, through a
+// server that gets SIGTERM after the first chunk, with
+// --graceful-shutdown-timeout=20s. Ours delivers every chunk in both
+// modes; where upstream's does not, it is a row of the table.
+func TestSIGTERMWithAnOpenTunnel(t *testing.T) {
+	up, ours := sides(t)
+	p := writePKI(t)
+	const chunks, size = 10, 4 << 10
+	target := churn.StartStreamer(t, chunks, size, 300*time.Millisecond)
+	got := map[string]map[string]int{}
+	for _, s := range []side{up, ours} {
+		got[s.name] = map[string]int{}
+		for _, mode := range []string{"http-connect", "grpc"} {
+			t.Run(s.name+"/"+mode, func(t *testing.T) {
+				srv := startServer(t, s.server, mode, p, nil, "--graceful-shutdown-timeout=20s")
+				a := startAgent(t, s.agent, srv.agentPort, p, nil)
+				waitStatus(t, srv.healthURL+"/readyz", http.StatusOK, srv.Process, a.Process)
+				dial := churn.ConnectOverUnix(srv.socket)
+				if mode == "grpc" {
+					dial = churn.GRPCOverUnix(srv.socket)
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+				defer cancel()
+				c, err := dial(ctx, target)
+				require.NoError(t, err)
+				defer c.Close()
+				_, err = c.Write([]byte{'G'})
+				require.NoError(t, err)
+				first := make([]byte, size)
+				_, err = io.ReadFull(c, first)
+				require.NoError(t, err)
+				require.NoError(t, srv.Process.Process.Signal(syscall.SIGTERM))
+				rest, _ := io.ReadAll(c) // a cut tunnel ends with an error or EOF: the count says it
+				got[s.name][mode] = 1 + len(rest)/size
+				t.Logf("%d of %d chunks", got[s.name][mode], chunks)
+			})
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	for _, mode := range []string{"http-connect", "grpc"} {
+		require.Equal(t, chunks, got["ours"][mode], "ours, %s: chunks received", mode)
+		if got["upstream"][mode] != chunks {
+			differ(t, differences(t), "server SIGTERM with open tunnels", "%s: upstream's delivered %d of %d chunks, ours all", mode, got["upstream"][mode], chunks)
+		}
+	}
 }

@@ -172,8 +172,9 @@ func (g *Group) GRPC(name string, l net.Listener, s *grpc.Server) {
 	})
 }
 
-// HTTP runs an HTTP server for h on l, with the default [HTTPLimits].
-func (g *Group) HTTP(name string, l net.Listener, h http.Handler) {
+// HTTP runs an HTTP server for h on l, with the default [HTTPLimits],
+// and returns it, for a caller that stops it sooner.
+func (g *Group) HTTP(name string, l net.Listener, h http.Handler) *http.Server {
 	srv := NewHTTPServer(h, HTTPLimits{})
 	if g.conns != nil {
 		open := g.conns.WithLabelValues(strings.TrimSuffix(name, " server"))
@@ -187,6 +188,7 @@ func (g *Group) HTTP(name string, l net.Listener, h http.Handler) {
 		}
 	}
 	g.Go(name, func() error { return srv.Serve(l) }, func(ctx context.Context) { _ = srv.Shutdown(ctx) })
+	return srv
 }
 
 // The default HTTP limits. Every port the binaries serve over HTTP

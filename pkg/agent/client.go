@@ -69,6 +69,9 @@ type client struct {
 
 	// drained makes DRAIN go out once.
 	drained atomic.Bool
+	// serverDraining is set when the server sent DRAIN: it is shutting
+	// down, and another server is sought in its place.
+	serverDraining atomic.Bool
 
 	// slots counts this stream's tunnels, dials in flight included,
 	// bounded by MaxTunnelsPerServer: taken by admitDial on DIAL_REQ,
@@ -376,6 +379,14 @@ func (c *client) receive(ctx context.Context) error {
 				}
 			} else {
 				logger.V(4).Info("Ignored a WINDOW packet", "flowControl", c.peerWindow > 0)
+			}
+		case pb.PacketType_DRAIN:
+			// Ours sends it when it shuts down gracefully (upstream's
+			// servers never do): its tunnels go on until they end, and
+			// the sync loop connects to another server meanwhile.
+			if !c.serverDraining.Swap(true) {
+				logger.V(2).Info("Proxy-server is shutting down: its tunnels finish, and another server is sought")
+				c.cs.wakeSync()
 			}
 		case pb.PacketType_DIAL_CLS:
 			// A frontend gave up on a pending dial. Our dial answers within

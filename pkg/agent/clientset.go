@@ -41,6 +41,8 @@ type ClientSet struct {
 	// tunnelEnded wakes WaitTunnelsClosed when a tunnel ends: a buffer of
 	// 1 and a non-blocking send, so that ends coalesce.
 	tunnelEnded chan struct{}
+	// syncNow wakes the sync loop (wakeSync): a server is going away.
+	syncNow chan struct{}
 
 	// running is true while Run runs; read by the health handler.
 	running atomic.Bool
@@ -95,6 +97,7 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 		serverOutage: outage.New("connect to proxy-server", now),
 		clients:      make(map[string]*client),
 		tunnelEnded:  make(chan struct{}, 1),
+		syncNow:      make(chan struct{}, 1),
 		lastCount:    servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},
 	}
 	cs.serverPort, _ = strconv.Atoi(port) // checked by validate
@@ -121,6 +124,29 @@ func (cs *ClientSet) Connected() int {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	return len(cs.clients)
+}
+
+// serving counts the servers connected that are not going away: a server
+// that sent DRAIN is shutting down, its tunnels finish, and the sync loop
+// seeks another server in its place.
+func (cs *ClientSet) serving() int {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	n := 0
+	for _, c := range cs.clients {
+		if !c.serverDraining.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+// wakeSync makes the sync loop run a round now.
+func (cs *ClientSet) wakeSync() {
+	select {
+	case cs.syncNow <- struct{}{}:
+	default: // a round is asked for already
+	}
 }
 
 // OpenTunnels returns the number of tunnels open on every stream, dials in

@@ -102,3 +102,24 @@ func TestControlQueueIsBounded(t *testing.T) {
 	}, waitFor, tick, "the stream over its answer bound was not ended")
 	assert.Contains(t, logs.String(), "Ended a proxy-server stream whose server left too many answers unread")
 }
+
+// Issue 23: a server that shuts down gracefully sends DRAIN; the agent
+// keeps that stream (its tunnels finish), no longer counts it, and
+// connects to another server at once.
+func TestServerDrainMakesTheAgentSeekAnother(t *testing.T) {
+	tt := newTestTLS(t)
+	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "1"})
+	lb := newTestLB(t, s1.Addr())
+	cfg := testConfig(tt, lb.addr)
+	cfg.SyncInterval, cfg.SyncIntervalCap = time.Hour, time.Hour // only the DRAIN may wake it
+	a := startAgent(t, cfg)
+	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
+	ss := s1.NextStream(t)
+
+	lb.setBackends(s2.Addr()) // s1 has stopped listening
+	ss.Send(t, wire.Drain())
+	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick, "no second server after the first one's DRAIN")
+	assert.False(t, ss.Ended(), "the draining server's stream was closed")
+	assert.Equal(t, 1, a.serving())
+}

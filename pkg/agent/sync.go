@@ -84,6 +84,8 @@ func (cs *ClientSet) syncLoop(ctx context.Context) {
 		case <-timer.C:
 		case <-changed:
 			logger.V(4).Info("Server count changed, syncing now")
+		case <-cs.syncNow:
+			logger.V(4).Info("A proxy-server is going away, syncing now")
 		}
 		changed = subscribe()
 		wait := cs.syncRound(ctx, bo)
@@ -108,12 +110,12 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	counted := cs.count(cctx)
 	cancel()
 	target := cs.target(ctx, counted)
-	if n := cs.Connected(); n >= target {
+	if n := cs.serving(); n >= target {
 		// Whatever failed dials there were no longer keep the agent from
 		// its target (the target may have dropped).
 		cs.serverOutage.Recovered(klog.FromContext(ctx), "connected", n, "target", target)
 	}
-	if cs.Connected() >= target && !cs.cfg.SyncForever {
+	if cs.serving() >= target && !cs.cfg.SyncForever {
 		bo.Reset()
 		return cs.cfg.SyncInterval
 	}
@@ -125,7 +127,7 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	case dialOK:
 		bo.Reset()
 		// The new server's count may have raised the target.
-		if cs.Connected() < cs.target(ctx, counted) {
+		if cs.serving() < cs.target(ctx, counted) {
 			return 0
 		}
 		return cs.cfg.SyncInterval
@@ -141,7 +143,7 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 		// and the agent waits a sync interval between dials, as upstream,
 		// without growing it: the balancer answers, the servers are up.
 		cs.duplicates++
-		if missing := target - cs.Connected(); missing > 0 && cs.duplicates <= duplicateBudget*target/missing+1 {
+		if missing := target - cs.serving(); missing > 0 && cs.duplicates <= duplicateBudget*target/missing+1 {
 			return 0
 		}
 		return cs.cfg.SyncInterval

@@ -52,11 +52,9 @@ type agent struct {
 // serves the stream as a backend until it ends or the Server closes.
 func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	ctx := stream.Context()
-	select {
-	case <-s.quit:
+	if s.stopping() {
 		s.metrics.observeAgentRejection(RejectShuttingDown)
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
-	default:
 	}
 	agentID, ids, err := s.handshake(ctx)
 	if err != nil {
@@ -85,6 +83,13 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	}
 	s.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
 	return s.waitStream(be.peer, be.logID)
+}
+
+// stopping reports whether Shutdown or Close has begun.
+func (s *Server) stopping() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed || s.shuttingDown
 }
 
 // handshake checks the agent's metadata and returns its ID and identifiers,
@@ -155,7 +160,7 @@ func (s *Server) authenticate(ctx context.Context, md metadata.MD) error {
 // closed.
 func (s *Server) addBackend(be *backend) bool {
 	s.mu.Lock()
-	if s.closed {
+	if s.closed || s.shuttingDown {
 		s.mu.Unlock()
 		return false
 	}

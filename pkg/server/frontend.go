@@ -37,8 +37,15 @@ func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
 	s.wg.Add(2)
+	s.frontendStreams++
 	s.metrics.addGRPCConns(methodProxy, 1)
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.frontendStreams--
+		s.mu.Unlock()
+		s.tunnelMayHaveEnded()
+	}()
 	s.log.V(2).Info("Frontend connected", "remote", remoteAddr(stream.Context()))
 	s.goStream(f.peer, f.serve)
 	return s.waitStream(f.peer, "")

@@ -176,6 +176,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	delete(s.httpTunnels, ht)
 	s.mu.Unlock()
+	s.tunnelMayHaveEnded()
 	log.V(2).Info("HTTP CONNECT tunnel closed", "connectionID", t.connectID)
 }
 

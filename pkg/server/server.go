@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
+
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // Server is a Konnectivity proxy-server core: it implements the agent
@@ -24,10 +27,21 @@ type Server struct {
 	quit    chan struct{} // closed by Close: every stream and tunnel ends
 	wg      sync.WaitGroup
 
+	// tunnelEnded wakes Shutdown when a tunnel may have ended: a buffer
+	// of 1 and a non-blocking send (endedLocked), so that ends coalesce.
+	tunnelEnded chan struct{}
+	// pumps counts the flow-controlled tunnels whose pump still delivers
+	// the agent's last data: over at the agent, not yet at the frontend.
+	pumps atomic.Int64
+
 	mu sync.Mutex
 	// closed is set by Close; no goroutine is added to wg once it is set.
 	// Guarded by mu.
 	closed bool
+	// notReady is set by StopReadiness: /readyz fails from then on.
+	// shuttingDown is set by Shutdown: new dials and agent streams are
+	// refused. Guarded by mu.
+	notReady, shuttingDown bool
 	// agents holds the connected agents by agentID. Guarded by mu.
 	agents map[string]*agent
 	// nBackends counts the agent streams in agents. Guarded by mu.
@@ -40,6 +54,9 @@ type Server struct {
 	// httpTunnels holds the HTTP CONNECT tunnels, so that Close can end
 	// them. Guarded by mu.
 	httpTunnels map[*httpTunnel]struct{}
+	// frontendStreams counts the gRPC frontend streams being served.
+	// Guarded by mu.
+	frontendStreams int
 }
 
 // New validates cfg and returns a Server, or an error that lists every
@@ -58,6 +75,7 @@ func New(cfg Config) (*Server, error) {
 		log:         klog.Background().WithName("proxy-server"),
 		metrics:     m,
 		quit:        make(chan struct{}),
+		tunnelEnded: make(chan struct{}, 1),
 		agents:      map[string]*agent{},
 		pending:     map[int64]*tunnel{},
 		httpTunnels: map[*httpTunnel]struct{}{},
@@ -93,11 +111,84 @@ func (s *Server) Close() {
 	s.wg.Wait()
 }
 
-// Ready reports whether at least one agent is connected.
+// Ready reports whether at least one agent is connected and the Server
+// is not stopping.
 func (s *Server) Ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.agents) > 0
+	return len(s.agents) > 0 && !s.notReady
+}
+
+// StopReadiness makes Ready, and so /readyz, fail from now on, while the
+// Server goes on serving: the first step of a graceful stop, so that load
+// balancers and Service endpoints stop sending frontends here before
+// Shutdown refuses them.
+func (s *Server) StopReadiness() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notReady = true
+}
+
+// Shutdown stops the Server gracefully. It stops readiness, refuses new
+// dials and agent streams, and tells every agent that this server is
+// going away (DRAIN, which upstream's agents ignore and ours take as a
+// cue to connect to another server, keeping this one's tunnels); then it
+// waits until every tunnel has ended and every frontend has read its last
+// packet and gone (a gRPC frontend stream, an HTTP CONNECT connection),
+// or until ctx ends, and closes the Server, cutting what is left. It
+// returns the number of tunnels and frontends it cut. The caller stops
+// its listeners first: Shutdown does not listen.
+func (s *Server) Shutdown(ctx context.Context) (cut int) {
+	s.mu.Lock()
+	s.notReady, s.shuttingDown = true, true
+	var agents []*backend
+	for _, a := range s.agents {
+		agents = append(agents, a.streams...)
+	}
+	s.mu.Unlock()
+	for _, be := range agents {
+		be.peer.sendControl(wire.Drain(), 0)
+	}
+	for {
+		n := s.openTunnels()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-s.tunnelEnded:
+			continue
+		case <-ctx.Done():
+			cut = n
+		}
+		break
+	}
+	s.Close()
+	return cut
+}
+
+// openTunnels counts the tunnels that have not ended: pending dials,
+// established connections, those whose last data is still on its way to
+// the frontend, and the frontends themselves (HTTP CONNECT connections
+// and gRPC streams), which end once their client has read its last
+// packet.
+func (s *Server) openTunnels() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.pending) + len(s.httpTunnels) + s.frontendStreams
+	for _, a := range s.agents {
+		for _, be := range a.streams {
+			n += len(be.conns)
+		}
+	}
+	return n + int(s.pumps.Load())
+}
+
+// tunnelMayHaveEnded wakes a waiting Shutdown.
+func (s *Server) tunnelMayHaveEnded() {
+	select {
+	case s.tunnelEnded <- struct{}{}:
+	default: // a wake-up is pending already
+	}
 }
 
 // Backends returns the number of connected agent streams.

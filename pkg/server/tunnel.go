@@ -108,7 +108,7 @@ func (s *Server) closeFromAgentLocked(t *tunnel, pkt *client.Packet) (direct boo
 func (s *Server) startDial(fe frontend, address string, random int64) (*tunnel, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.closed || s.shuttingDown {
 		return nil, errShuttingDown
 	}
 	if random == 0 {
@@ -148,6 +148,7 @@ func (s *Server) dropPendingLocked(t *tunnel, reason DialFailureReason) bool {
 	}
 	t.fe.forget(t)
 	s.metrics.addPendingDials(-1)
+	s.tunnelMayHaveEnded()
 	if reason != "" {
 		s.metrics.observeDialFailure(reason)
 	}
@@ -221,6 +222,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 		t.q = flow.NewQueue(s.cfg.TunnelWindow)
 		t.credit = flow.NewWindow(be.peerWindow)
 		s.wg.Add(1)
+		s.pumps.Add(1)
 		go s.pump(t)
 	}
 	s.mu.Unlock()
@@ -234,6 +236,8 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 // the agent stream's receive loop.
 func (s *Server) pump(t *tunnel) {
 	defer s.wg.Done()
+	defer s.tunnelMayHaveEnded()
+	defer s.pumps.Add(-1)
 	for {
 		b, ok := t.q.Next(wire.MaxDataPayload, s.quit)
 		if !ok {
@@ -442,6 +446,7 @@ func (s *Server) forgetConnLocked(t *tunnel) {
 	}
 	s.metrics.addEstablished(-1)
 	s.metrics.observeConnection(time.Since(t.established))
+	s.tunnelMayHaveEnded()
 }
 
 // closeFromFrontend ends t because its frontend went away: the dial is

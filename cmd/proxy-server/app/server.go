@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -73,6 +74,8 @@ func Run(ctx context.Context, o *options.Options) error {
 	if err != nil {
 		return err
 	}
+	// stopFrontends stops taking new frontends, leaving open tunnels be.
+	var stopFrontends func(context.Context)
 	switch o.Mode {
 	case options.ModeGRPC:
 		fopts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.FrontendKeepaliveTime}))
@@ -82,11 +85,14 @@ func Run(ctx context.Context, o *options.Options) error {
 		fg := grpc.NewServer(fopts...)
 		client.RegisterProxyServiceServer(fg, srv)
 		g.GRPC("frontend server", fl, fg)
+		stopFrontends = func(context.Context) { go fg.GracefulStop() } // waits for the streams: not here
 	case options.ModeHTTPConnect:
 		if frontendTLS != nil {
 			fl = tls.NewListener(fl, frontendTLS)
 		}
-		g.HTTP("frontend server", fl, srv.HTTPConnect())
+		hs := g.HTTP("frontend server", fl, srv.HTTPConnect())
+		// Tunnels are hijacked connections, which Shutdown leaves be.
+		stopFrontends = func(ctx context.Context) { go func() { _ = hs.Shutdown(ctx) }() }
 	}
 
 	// Health and admin.
@@ -104,28 +110,57 @@ func Run(ctx context.Context, o *options.Options) error {
 	}
 	g.HTTP("admin server", adl, serve.AdminMux(reg, o.EnableProfiling))
 
-	// The lease: published once the ports serve, deleted on the way out
-	// so that agents drop this server at once.
+	// The lease: published once the ports serve, deleted at the start of
+	// a shutdown so that agents drop this server at once.
+	stopLeases := func() {}
 	if setup.Leases != nil {
-		lctx, stopLeases := context.WithCancel(context.WithoutCancel(ctx))
+		var lctx context.Context
+		lctx, stopLeases = context.WithCancel(context.WithoutCancel(ctx))
 		g.Go("lease publisher", func() error {
 			_ = setup.Leases.Run(lctx) // it logs its own failures
 			return nil
 		}, func(context.Context) { stopLeases() })
 	}
 
-	// Ending the tunnels first lets the gRPC servers stop gracefully at
-	// once instead of waiting out the grace period for streams that never
-	// end by themselves.
-	g.Defer(func(context.Context) { srv.Close() })
+	// The graceful stop, first of the shutdown's steps; the servers'
+	// own stops come after it.
+	g.Defer(func(ctx context.Context) {
+		srv.StopReadiness()
+		stopLeases()
+		if o.ShutdownDelay > 0 {
+			klog.InfoS("Shutting down: not ready, still taking new frontends", "shutdownDelay", o.ShutdownDelay)
+			t := time.NewTimer(o.ShutdownDelay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+		stopFrontends(ctx)
+		go agentGRPC.GracefulStop() // no new agent stream; GOAWAY to agents
+		tctx, cancel := context.WithTimeout(ctx, o.GracefulShutdownTimeout)
+		defer cancel()
+		klog.InfoS("Shutting down: taking no new frontends, letting open tunnels finish", "gracefulShutdownTimeout", o.GracefulShutdownTimeout)
+		if cut := srv.Shutdown(tctx); cut > 0 {
+			klog.InfoS("Cut the tunnels still open after the grace period", "tunnels", cut, "gracefulShutdownTimeout", o.GracefulShutdownTimeout)
+		} else {
+			klog.InfoS("Every tunnel has ended")
+		}
+	})
 
 	klog.InfoS("Proxy-server started", "serverID", o.ServerID, "serverCount", o.ServerCount, "mode", o.Mode,
 		"agentAddress", al.Addr().String(), "frontendAddress", fl.Addr().String(),
 		"healthAddress", hl.Addr().String(), "adminAddress", adl.Addr().String())
-	err = g.Wait(ctx, o.GracefulShutdownTimeout)
+	// The servers' own stops after the tunnels have ended or been cut:
+	// a few seconds on top of the delay and the grace period.
+	err = g.Wait(ctx, o.ShutdownDelay+o.GracefulShutdownTimeout+shutdownGrace)
 	klog.InfoS("Proxy-server stopped")
 	return err
 }
+
+// shutdownGrace bounds the stop of what is left once the tunnels have
+// ended or been cut: listeners, health and admin servers.
+const shutdownGrace = 5 * time.Second
 
 // udsMode is the frontend Unix socket's mode: owner and group may
 // connect.

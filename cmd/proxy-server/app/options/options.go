@@ -67,6 +67,9 @@ type Options struct {
 	FrontendKeepaliveTime   time.Duration
 	BackendDialTimeout      time.Duration
 	GracefulShutdownTimeout time.Duration
+	// ShutdownDelay is how long the server keeps taking new frontends
+	// after SIGTERM, not ready, before it stops listening.
+	ShutdownDelay time.Duration
 	// FrontendWriteTimeout bounds the wait for a frontend that does not
 	// read; TunnelWindow is the flow-control window granted to our
 	// agents per tunnel (-1: none).
@@ -164,7 +167,8 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.FrontendWriteTimeout, "frontend-write-timeout", o.FrontendWriteTimeout, "end a frontend that takes none of its data for this long")
 	fs.DurationVar(&o.StreamStallTimeout, "stream-stall-timeout", o.StreamStallTimeout, "end an agent stream on which nothing moved for this long while packets waited to be sent (the agent connects again); 0 never does")
 	fs.IntVar(&o.TunnelWindow, "tunnel-window", o.TunnelWindow, "bytes per tunnel and direction an agent may send ahead of what its frontend has read, with agents that offer flow control (servercount's); -1 turns flow control off")
-	fs.DurationVar(&o.GracefulShutdownTimeout, "graceful-shutdown-timeout", o.GracefulShutdownTimeout, "how long to wait for streams to end on SIGTERM")
+	fs.DurationVar(&o.GracefulShutdownTimeout, "graceful-shutdown-timeout", o.GracefulShutdownTimeout, "on SIGTERM, how long open tunnels may go on before they are cut (0: cut at once)")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay-duration", o.ShutdownDelay, "on SIGTERM, how long to go on taking new frontends while /readyz fails, so that load balancers and Service endpoints notice, before the server stops listening (as kube-apiserver's flag of that name)")
 	o.DNS.AddFlags(fs, false)
 	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "namespace of the agents' service account; with --agent-service-account, agents must present its token, checked with a TokenReview")
 	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", o.AgentServiceAccount, "the agents' service account")
@@ -230,8 +234,8 @@ func (o *Options) Validate() []error {
 	if err := wire.CheckTunnelWindow(o.TunnelWindow); err != nil {
 		errs = append(errs, fmt.Errorf("invalid --tunnel-window %w", err))
 	}
-	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 {
-		errs = append(errs, errors.New("--backend-dial-timeout and --graceful-shutdown-timeout must not be negative"))
+	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 || o.ShutdownDelay < 0 {
+		errs = append(errs, errors.New("--backend-dial-timeout, --graceful-shutdown-timeout and --shutdown-delay-duration must not be negative"))
 	}
 	return errs
 }
