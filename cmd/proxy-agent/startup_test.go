@@ -39,11 +39,7 @@ current-context: x
 `, silentTCP)), 0o600))
 	ca, err := pki.NewCA("startup-ca")
 	require.NoError(t, err)
-	caFile, err := ca.WriteFile(dir, "ca")
-	require.NoError(t, err)
-	ap, err := ca.Client("proxy-agent")
-	require.NoError(t, err)
-	agentCert, agentKey, err := ap.WriteFiles(dir, "agent")
+	certs, err := ca.WriteFiles(dir)
 	require.NoError(t, err)
 	_, silentPort, _ := net.SplitHostPort(silentTCP)
 	refused := freePorts(t, 1)[0]
@@ -57,7 +53,7 @@ current-context: x
 		{"nameserver that never answers", []string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1", port("proxy-server-port", refused),
 			"--server-count-dns=proxy-server.example.test", "--server-count-dns-server=" + silentUDP}},
 		{"proxy-server that never completes TLS", []string{"--proxy-server-host=127.0.0.1", "--proxy-server-port=" + silentPort,
-			"--ca-cert=" + caFile, "--agent-cert=" + agentCert, "--agent-key=" + agentKey}},
+			"--ca-cert=" + certs.CA, "--agent-cert=" + certs.AgentCert, "--agent-key=" + certs.AgentKey}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ports := freePorts(t, 2)

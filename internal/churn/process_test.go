@@ -75,26 +75,11 @@ func TestChurnProcesses(t *testing.T) {
 	}
 }
 
-// certFiles are the PKI of the runs, as files.
-type certFiles struct {
-	ca, serverCert, serverKey, agentCert, agentKey string
-}
-
-func writeCerts(t *testing.T) certFiles {
+func writeCerts(t *testing.T) pki.Files {
 	t.Helper()
-	dir := t.TempDir()
 	ca, err := pki.NewCA("churn-ca")
 	require.NoError(t, err)
-	var f certFiles
-	f.ca, err = ca.WriteFile(dir, "ca")
-	require.NoError(t, err)
-	sp, err := ca.Server("proxy-server")
-	require.NoError(t, err)
-	f.serverCert, f.serverKey, err = sp.WriteFiles(dir, "server")
-	require.NoError(t, err)
-	ap, err := ca.Client("proxy-agent")
-	require.NoError(t, err)
-	f.agentCert, f.agentKey, err = ap.WriteFiles(dir, "agent")
+	f, err := ca.WriteFiles(t.TempDir())
 	require.NoError(t, err)
 	return f
 }
@@ -102,7 +87,7 @@ func writeCerts(t *testing.T) certFiles {
 // startPair starts a proxy-server in mode with its frontend on a Unix
 // socket, and a proxy-agent connected to it over mTLS, waits until both
 // are ready, and returns the socket. Both are killed when t ends.
-func startPair(t *testing.T, serverBin, agentBin, mode string, c certFiles) string {
+func startPair(t *testing.T, serverBin, agentBin, mode string, c pki.Files) string {
 	t.Helper()
 	socket := filepath.Join(t.TempDir(), "proxy.sock")
 	ports := proctest.FreePorts(t, 5)
@@ -112,10 +97,10 @@ func startPair(t *testing.T, serverBin, agentBin, mode string, c certFiles) stri
 		"--mode="+mode, "--uds-name="+socket, "--server-port=0", "--server-id=churn",
 		"--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
 		"--agent-port="+port(0), "--health-port="+port(1), "--admin-port="+port(2),
-		"--cluster-cert="+c.serverCert, "--cluster-key="+c.serverKey, "--cluster-ca-cert="+c.ca)
+		"--cluster-cert="+c.ServerCert, "--cluster-key="+c.ServerKey, "--cluster-ca-cert="+c.CA)
 	agent := proctest.Start(t, agentBin, "-v=0",
 		"--agent-id=churn", "--proxy-server-host=localhost", "--proxy-server-port="+port(0),
-		"--ca-cert="+c.ca, "--agent-cert="+c.agentCert, "--agent-key="+c.agentKey,
+		"--ca-cert="+c.CA, "--agent-cert="+c.AgentCert, "--agent-key="+c.AgentKey,
 		"--health-server-host=127.0.0.1", "--health-server-port="+port(3),
 		"--admin-bind-address=127.0.0.1", "--admin-server-port="+port(4))
 	for _, url := range []string{"http://127.0.0.1:" + port(1) + "/readyz", "http://127.0.0.1:" + port(3) + "/readyz"} {

@@ -15,30 +15,20 @@ import (
 	"github.com/servercount/servercount/internal/proctest"
 )
 
-// pkiFiles are a CA and the certificates of a server and an agent, as
-// files, and the CA itself for clients of the tests.
+// pkiFiles are a CA, for the tests' own clients, and its files for the
+// processes.
 type pkiFiles struct {
-	ca                                                 *pki.CA
-	caFile, serverCert, serverKey, agentCert, agentKey string
+	ca *pki.CA
+	pki.Files
 }
 
 func writePKI(t *testing.T) pkiFiles {
 	t.Helper()
-	dir := t.TempDir()
 	ca, err := pki.NewCA("parity-ca")
 	require.NoError(t, err)
-	f := pkiFiles{ca: ca}
-	f.caFile, err = ca.WriteFile(dir, "ca")
+	f, err := ca.WriteFiles(t.TempDir())
 	require.NoError(t, err)
-	sp, err := ca.Server("proxy-server")
-	require.NoError(t, err)
-	f.serverCert, f.serverKey, err = sp.WriteFiles(dir, "server")
-	require.NoError(t, err)
-	ap, err := ca.Client("proxy-agent")
-	require.NoError(t, err)
-	f.agentCert, f.agentKey, err = ap.WriteFiles(dir, "agent")
-	require.NoError(t, err)
-	return f
+	return pkiFiles{ca: ca, Files: f}
 }
 
 // server is a proxy-server process, its frontend on a Unix socket.
@@ -63,7 +53,7 @@ func startServer(t *testing.T, bin, mode string, p pkiFiles, env []string, args 
 	all := append([]string{"-v=0", "--mode=" + mode, "--uds-name=" + s.socket, "--server-port=0",
 		"--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
 		"--agent-port=" + strconv.Itoa(ports[0]), "--health-port=" + strconv.Itoa(ports[1]), "--admin-port=" + strconv.Itoa(ports[2]),
-		"--cluster-cert=" + p.serverCert, "--cluster-key=" + p.serverKey, "--cluster-ca-cert=" + p.caFile}, args...)
+		"--cluster-cert=" + p.ServerCert, "--cluster-key=" + p.ServerKey, "--cluster-ca-cert=" + p.CA}, args...)
 	s.Process = startWithEnv(t, bin, env, all...)
 	return s
 }
@@ -81,7 +71,7 @@ func startAgent(t *testing.T, bin string, agentPort int, p pkiFiles, env []strin
 	ports := proctest.FreePorts(t, 2)
 	a := &agent{healthURL: "http://127.0.0.1:" + strconv.Itoa(ports[0])}
 	all := append([]string{"-v=0", "--proxy-server-host=localhost", "--proxy-server-port=" + strconv.Itoa(agentPort),
-		"--ca-cert=" + p.caFile, "--agent-cert=" + p.agentCert, "--agent-key=" + p.agentKey,
+		"--ca-cert=" + p.CA, "--agent-cert=" + p.AgentCert, "--agent-key=" + p.AgentKey,
 		"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ports[0]),
 		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(ports[1])}, args...)
 	a.Process = startWithEnv(t, bin, env, all...)

@@ -138,3 +138,36 @@ func serial() *big.Int {
 	}
 	return n
 }
+
+// Files are a CA's certificate and a server's and an agent's certificate
+// and key, as PEM files: what a proxy-server and a proxy-agent process
+// are started with.
+type Files struct {
+	CA                    string
+	ServerCert, ServerKey string
+	AgentCert, AgentKey   string
+}
+
+// WriteFiles issues a server certificate for "proxy-server" (localhost,
+// 127.0.0.1, ::1) and a client certificate for "proxy-agent", and writes
+// them with ca's certificate into dir.
+func (ca *CA) WriteFiles(dir string) (Files, error) {
+	var f Files
+	var err error
+	if f.CA, err = ca.WriteFile(dir, "ca"); err != nil {
+		return f, err
+	}
+	sp, err := ca.Server("proxy-server")
+	if err != nil {
+		return f, err
+	}
+	if f.ServerCert, f.ServerKey, err = sp.WriteFiles(dir, "server"); err != nil {
+		return f, err
+	}
+	ap, err := ca.Client("proxy-agent")
+	if err != nil {
+		return f, err
+	}
+	f.AgentCert, f.AgentKey, err = ap.WriteFiles(dir, "agent")
+	return f, err
+}
