@@ -20,6 +20,11 @@ import (
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
+// RequestTimeout bounds each request to the API server (a watch: beyond
+// the time the API server itself gives it): an API server that accepts
+// connections and never answers must cost a retry, not a hang.
+const RequestTimeout = 10 * time.Second
+
 // Defaults shared by agents and servers, as upstream's.
 const (
 	// DefaultNamespace is where leases are published and counted.
@@ -158,6 +163,8 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			opts.LabelSelector = cfg.LabelSelector
+			ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+			defer cancel()
 			start := time.Now()
 			l, err := leases.List(ctx, opts)
 			c.called(ctx, "list", start, err)
@@ -165,13 +172,23 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			opts.LabelSelector = cfg.LabelSelector
+			// A watch lives as long as the API server's own timeout for
+			// it (the reflector asks for 5 to 10 minutes), and a little
+			// more: an API server that never answers cannot hold it for
+			// ever.
+			life := RequestTimeout
+			if opts.TimeoutSeconds != nil {
+				life += time.Duration(*opts.TimeoutSeconds) * time.Second
+			}
+			wctx, cancel := context.WithTimeout(ctx, life)
 			start := time.Now()
-			w, err := leases.Watch(ctx, opts)
+			w, err := leases.Watch(wctx, opts)
 			c.called(ctx, "watch", start, err)
 			if err != nil {
+				cancel()
 				return nil, err
 			}
-			return c.observeErrors(ctx, w), nil
+			return c.observeErrors(ctx, w, cancel), nil
 		},
 	}
 	c.informer = cache.NewSharedIndexInformer(plainListWatch{lw}, &coordinationv1.Lease{}, 0, cache.Indexers{})
@@ -442,9 +459,10 @@ func (c *Counter) recovered(now time.Time) {
 // answers a watch from before the outage with 410 Expired, and until the
 // new list the informer sees no renewal, so the leases it holds would
 // expire one by one in the count.
-func (c *Counter) observeErrors(ctx context.Context, w watch.Interface) watch.Interface {
+func (c *Counter) observeErrors(ctx context.Context, w watch.Interface, cancel context.CancelFunc) watch.Interface {
 	o := &observedWatch{Interface: w, events: make(chan watch.Event), stop: make(chan struct{})}
 	go func() {
+		defer cancel()
 		defer close(o.events)
 		for ev := range w.ResultChan() {
 			select {

@@ -153,6 +153,8 @@ func (p *Publisher) Run(ctx context.Context) error {
 
 // renew creates the lease or moves its renewTime to now.
 func (p *Publisher) renew(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	defer cancel()
 	leases := p.cfg.Client
 	now := metav1.NewMicroTime(time.Now())
 	start := time.Now()
@@ -189,6 +191,8 @@ func (p *Publisher) renew(ctx context.Context) error {
 // collect deletes the expired leases that carry the labels, each only if
 // nobody renewed it since it was listed.
 func (p *Publisher) collect(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, RequestTimeout)
+	defer cancel()
 	leases := p.cfg.Client
 	start := time.Now()
 	list, err := leases.List(ctx, metav1.ListOptions{LabelSelector: p.labels.String()})
