@@ -104,9 +104,10 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 	t, err := f.s.startDial(f, req.GetAddress(), req.GetRandom())
 	if err != nil {
 		f.s.log.V(2).Info("Dial refused", "address", capPeer(req.GetAddress()), "dialID", req.GetRandom(), "err", err)
-		if !errors.Is(err, errShuttingDown) {
-			f.peer.sendControl(wire.DialRsp(req.GetRandom(), 0, err.Error()), req.GetRandom())
-		}
+		// A shutting-down server answers too: during a graceful stop
+		// the stream stays open, and an unanswered dial would wait for
+		// the client's own timeout.
+		f.peer.sendControl(wire.DialRsp(req.GetRandom(), 0, err.Error()), req.GetRandom())
 		return
 	}
 	f.s.log.V(4).Info("Forwarded dial to agent", "agentID", t.be.logID, "address", capPeer(req.GetAddress()), "dialID", req.GetRandom())

@@ -203,3 +203,40 @@ func TestControlQueueIsBounded(t *testing.T) {
 	cancel()
 	<-sendDone
 }
+
+// Issue 23: during a graceful stop a frontend stream stays open, and a
+// dial it asks for is answered at once with an error, not left to the
+// client's own timeout; the stream's end then lets Shutdown return
+// without cutting anything.
+func TestShutdownAnswersNewDialsOnOpenStreams(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	e := startEnv(t, server.Config{Registerer: reg})
+	startAgent(t, e, agentOpts{id: "a1"})
+	waitBackends(t, e, 1)
+	f, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+	require.NoError(t, err)
+	defer f.Close()
+	frontends := gaugeOf(reg, "konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "Proxy"})
+	require.Eventually(t, func() bool { return frontends() == 1 }, waitFor, 5*time.Millisecond)
+
+	cut := make(chan int, 1)
+	go func() { cut <- e.srv.Shutdown(t.Context()) }()
+	require.Eventually(t, func() bool { return !e.srv.Ready() }, waitFor, 5*time.Millisecond, "still ready while shutting down")
+	// Shutdown waits for the open frontend stream; a dial on it is
+	// refused with an answer.
+	_, err = f.Dial("127.0.0.1:9", 42)
+	require.ErrorContains(t, err, "shutting down")
+	select {
+	case n := <-cut:
+		t.Fatalf("Shutdown returned (cut %d) with a frontend stream open", n)
+	default:
+	}
+	f.Close()
+	select {
+	case n := <-cut:
+		assert.Zero(t, n, "tunnels cut")
+	case <-time.After(waitFor):
+		t.Fatal("Shutdown did not return once the frontend had gone")
+	}
+}
