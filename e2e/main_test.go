@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/e2e/harness"
+	"github.com/servercount/servercount/internal/upstream"
 	"github.com/servercount/servercount/internal/proxytest"
 )
 
@@ -25,9 +26,14 @@ type suite struct {
 	cluster *harness.Cluster
 	bin     harness.OurBinaries
 	kubectl string
+	// upstream are upstream's server and agent; empty when unavailable.
+	upstream upstreamBinaries
 	// nextNet hands each test its own 127.0.<n>.0/24 for servers.
 	nextNet atomic.Int32
 }
+
+// upstreamBinaries are upstream's proxy-server and agent.
+type upstreamBinaries struct{ Server, Agent string }
 
 // the is the shared suite; TestMain sets it before any test runs.
 var the *suite
@@ -78,10 +84,19 @@ func run(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "e2e:", err)
 			return 1
 		}
+		// Upstream's server and agent, for the side-by-side rollout; the
+		// suite runs without them (that half is skipped) when there is
+		// no source to build them from.
+		fmt.Fprintln(os.Stderr, "e2e: finding or building upstream's proxy-server and agent (../shared/upstream)")
+		up, err := upstream.Find(ctx, "..")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: upstream's half of the rollout will be skipped:", err)
+		}
 		fmt.Fprintf(os.Stderr, "e2e: binaries ready in %s\n", time.Since(start).Round(time.Millisecond))
 		code, err := harness.RunInNetNS("TMPDIR="+tmpDir, "E2E_CLUSTER_DIR="+clusterDir,
 			"E2E_ETCD="+bins.Etcd, "E2E_KUBE_APISERVER="+bins.KubeAPIServer, "E2E_KUBECTL="+bins.Kubectl, "E2E_COREDNS="+bins.CoreDNS,
-			"E2E_PROXY_SERVER="+ours.Server, "E2E_PROXY_AGENT="+ours.Agent, "E2E_PROBE="+ours.Probe)
+			"E2E_PROXY_SERVER="+ours.Server, "E2E_PROXY_AGENT="+ours.Agent, "E2E_PROBE="+ours.Probe,
+			"E2E_UPSTREAM_SERVER="+up.Server, "E2E_UPSTREAM_AGENT="+up.Agent)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "e2e:", err)
 		}
@@ -104,7 +119,8 @@ func run(m *testing.M) int {
 	defer cluster.Close()
 	fmt.Fprintf(os.Stderr, "e2e: control plane (etcd, kube-apiserver %s, CoreDNS %s) ready in %s, in a network namespace with %s on lo\n",
 		cluster.APIServerURL, cluster.DNS.Addr, time.Since(start).Round(time.Millisecond), harness.PodCIDR)
-	the = &suite{cluster: cluster, bin: ours, kubectl: bins.Kubectl}
+	the = &suite{cluster: cluster, bin: ours, kubectl: bins.Kubectl,
+		upstream: upstreamBinaries{Server: os.Getenv("E2E_UPSTREAM_SERVER"), Agent: os.Getenv("E2E_UPSTREAM_AGENT")}}
 	code := m.Run()
 	if code != 0 {
 		fmt.Fprintf(os.Stderr, "e2e: control plane logs:\n%s\n", cluster.Logs(3000))

@@ -277,6 +277,70 @@ func (c *Cluster) runAPIServer() error {
 	})
 }
 
+// APIServer is one more kube-apiserver of the cluster, on the same etcd,
+// with the same tokens and service-account keys as the first, and flags of
+// its own (an egress selector configuration, say).
+type APIServer struct {
+	// URL is https://127.0.0.1:<port>.
+	URL string
+	// Client is a clientset for the admin token, through this API server.
+	Client kubernetes.Interface
+	// REST is the client configuration behind Client.
+	REST *rest.Config
+
+	proc *Process
+}
+
+// StartAPIServer starts another kube-apiserver named name, with the first
+// one's flags and extra, and waits for its /readyz. Stop it with Stop.
+func (c *Cluster) StartAPIServer(name string, extra ...string) (*APIServer, error) {
+	dir := filepath.Join(c.Dir, name)
+	if err := os.MkdirAll(filepath.Join(dir, "certs"), 0o755); err != nil {
+		return nil, err
+	}
+	port, err := FreePort("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	var args []string
+	for _, a := range c.apiserverArgs {
+		switch {
+		case strings.HasPrefix(a, "--secure-port="):
+			a = "--secure-port=" + strconv.Itoa(port)
+		case strings.HasPrefix(a, "--cert-dir="):
+			a = "--cert-dir=" + filepath.Join(dir, "certs")
+		}
+		args = append(args, a)
+	}
+	a := &APIServer{URL: fmt.Sprintf("https://127.0.0.1:%d", port)}
+	if a.proc, err = StartProcess(name, filepath.Join(c.Dir, name+".log"), c.apiserverBin, append(args, extra...)...); err != nil {
+		return nil, err
+	}
+	if err := waitFor(a.proc, c.startTimeout, "ready", func() error {
+		body, code, err := httpGet(a.URL+"/readyz", c.AdminToken, &tls.Config{InsecureSkipVerify: true})
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("/readyz: %d %s", code, body)
+		}
+		return err
+	}); err != nil {
+		a.proc.Stop()
+		return nil, err
+	}
+	a.REST = rest.CopyConfig(c.REST)
+	a.REST.Host = a.URL
+	if a.Client, err = kubernetes.NewForConfig(a.REST); err != nil {
+		a.proc.Stop()
+		return nil, fmt.Errorf("make a clientset for %s: %w", name, err)
+	}
+	return a, nil
+}
+
+// Stop stops the API server.
+func (a *APIServer) Stop() { a.proc.Stop() }
+
+// Log returns the last max bytes of the API server's log.
+func (a *APIServer) Log(max int) string { return a.proc.Log(max) }
+
 // PauseAPIServer stops kube-apiserver, waits d, and starts it again on
 // the same port with the same data, certificates and tokens: clients see
 // an outage, then the same API server.

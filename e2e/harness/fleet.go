@@ -57,8 +57,10 @@ type Fleet struct {
 	// frontends check.
 	CAFile, ServerCert, ServerKey, AgentCert, AgentKey string
 	// FrontendClient is the client certificate of the frontend
-	// (kube-apiserver's role).
-	FrontendClient tls.Certificate
+	// (kube-apiserver's role); FrontendCert and FrontendKey are its PEM
+	// files, for kube-apiserver's egress selector configuration.
+	FrontendClient            tls.Certificate
+	FrontendCert, FrontendKey string
 	// FrontendPort, AgentPort, HealthPort and AdminPort are each server's
 	// ports, on its own address.
 	FrontendPort, AgentPort, HealthPort, AdminPort int
@@ -93,6 +95,9 @@ func NewFleet(bin OurBinaries, dir string) (*Fleet, error) {
 		return nil, err
 	}
 	f.FrontendClient = client.TLS
+	if f.FrontendCert, f.FrontendKey, err = client.WriteFiles(dir, "frontend"); err != nil {
+		return nil, err
+	}
 	ports, err := FreePorts("127.0.0.1", 4)
 	if err != nil {
 		return nil, err
@@ -214,6 +219,9 @@ type AgentConfig struct {
 	// Extra are more flags, after the defaults (a later flag wins, but
 	// the DNS and dial mode flags come after them).
 	Extra []string
+	// Upstream says that Fleet.Bin.Agent is upstream's agent: the flags
+	// only ours has are left out of the defaults.
+	Upstream bool
 }
 
 // Agent is a proxy-agent process on 127.0.0.1.
@@ -242,15 +250,18 @@ func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 		}
 		port = p
 	}
-	args := append([]string{
+	args := []string{
 		"--agent-id=" + cfg.Name,
 		"--proxy-server-host=localhost", "--proxy-server-port=" + port,
 		"--ca-cert=" + f.CAFile, "--agent-cert=" + f.AgentCert, "--agent-key=" + f.AgentKey,
 		"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ports[0]),
 		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(ports[1]),
-		"--sync-interval=200ms", "--sync-interval-cap=1s",
-		"--server-count-hold-down=2s", "--v=2",
-	}, cfg.Extra...)
+		"--sync-interval=200ms", "--sync-interval-cap=1s", "--v=2",
+	}
+	if !cfg.Upstream {
+		args = append(args, "--server-count-hold-down=2s")
+	}
+	args = append(args, cfg.Extra...)
 	if cfg.DNSName != "" {
 		args = append(args, "--server-count-dns="+cfg.DNSName, "--server-count-dns-server="+cfg.DNSServer,
 			"--server-count-cache-ttl=500ms", "--server-count-cache-ttl-min=200ms")
