@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream upstream-suite parity cross images push image-test rules-test
+.PHONY: docs all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream upstream-suite parity cross images push image-test rules-test
 
 all: lint test build
 
@@ -161,9 +161,14 @@ upstream-suite:
 	if [ $$rc -eq 3 ]; then exit 0; fi; exit $$rc
 
 ## parity: the same scenarios through upstream's binaries and ours; a
-## difference not in the README's table "Differences from upstream" fails
+## difference not in docs/differences.md fails
 parity:
 	$(GO) test -count=1 -v -timeout 20m ./internal/parity -parity
+
+## docs: write the generated references in docs/ (flags.md) again; make
+## test fails when they differ from the code
+docs:
+	$(GO) test -count=1 ./internal/docgen -update
 
 ## upstream: build upstream's server, agent, test-client and test-server from
 ## ../shared/upstream (or $$SERVERCOUNT_UPSTREAM_SRC) into ~/.cache, once, and
@@ -171,7 +176,7 @@ parity:
 upstream:
 	@$(GO) run ./internal/upstream/cmd/upstream-bin
 
-## bench: the benchmarks quoted in the README
+## bench: the benchmarks quoted in docs/benchmarks.md
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 3 ./pkg/...
 

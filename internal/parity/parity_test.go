@@ -3,7 +3,7 @@
 // compares what an operator observes: flags and their defaults, the
 // environment, the frontend socket, health paths, metrics after the same
 // traffic, signals. Where we differ on purpose, the difference is a row
-// of the README's table "Differences from upstream", which the suite
+// of the table in docs/differences.md, which the suite
 // reads: a difference that is not there fails it.
 //
 // It runs with `make parity` (go test ./internal/parity -parity), with
@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -52,41 +51,32 @@ func sides(t *testing.T) (up, ours side) {
 	return up, side{"ours", proctest.Build(t, "cmd/proxy-server"), proctest.Build(t, "cmd/proxy-agent")}
 }
 
-// differences are the keys of the README's table of deliberate
-// differences from upstream: the first column, in backquotes.
+// differences are the keys of the table of deliberate differences from
+// upstream in docs/differences.md: the first column, in backquotes.
 func differences(t *testing.T) map[string]bool {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "differences.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := string(b)
-	i := strings.Index(text, "\n### Differences from upstream\n")
-	if i < 0 {
-		t.Fatal(`README.md has no "### Differences from upstream" section`)
-	}
-	text = text[i+1:]
-	if j := strings.Index(text[4:], "\n#"); j >= 0 {
-		text = text[:j+4]
-	}
 	keys := map[string]bool{}
 	row := regexp.MustCompile("(?m)^\\| `([^`]+)` \\|")
-	for _, m := range row.FindAllStringSubmatch(text, -1) {
+	for _, m := range row.FindAllStringSubmatch(string(b), -1) {
 		keys[m[1]] = true
 	}
 	if len(keys) == 0 {
-		t.Fatal("the README's table of differences from upstream has no rows")
+		t.Fatal("docs/differences.md has no table of differences from upstream")
 	}
 	return keys
 }
 
 // differ reports a difference between upstream and ours under key: fine
-// when the README's table lists key, a failure otherwise.
+// when docs/differences.md lists key, a failure otherwise.
 func differ(t *testing.T, known map[string]bool, key, format string, args ...any) {
 	t.Helper()
 	if known[key] {
 		t.Logf("known difference %q: "+format, append([]any{key}, args...)...)
 		return
 	}
-	t.Errorf("difference not in the README's table (key `%s`): "+format, append([]any{key}, args...)...)
+	t.Errorf("difference not in docs/differences.md (key `%s`): "+format, append([]any{key}, args...)...)
 }

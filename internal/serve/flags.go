@@ -18,8 +18,7 @@ import (
 // problem, prefixed by the program's name, and exits with status 2; on
 // --help or --version it exits 0.
 func ParseFlags(name string, fs *pflag.FlagSet, args []string, validate func() []error) {
-	AddKlogFlags(fs)
-	showVersion := fs.Bool("version", false, "print the version and exit")
+	showVersion := AddCommonFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			os.Exit(0)
@@ -37,6 +36,14 @@ func ParseFlags(name string, fs *pflag.FlagSet, args []string, validate func() [
 		}
 		os.Exit(2)
 	}
+}
+
+// AddCommonFlags adds what every binary has besides its own flags:
+// klog's flags and --version, whose value it returns. The flag reference
+// in docs/flags.md is generated from the same set.
+func AddCommonFlags(fs *pflag.FlagSet) (showVersion *bool) {
+	AddKlogFlags(fs)
+	return fs.Bool("version", false, "print the version and exit")
 }
 
 // IgnoredFlags returns, as --name, those of names that were set on fs:
