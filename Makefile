@@ -165,7 +165,7 @@ upstream-suite:
 parity:
 	$(GO) test -count=1 -v -timeout 20m ./internal/parity -parity
 
-## docs: write the generated references in docs/ (flags.md) again; make
+## docs: write the generated references in docs/ (flags.md, metrics.md) again; make
 ## test fails when they differ from the code
 docs:
 	$(GO) test -count=1 ./internal/docgen -update

@@ -1,6 +1,7 @@
 // Package docgen writes the references in docs/ that are facts of the
 // code, so that they are written once: the flags of the three binaries
-// (docs/flags.md). Its test fails when a checked-in reference differs
+// (docs/flags.md) and the metrics of the proxy-server and the proxy-agent
+// (docs/metrics.md). Its tests fail when a checked-in reference differs
 // from what the code generates; `make docs` writes them again.
 package docgen
 

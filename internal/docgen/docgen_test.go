@@ -47,3 +47,55 @@ func TestFlagsReferenceIsStable(t *testing.T) {
 		assert.Greater(t, n, 5, "%s: too few flags", bin.Name)
 	}
 }
+
+// TestMetricsReferenceIsCurrent fails when docs/metrics.md is not what
+// the code generates: a metric added, renamed or explained otherwise
+// without `make docs`.
+func TestMetricsReferenceIsCurrent(t *testing.T) {
+	ms, err := Metrics(t.TempDir())
+	require.NoError(t, err)
+	var got bytes.Buffer
+	require.NoError(t, WriteMetrics(&got, ms))
+	path := filepath.Join("..", "..", "docs", "metrics.md")
+	if *update {
+		require.NoError(t, os.WriteFile(path, got.Bytes(), 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run `make docs`")
+	assert.Equal(t, string(want), got.String(), "docs/metrics.md differs from the code: run `make docs`")
+}
+
+// TestMetricsCoverEveryFeature: the reference holds the metrics of each
+// feature the generator turns on, so that a feature whose wiring stops
+// registering them on the given registerer is noticed.
+func TestMetricsCoverEveryFeature(t *testing.T) {
+	ms, err := Metrics(t.TempDir())
+	require.NoError(t, err)
+	names := func(bin string) []string {
+		var out []string
+		for _, m := range ms[bin] {
+			out = append(out, m.Name)
+		}
+		return out
+	}
+	for bin, want := range map[string][]string{
+		"proxy-server": {
+			"konnectivity_network_proxy_server_ready_backend_connections",
+			"servercount_server_dns_lookups_total",
+			"servercount_server_token_reviews_total",
+			"konnectivity_network_proxy_server_lease_list_total",
+			"servercount_server_http_open_connections",
+			"servercount_build_info",
+		},
+		"proxy-agent": {
+			"konnectivity_network_proxy_agent_open_server_connections",
+			"konnectivity_network_proxy_agent_server_connection_failure_count",
+			"servercount_agent_dns_lookups_total",
+			"konnectivity_network_proxy_agent_lease_lists_total",
+			"servercount_build_info",
+		},
+	} {
+		assert.Subset(t, names(bin), want, bin)
+	}
+}
