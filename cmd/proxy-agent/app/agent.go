@@ -5,6 +5,7 @@ package app
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"time"
 
@@ -21,42 +22,92 @@ import (
 // shutdownGrace bounds the stop of the health and admin servers.
 const shutdownGrace = 5 * time.Second
 
-// Run runs the agent until ctx ends. When drain ends first, the agent
-// drains: it tells every server, stops opening connections, and keeps
-// serving until ctx ends or --drain-timeout has passed.
+// Run builds the agent with New and runs it until ctx ends. When drain
+// ends first, the agent drains: it tells every server, stops opening
+// connections, and keeps serving until ctx ends or --drain-timeout has
+// passed.
 func Run(ctx, drain context.Context, o *options.Options) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
-	cfg, stopCounter, err := o.Config(reg)
+	a, err := New(o)
 	if err != nil {
 		return err
 	}
-	defer stopCounter()
-	cs, err := agent.NewClientSet(cfg)
-	if err != nil {
-		return err
-	}
+	defer a.Close()
+	return a.Run(ctx, drain)
+}
 
-	g := serve.NewGroup()
-	hl, err := serve.Listen("health", o.HealthServerHost, o.HealthServerPort)
-	if err != nil {
-		return err
+// Agent is one proxy-agent process: the client set from pkg/agent, its
+// count sources and its health and admin ports. New does everything that
+// can fail and starts nothing that serves; Run serves; Close releases
+// what New made.
+type Agent struct {
+	o           *options.Options
+	reg         *prometheus.Registry
+	cfg         agent.Config
+	stopCounter func()
+	cs          *agent.ClientSet
+
+	health, admin net.Listener
+	served        bool
+}
+
+// New builds the agent and listens on its health and admin ports. On an
+// error it releases what it made.
+func New(o *options.Options) (_ *Agent, err error) {
+	a := &Agent{o: o, reg: prometheus.NewRegistry()}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
+	if a.cfg, a.stopCounter, err = o.Config(a.reg); err != nil {
+		return nil, err
 	}
+	if a.cs, err = agent.NewClientSet(a.cfg); err != nil {
+		return nil, err
+	}
+	if a.health, err = serve.Listen("health", o.HealthServerHost, o.HealthServerPort); err != nil {
+		return nil, err
+	}
+	if a.admin, err = serve.Listen("admin", o.AdminBindAddress, o.AdminServerPort); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Close releases what New made and Run did not: listeners never served
+// and the count sources. It is safe after Run.
+func (a *Agent) Close() {
+	if !a.served {
+		for _, l := range []net.Listener{a.health, a.admin} {
+			if l != nil {
+				_ = l.Close()
+			}
+		}
+	}
+	if a.stopCounter != nil {
+		a.stopCounter()
+	}
+}
+
+// Run serves until ctx ends or a server fails; when drain ends first, the
+// agent drains (see the package's Run). It is called once.
+func (a *Agent) Run(ctx, drain context.Context) error {
+	o, cs, reg := a.o, a.cs, a.reg
+	a.served = true
+	g := serve.NewGroup()
 	health := http.NewServeMux()
 	health.Handle("/metrics", serve.MetricsHandler(reg))
 	health.Handle("/", cs.Health())
-	g.HTTP("health server", hl, health)
-	adl, err := serve.Listen("admin", o.AdminBindAddress, o.AdminServerPort)
-	if err != nil {
-		_ = g.Wait(cancelled(), shutdownGrace)
-		return err
-	}
-	g.HTTP("admin server", adl, serve.AdminMux(reg, o.EnableProfiling))
+	g.HTTP("health server", a.health, health)
+	g.HTTP("admin server", a.admin, serve.AdminMux(reg, o.EnableProfiling))
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g.Go("client set", func() error { return cs.Run(runCtx) }, func(context.Context) { cancel() })
+	drained := make(chan struct{})
 	go func() {
+		defer close(drained)
 		select {
 		case <-drain.Done():
 			drainThenStop(runCtx, cs, o.DrainTimeout, cancel)
@@ -64,9 +115,11 @@ func Run(ctx, drain context.Context, o *options.Options) error {
 		}
 	}()
 
-	klog.InfoS("Proxy-agent started", "agentID", o.AgentID, "proxyServer", cfg.ServerAddress,
-		"healthAddress", hl.Addr().String(), "adminAddress", adl.Addr().String())
-	err = g.Wait(ctx, shutdownGrace)
+	klog.InfoS("Proxy-agent started", "agentID", o.AgentID, "proxyServer", a.cfg.ServerAddress,
+		"healthAddress", a.health.Addr().String(), "adminAddress", a.admin.Addr().String())
+	err := g.Wait(ctx, shutdownGrace)
+	cancel()
+	<-drained
 	klog.InfoS("Proxy-agent stopped")
 	return err
 }
@@ -104,10 +157,4 @@ func drainThenStop(ctx context.Context, cs *agent.ClientSet, timeout time.Durati
 	}
 	klog.InfoS("Drain timed out, stopping", "tunnels", cs.OpenTunnels(), "drainTimeout", timeout)
 	stop()
-}
-
-func cancelled() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
 }

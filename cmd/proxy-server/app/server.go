@@ -25,70 +25,130 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// Run serves until ctx ends, then shuts down within the grace period.
+// Run builds the server with New, serves until ctx ends and shuts down
+// within the grace period.
 func Run(ctx context.Context, o *options.Options) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
-	setup, err := o.Config(reg)
+	s, err := New(o)
 	if err != nil {
 		return err
 	}
-	defer setup.Stop()
-	srv, err := server.New(setup.Server)
-	if err != nil {
-		return err
-	}
+	defer s.Close()
+	return s.Run(ctx)
+}
 
-	g := serve.NewGroup()
-	httpConns := serve.NewHTTPConnectionsGauge("servercount", "server")
-	if err := reg.Register(httpConns); err != nil {
-		return fmt.Errorf("register HTTP connection metrics: %w", err)
-	}
-	g.CountHTTPConnections(httpConns)
+// Server is one proxy-server process: the core from pkg/server, its four
+// ports and the lease publisher. New does everything that can fail
+// (certificates, listeners) and starts nothing that serves; Run serves;
+// Close releases what New made.
+type Server struct {
+	o         *options.Options
+	reg       *prometheus.Registry
+	httpConns *prometheus.GaugeVec
+	setup     options.Setup
+	srv       *server.Server
+
+	agentTLS, frontendTLS *tls.Config
+	// The listeners, closed by Close unless Run has handed them to a
+	// server that closes them.
+	agents, frontends, health, admin net.Listener
+	served                           bool
+}
+
+// New builds the server and listens on its ports. On an error it
+// releases what it made: no goroutine, listener or counter is left.
+func New(o *options.Options) (_ *Server, err error) {
+	s := &Server{o: o, reg: prometheus.NewRegistry()}
 	defer func() {
 		if err != nil {
-			srv.Close()
+			s.Close()
 		}
 	}()
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
+	if s.setup, err = o.Config(s.reg); err != nil {
+		return nil, err
+	}
+	if s.srv, err = server.New(s.setup.Server); err != nil {
+		return nil, err
+	}
+	s.httpConns = serve.NewHTTPConnectionsGauge("servercount", "server")
+	if err := s.reg.Register(s.httpConns); err != nil {
+		return nil, fmt.Errorf("register HTTP connection metrics: %w", err)
+	}
+	if !o.InsecurePlaintext {
+		if s.agentTLS, err = serve.ServerTLS(o.ClusterCert, o.ClusterKey, o.ClusterCACert); err != nil {
+			return nil, fmt.Errorf("agent port (--cluster-cert, --cluster-key, --cluster-ca-cert): %w", err)
+		}
+		o.TLS.Apply(s.agentTLS)
+	}
+	if s.agents, err = serve.Listen("agents", o.AgentListenHost(), o.AgentPort); err != nil {
+		return nil, err
+	}
+	if s.frontends, s.frontendTLS, err = frontendListener(o); err != nil {
+		return nil, err
+	}
+	if s.health, err = serve.Listen("health", o.HealthBindAddress, o.HealthPort); err != nil {
+		return nil, err
+	}
+	if s.admin, err = serve.Listen("admin", o.AdminBindAddress, o.AdminPort); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close releases what New made and Run did not: listeners never served,
+// the core's tunnels, the count sources. It is safe after Run.
+func (s *Server) Close() {
+	if !s.served {
+		for _, l := range []net.Listener{s.agents, s.frontends, s.health, s.admin} {
+			if l != nil {
+				_ = l.Close()
+			}
+		}
+	}
+	if s.srv != nil {
+		s.srv.Close()
+	}
+	if s.setup.Stop != nil {
+		s.setup.Stop()
+	}
+}
+
+// Run serves on the ports New opened until ctx ends or a server fails,
+// then shuts down gracefully: not ready at once, new frontends taken for
+// --shutdown-delay-duration, then open tunnels given
+// --graceful-shutdown-timeout to end. It is called once.
+func (s *Server) Run(ctx context.Context) error {
+	o, srv, reg := s.o, s.srv, s.reg
+	s.served = true
+	g := serve.NewGroup()
+	g.CountHTTPConnections(s.httpConns)
 
 	// Agents.
 	agentOpts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.KeepaliveTime}))
-	if !o.InsecurePlaintext {
-		tlsCfg, err := serve.ServerTLS(o.ClusterCert, o.ClusterKey, o.ClusterCACert)
-		if err != nil {
-			return fmt.Errorf("agent port (--cluster-cert, --cluster-key, --cluster-ca-cert): %w", err)
-		}
-		o.TLS.Apply(tlsCfg)
-		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(tlsCfg, "agent")))
+	if s.agentTLS != nil {
+		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(s.agentTLS, "agent")))
 	}
 	agentGRPC := grpc.NewServer(agentOpts...)
 	wire.RegisterAgentServiceServer(agentGRPC, srv)
-	al, err := serve.Listen("agents", o.AgentListenHost(), o.AgentPort)
-	if err != nil {
-		return err
-	}
-	g.GRPC("agent server", al, agentGRPC)
+	g.GRPC("agent server", s.agents, agentGRPC)
 
 	// Frontends.
-	fl, frontendTLS, err := frontendListener(o)
-	if err != nil {
-		return err
-	}
+	fl := s.frontends
 	// stopFrontends stops taking new frontends, leaving open tunnels be.
 	var stopFrontends func(context.Context)
 	switch o.Mode {
 	case options.ModeGRPC:
 		fopts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.FrontendKeepaliveTime}))
-		if frontendTLS != nil {
-			fopts = append(fopts, grpc.Creds(server.TLSCredentials(frontendTLS, "frontend")))
+		if s.frontendTLS != nil {
+			fopts = append(fopts, grpc.Creds(server.TLSCredentials(s.frontendTLS, "frontend")))
 		}
 		fg := grpc.NewServer(fopts...)
 		client.RegisterProxyServiceServer(fg, srv)
 		g.GRPC("frontend server", fl, fg)
 		stopFrontends = func(context.Context) { go fg.GracefulStop() } // waits for the streams: not here
 	case options.ModeHTTPConnect:
-		if frontendTLS != nil {
-			fl = tls.NewListener(fl, frontendTLS)
+		if s.frontendTLS != nil {
+			fl = tls.NewListener(fl, s.frontendTLS)
 		}
 		hs := g.HTTP("frontend server", fl, srv.HTTPConnect())
 		// Tunnels are hijacked connections, which Shutdown leaves be.
@@ -96,28 +156,20 @@ func Run(ctx context.Context, o *options.Options) error {
 	}
 
 	// Health and admin.
-	hl, err := serve.Listen("health", o.HealthBindAddress, o.HealthPort)
-	if err != nil {
-		return err
-	}
 	health := http.NewServeMux()
 	health.Handle("/metrics", serve.MetricsHandler(reg))
 	health.Handle("/", srv.Health())
-	g.HTTP("health server", hl, health)
-	adl, err := serve.Listen("admin", o.AdminBindAddress, o.AdminPort)
-	if err != nil {
-		return err
-	}
-	g.HTTP("admin server", adl, serve.AdminMux(reg, o.EnableProfiling))
+	g.HTTP("health server", s.health, health)
+	g.HTTP("admin server", s.admin, serve.AdminMux(reg, o.EnableProfiling))
 
 	// The lease: published once the ports serve, deleted at the start of
 	// a shutdown so that agents drop this server at once.
 	stopLeases := func() {}
-	if setup.Leases != nil {
+	if s.setup.Leases != nil {
 		var lctx context.Context
 		lctx, stopLeases = context.WithCancel(context.WithoutCancel(ctx))
 		g.Go("lease publisher", func() error {
-			_ = setup.Leases.Run(lctx) // it logs its own failures
+			_ = s.setup.Leases.Run(lctx) // it logs its own failures
 			return nil
 		}, func(context.Context) { stopLeases() })
 	}
@@ -149,11 +201,11 @@ func Run(ctx context.Context, o *options.Options) error {
 	})
 
 	klog.InfoS("Proxy-server started", "serverID", o.ServerID, "serverCount", o.ServerCount, "mode", o.Mode,
-		"agentAddress", al.Addr().String(), "frontendAddress", fl.Addr().String(),
-		"healthAddress", hl.Addr().String(), "adminAddress", adl.Addr().String())
+		"agentAddress", s.agents.Addr().String(), "frontendAddress", s.frontends.Addr().String(),
+		"healthAddress", s.health.Addr().String(), "adminAddress", s.admin.Addr().String())
 	// The servers' own stops after the tunnels have ended or been cut:
 	// a few seconds on top of the delay and the grace period.
-	err = g.Wait(ctx, o.ShutdownDelay+o.GracefulShutdownTimeout+shutdownGrace)
+	err := g.Wait(ctx, o.ShutdownDelay+o.GracefulShutdownTimeout+shutdownGrace)
 	klog.InfoS("Proxy-server stopped")
 	return err
 }

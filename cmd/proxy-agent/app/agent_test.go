@@ -1,0 +1,91 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/servercount/servercount/cmd/proxy-agent/app"
+	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
+	"github.com/servercount/servercount/internal/proctest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testOptions are a plaintext agent with loopback health and admin ports,
+// counting servers through DNS (a counter with goroutines of its own) at
+// a nameserver that never answers, and a proxy-server that refuses.
+func testOptions(t *testing.T, health, admin int) *options.Options {
+	o := options.NewOptions()
+	o.InsecurePlaintext = true
+	o.AgentID = "test"
+	o.ProxyServerHost, o.ProxyServerPort = "127.0.0.1", 1
+	o.HealthServerHost, o.HealthServerPort = "127.0.0.1", health
+	o.AdminBindAddress, o.AdminServerPort = "127.0.0.1", admin
+	o.DNS.Name = "proxy-server.example."
+	o.DNS.Servers = []string{"127.0.0.1:1"}
+	require.Empty(t, o.Validate())
+	return o
+}
+
+// listenable fails t unless every port can be listened on again.
+func listenable(t *testing.T, ports ...int) {
+	t.Helper()
+	for _, p := range ports {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if assert.NoError(t, err, "port %d is still held", p) {
+			l.Close()
+		}
+	}
+}
+
+// New fails at its last step (the admin port is taken) after it has
+// listened on the health port and started the DNS counter: it releases
+// both and leaves no goroutine.
+func TestNewReleasesWhatItMadeOnError(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	health := proctest.FreePorts(t, 1)[0]
+
+	a, err := app.New(testOptions(t, health, taken.Addr().(*net.TCPAddr).Port))
+	require.Error(t, err)
+	assert.Nil(t, a)
+	assert.Contains(t, err.Error(), "admin")
+	listenable(t, health)
+	goleak.VerifyNone(t)
+}
+
+// Run serves on what New opened and stops when its context ends, also
+// while it drains; Close then leaves nothing.
+func TestRunServesThenReleasesEverything(t *testing.T) {
+	ports := proctest.FreePorts(t, 2)
+	a, err := app.New(testOptions(t, ports[0], ports[1]))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	drain, startDrain := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, drain) }()
+	health := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0])
+	require.Eventually(t, func() bool { return proctest.Status(health) == http.StatusOK },
+		10*time.Second, 20*time.Millisecond, "the health port does not serve")
+	startDrain()
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	a.Close()
+	listenable(t, ports...)
+	goleak.VerifyNone(t)
+}

@@ -1,0 +1,92 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/servercount/servercount/cmd/proxy-server/app"
+	"github.com/servercount/servercount/cmd/proxy-server/app/options"
+	"github.com/servercount/servercount/internal/proctest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testOptions are a plaintext HTTP CONNECT server on loopback ports,
+// counting servers through DNS (a counter with goroutines of its own) at
+// a nameserver that never answers.
+func testOptions(t *testing.T, ports []int) *options.Options {
+	o := options.NewOptions()
+	o.Mode = options.ModeHTTPConnect
+	o.InsecurePlaintext = true
+	o.ServerID = "test"
+	o.AgentPort, o.ServerPort, o.HealthPort, o.AdminPort = ports[0], ports[1], ports[2], ports[3]
+	o.HealthBindAddress = "127.0.0.1"
+	o.DNS.Name = "proxy-server.example."
+	o.DNS.Servers = []string{"127.0.0.1:1"}
+	require.Empty(t, o.Validate())
+	return o
+}
+
+// listenable fails t unless every port can be listened on again.
+func listenable(t *testing.T, ports ...int) {
+	t.Helper()
+	for _, p := range ports {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if assert.NoError(t, err, "port %d is still held", p) {
+			l.Close()
+		}
+	}
+}
+
+// New fails at its last step (the admin port is taken) after it has
+// listened on three ports and started the DNS counter: it releases them
+// all, and leaves no goroutine.
+func TestNewReleasesWhatItMadeOnError(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	free := proctest.FreePorts(t, 3)
+	o := testOptions(t, append(free, taken.Addr().(*net.TCPAddr).Port))
+
+	s, err := app.New(o)
+	require.Error(t, err)
+	assert.Nil(t, s)
+	assert.Contains(t, err.Error(), "admin")
+	listenable(t, free...)
+	goleak.VerifyNone(t)
+}
+
+// Run serves on what New opened, stops when its context ends, and Close
+// then leaves nothing.
+func TestRunServesThenReleasesEverything(t *testing.T) {
+	ports := proctest.FreePorts(t, 4)
+	o := testOptions(t, ports)
+	o.GracefulShutdownTimeout = 0
+	s, err := app.New(o)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	health := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[2])
+	require.Eventually(t, func() bool { return proctest.Status(health) == http.StatusOK },
+		10*time.Second, 20*time.Millisecond, "the health port does not serve")
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+	s.Close()
+	listenable(t, ports...)
+	goleak.VerifyNone(t)
+}
