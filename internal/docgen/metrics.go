@@ -14,12 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	agentapp "github.com/servercount/servercount/cmd/proxy-agent/app"
 	agentoptions "github.com/servercount/servercount/cmd/proxy-agent/app/options"
+	serverapp "github.com/servercount/servercount/cmd/proxy-server/app"
 	serveroptions "github.com/servercount/servercount/cmd/proxy-server/app/options"
-	"github.com/servercount/servercount/internal/serve"
-	"github.com/servercount/servercount/internal/version"
-	"github.com/servercount/servercount/pkg/agent"
-	"github.com/servercount/servercount/pkg/server"
+	"github.com/servercount/servercount/internal/pki"
 )
 
 // Metric is one metric a binary can export.
@@ -35,11 +34,12 @@ type Metric struct {
 }
 
 // Metrics returns every metric of servercount's own the proxy-server and
-// the proxy-agent can export, by binary, sorted by name: the metrics their
-// wiring registers with every feature turned on (DNS counting, leases,
-// TokenReviews), built as the binaries build them but never run. Go's and
-// the process's standard collectors are left out. dir holds the files
-// the features need (a kubeconfig that is never used).
+// the proxy-agent can export, by binary, sorted by name: what each
+// binary's app.New registers with every feature turned on (TLS from
+// files, DNS counting, leases, TokenReviews), on ports it listens on and
+// closes without serving. Go's and the process's standard collectors
+// (go_*, process_*) are left out. dir holds the files the features need:
+// certificates, and a kubeconfig that is never used.
 func Metrics(dir string) (map[string][]Metric, error) {
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
@@ -51,90 +51,87 @@ current-context: c
 `), 0o600); err != nil {
 		return nil, err
 	}
-	srv, err := serverMetrics(kubeconfig)
+	ca, err := pki.NewCA("docgen")
+	if err != nil {
+		return nil, err
+	}
+	certs, err := ca.WriteFiles(dir)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := serverMetrics(kubeconfig, certs)
 	if err != nil {
 		return nil, fmt.Errorf("proxy-server: %w", err)
 	}
-	agt, err := agentMetrics(kubeconfig)
+	agt, err := agentMetrics(kubeconfig, certs)
 	if err != nil {
 		return nil, fmt.Errorf("proxy-agent: %w", err)
 	}
 	return map[string][]Metric{"proxy-server": srv, "proxy-agent": agt}, nil
 }
 
-func serverMetrics(kubeconfig string) ([]Metric, error) {
+func serverMetrics(kubeconfig string, certs pki.Files) ([]Metric, error) {
 	o := serveroptions.NewOptions()
 	o.ServerID = "docgen"
-	o.DNS.Name = "proxy-server.example."
+	o.ServerCert, o.ServerKey, o.ServerCACert = certs.ServerCert, certs.ServerKey, certs.CA
+	o.ClusterCert, o.ClusterKey, o.ClusterCACert = certs.ServerCert, certs.ServerKey, certs.CA
+	o.ServerBindAddress, o.AgentBindAddress, o.HealthBindAddress, o.AdminBindAddress = "127.0.0.1", "127.0.0.1", "127.0.0.1", "127.0.0.1"
+	o.ServerPort, o.AgentPort, o.HealthPort, o.AdminPort = 0, 0, 0, 0
+	o.DNS.Name, o.DNS.Servers = "proxy-server.example.", []string{"127.0.0.1:1"}
 	o.Leases.Enabled = true
 	o.AgentNamespace, o.AgentServiceAccount = "kube-system", "konnectivity-agent"
 	o.Kube.Kubeconfig = kubeconfig
-	var c catalog
-	setup, err := o.Config(&c)
+	c := newCatalog()
+	s, err := serverapp.New(o, c)
 	if err != nil {
 		return nil, err
 	}
-	defer setup.Stop()
-	srv, err := server.New(setup.Server)
-	if err != nil {
-		return nil, err
-	}
-	defer srv.Close()
-	if err := c.Register(serve.NewHTTPConnectionsGauge("servercount", "server")); err != nil {
-		return nil, err
-	}
-	if err := c.Register(version.Get().Collector()); err != nil {
-		return nil, err
-	}
+	s.Close()
 	return c.metrics()
 }
 
-func agentMetrics(kubeconfig string) ([]Metric, error) {
+func agentMetrics(kubeconfig string, certs pki.Files) ([]Metric, error) {
 	o := agentoptions.NewOptions()
 	o.AgentID = "docgen"
-	o.DNS.Name = "proxy-server.example."
+	o.AgentCert, o.AgentKey, o.CACert = certs.AgentCert, certs.AgentKey, certs.CA
+	o.HealthServerHost, o.HealthServerPort, o.AdminBindAddress, o.AdminServerPort = "127.0.0.1", 0, "127.0.0.1", 0
+	o.DNS.Name, o.DNS.Servers = "proxy-server.example.", []string{"127.0.0.1:1"}
 	o.Leases.Enabled = true
 	o.Kube.Kubeconfig = kubeconfig
-	o.InsecurePlaintext = true
-	var c catalog
-	cfg, stop, err := o.Config(&c)
+	c := newCatalog()
+	a, err := agentapp.New(o, c)
 	if err != nil {
 		return nil, err
 	}
-	defer stop()
-	if _, err := agent.NewClientSet(cfg); err != nil {
-		return nil, err
-	}
-	if err := c.Register(version.Get().Collector()); err != nil {
-		return nil, err
-	}
+	a.Close()
 	return c.metrics()
 }
 
-// catalog is a prometheus.Registerer that keeps what is registered on
-// it, to describe it.
+// catalog is a registry that also keeps the collectors registered on it,
+// to describe them.
 type catalog struct {
+	*prometheus.Registry
 	collectors []prometheus.Collector
 }
 
-// Register keeps c.
+func newCatalog() *catalog { return &catalog{Registry: prometheus.NewRegistry()} }
+
+// Register keeps col and registers it.
 func (c *catalog) Register(col prometheus.Collector) error {
+	if err := c.Registry.Register(col); err != nil {
+		return err
+	}
 	c.collectors = append(c.collectors, col)
 	return nil
 }
 
-// MustRegister keeps cs.
+// MustRegister keeps cs and registers them.
 func (c *catalog) MustRegister(cs ...prometheus.Collector) {
-	c.collectors = append(c.collectors, cs...)
-}
-
-// Unregister forgets col.
-func (c *catalog) Unregister(col prometheus.Collector) bool {
-	i := slices.Index(c.collectors, col)
-	if i >= 0 {
-		c.collectors = slices.Delete(c.collectors, i, i+1)
+	for _, col := range cs {
+		if err := c.Register(col); err != nil {
+			panic(err)
+		}
 	}
-	return i >= 0
 }
 
 // descText parses prometheus.Desc.String, the one way client_golang
@@ -172,6 +169,9 @@ func (c *catalog) metrics() ([]Metric, error) {
 				if l = strings.TrimSuffix(strings.TrimPrefix(l, "c("), ")"); l != "" {
 					labels = append(labels, l)
 				}
+			}
+			if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
+				continue // the standard collectors, documented by client_golang
 			}
 			out = append(out, Metric{Name: name, Type: typ, Labels: labels, Help: help})
 		}
@@ -238,7 +238,7 @@ first happens (` + "`TestMetricsMatchUpstream`" + ` runs both binaries and holds
 their ` + "`/metrics`" + ` to upstream's list in ` + "`internal/upstream`" + `). Ours are
 under ` + "`servercount_*`" + `. Some exist only with a feature: DNS counting
 (` + "`dns_*`, `server_count_age_seconds`" + `), leases (` + "`lease_*`" + `), TokenReviews
-(` + "`token_review*`" + `). Go's and the process's standard metrics
+(` + "`token_review*`" + `), TLS from files (` + "`certificate_*`" + `). Go's and the process's standard metrics
 (` + "`go_*`, `process_*`" + `) are there too and not listed.
 `)
 	for _, bin := range []string{"proxy-server", "proxy-agent"} {

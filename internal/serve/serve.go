@@ -22,24 +22,6 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// ServerTLS returns a TLS configuration serving certFile/keyFile. With a
-// caFile, clients must present a certificate signed by it.
-func ServerTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("load server certificate %s and key %s: %w", certFile, keyFile, err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if caFile != "" {
-		pool, err := CertPool(caFile)
-		if err != nil {
-			return nil, err
-		}
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
-	}
-	return cfg, nil
-}
-
 // ClientTLS returns a TLS configuration trusting caFile (the system roots
 // when empty) and presenting certFile/keyFile when given.
 func ClientTLS(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
@@ -74,13 +56,21 @@ func CertPool(caFile string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
+// Registry is where a binary registers its metrics and where /metrics
+// reads them: a *prometheus.Registry, or one that also keeps a list of
+// what is registered (the metric reference's generator).
+type Registry interface {
+	prometheus.Registerer
+	prometheus.Gatherer
+}
+
 // MetricsHandler serves reg's metrics.
-func MetricsHandler(reg *prometheus.Registry) http.Handler {
+func MetricsHandler(reg Registry) http.Handler {
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 }
 
 // AdminMux serves /metrics, and pprof under /debug/pprof/ when profiling.
-func AdminMux(reg *prometheus.Registry, profiling bool) *http.ServeMux {
+func AdminMux(reg Registry, profiling bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", MetricsHandler(reg))
 	if profiling {

@@ -27,7 +27,7 @@ const shutdownGrace = 5 * time.Second
 // connections, and keeps serving until ctx ends or --drain-timeout has
 // passed.
 func Run(ctx, drain context.Context, o *options.Options) error {
-	a, err := New(o)
+	a, err := New(o, prometheus.NewRegistry())
 	if err != nil {
 		return err
 	}
@@ -41,7 +41,7 @@ func Run(ctx, drain context.Context, o *options.Options) error {
 // what New made.
 type Agent struct {
 	o           *options.Options
-	reg         *prometheus.Registry
+	reg         serve.Registry
 	cfg         agent.Config
 	stopCounter func()
 	cs          *agent.ClientSet
@@ -50,10 +50,10 @@ type Agent struct {
 	served        bool
 }
 
-// New builds the agent and listens on its health and admin ports. On an
-// error it releases what it made.
-func New(o *options.Options) (_ *Agent, err error) {
-	a := &Agent{o: o, reg: prometheus.NewRegistry()}
+// New builds the agent, registers its metrics on reg and listens on its
+// health and admin ports. On an error it releases what it made.
+func New(o *options.Options, reg serve.Registry) (_ *Agent, err error) {
+	a := &Agent{o: o, reg: reg}
 	defer func() {
 		if err != nil {
 			a.Close()

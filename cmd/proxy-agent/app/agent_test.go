@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -55,7 +56,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 	defer taken.Close()
 	health := proctest.FreePorts(t, 1)[0]
 
-	a, err := app.New(testOptions(t, health, taken.Addr().(*net.TCPAddr).Port))
+	a, err := app.New(testOptions(t, health, taken.Addr().(*net.TCPAddr).Port), prometheus.NewRegistry())
 	require.Error(t, err)
 	assert.Nil(t, a)
 	assert.Contains(t, err.Error(), "admin")
@@ -67,7 +68,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 // while it drains; Close then leaves nothing.
 func TestRunServesThenReleasesEverything(t *testing.T) {
 	ports := proctest.FreePorts(t, 2)
-	a, err := app.New(testOptions(t, ports[0], ports[1]))
+	a, err := app.New(testOptions(t, ports[0], ports[1]), prometheus.NewRegistry())
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(t.Context())

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/internal/version"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
@@ -28,7 +30,7 @@ import (
 // Run builds the server with New, serves until ctx ends and shuts down
 // within the grace period.
 func Run(ctx context.Context, o *options.Options) error {
-	s, err := New(o)
+	s, err := New(o, prometheus.NewRegistry())
 	if err != nil {
 		return err
 	}
@@ -42,22 +44,25 @@ func Run(ctx context.Context, o *options.Options) error {
 // Close releases what New made.
 type Server struct {
 	o         *options.Options
-	reg       *prometheus.Registry
+	reg       serve.Registry
 	httpConns *prometheus.GaugeVec
 	setup     options.Setup
 	srv       *server.Server
 
 	agentTLS, frontendTLS *tls.Config
+	tlsMetrics            *tlsfiles.Metrics
+	tlsFiles              []*tlsfiles.Watcher // watched while Run runs
 	// The listeners, closed by Close unless Run has handed them to a
 	// server that closes them.
 	agents, frontends, health, admin net.Listener
 	served                           bool
 }
 
-// New builds the server and listens on its ports. On an error it
-// releases what it made: no goroutine, listener or counter is left.
-func New(o *options.Options) (_ *Server, err error) {
-	s := &Server{o: o, reg: prometheus.NewRegistry()}
+// New builds the server, registers its metrics on reg and listens on its
+// ports. On an error it releases what it made: no goroutine, listener or
+// counter is left.
+func New(o *options.Options, reg serve.Registry) (_ *Server, err error) {
+	s := &Server{o: o, reg: reg}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -74,16 +79,26 @@ func New(o *options.Options) (_ *Server, err error) {
 	if err := s.reg.Register(s.httpConns); err != nil {
 		return nil, fmt.Errorf("register HTTP connection metrics: %w", err)
 	}
+	s.tlsMetrics = tlsfiles.NewMetrics("servercount", "server")
+	for _, c := range s.tlsMetrics.Collectors() {
+		if err := s.reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register TLS file metrics: %w", err)
+		}
+	}
 	if !o.InsecurePlaintext {
-		if s.agentTLS, err = serve.ServerTLS(o.ClusterCert, o.ClusterKey, o.ClusterCACert); err != nil {
+		if s.agentTLS, err = s.watchTLS("cluster", tlsfiles.Files{Cert: o.ClusterCert, Key: o.ClusterKey, CA: o.ClusterCACert}); err != nil {
 			return nil, fmt.Errorf("agent port (--cluster-cert, --cluster-key, --cluster-ca-cert): %w", err)
 		}
-		o.TLS.Apply(s.agentTLS)
+		if o.UDSName == "" {
+			if s.frontendTLS, err = s.watchTLS("server", tlsfiles.Files{Cert: o.ServerCert, Key: o.ServerKey, CA: o.ServerCACert}); err != nil {
+				return nil, fmt.Errorf("frontend port (--server-cert, --server-key, --server-ca-cert): %w", err)
+			}
+		}
 	}
 	if s.agents, err = serve.Listen("agents", o.AgentListenHost(), o.AgentPort); err != nil {
 		return nil, err
 	}
-	if s.frontends, s.frontendTLS, err = frontendListener(o); err != nil {
+	if s.frontends, err = frontendListener(o); err != nil {
 		return nil, err
 	}
 	if s.health, err = serve.Listen("health", o.HealthBindAddress, o.HealthPort); err != nil {
@@ -93,6 +108,19 @@ func New(o *options.Options) (_ *Server, err error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// watchTLS reads the TLS files of one port and returns its configuration,
+// which takes the newest files at each handshake once Run watches them.
+func (s *Server) watchTLS(identity string, files tlsfiles.Files) (*tls.Config, error) {
+	w, err := tlsfiles.New(identity, files, s.tlsMetrics, klog.Background())
+	if err != nil {
+		return nil, err
+	}
+	s.tlsFiles = append(s.tlsFiles, w)
+	cfg := w.ServerConfig()
+	s.o.TLS.Apply(cfg)
+	return cfg, nil
 }
 
 // Close releases what New made and Run did not: listeners never served,
@@ -122,6 +150,12 @@ func (s *Server) Run(ctx context.Context) error {
 	s.served = true
 	g := serve.NewGroup()
 	g.CountHTTPConnections(s.httpConns)
+	watchCtx, stopWatching := context.WithCancel(context.WithoutCancel(ctx))
+	var watching sync.WaitGroup
+	for _, w := range s.tlsFiles {
+		watching.Go(func() { w.Run(watchCtx) })
+	}
+	defer func() { stopWatching(); watching.Wait() }()
 
 	// Agents.
 	agentOpts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.KeepaliveTime}))
@@ -218,18 +252,17 @@ const shutdownGrace = 5 * time.Second
 // connect.
 const udsMode = 0o770
 
-// frontendListener listens on the Unix socket or the TCP port, and returns
-// the mTLS configuration the TCP port needs.
-func frontendListener(o *options.Options) (net.Listener, *tls.Config, error) {
+// frontendListener listens on the Unix socket or the TCP port.
+func frontendListener(o *options.Options) (net.Listener, error) {
 	if o.UDSName != "" {
 		if o.DeleteExistingUDSFile {
 			if err := os.Remove(o.UDSName); err != nil && !os.IsNotExist(err) {
-				return nil, nil, fmt.Errorf("remove existing --uds-name %s: %w", o.UDSName, err)
+				return nil, fmt.Errorf("remove existing --uds-name %s: %w", o.UDSName, err)
 			}
 		}
 		l, err := net.Listen("unix", o.UDSName)
 		if err != nil {
-			return nil, nil, fmt.Errorf("listen for frontends on unix socket %s: %w", o.UDSName, err)
+			return nil, fmt.Errorf("listen for frontends on unix socket %s: %w", o.UDSName, err)
 		}
 		// As upstream's (created under umask 0007): a kube-apiserver in
 		// the socket's group may connect, others may not. Until the
@@ -237,18 +270,9 @@ func frontendListener(o *options.Options) (net.Listener, *tls.Config, error) {
 		// connecting needs write permission, so nobody else gets in.
 		if err := os.Chmod(o.UDSName, udsMode); err != nil {
 			_ = l.Close()
-			return nil, nil, fmt.Errorf("set the mode of unix socket %s: %w", o.UDSName, err)
+			return nil, fmt.Errorf("set the mode of unix socket %s: %w", o.UDSName, err)
 		}
-		return l, nil, nil
+		return l, nil
 	}
-	var tlsCfg *tls.Config
-	if !o.InsecurePlaintext {
-		var err error
-		if tlsCfg, err = serve.ServerTLS(o.ServerCert, o.ServerKey, o.ServerCACert); err != nil {
-			return nil, nil, fmt.Errorf("frontend port (--server-cert, --server-key, --server-ca-cert): %w", err)
-		}
-		o.TLS.Apply(tlsCfg)
-	}
-	l, err := serve.Listen("frontends", o.ServerListenHost(), o.ServerPort)
-	return l, tlsCfg, err
+	return serve.Listen("frontends", o.ServerListenHost(), o.ServerPort)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -56,7 +57,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 	free := proctest.FreePorts(t, 3)
 	o := testOptions(t, append(free, taken.Addr().(*net.TCPAddr).Port))
 
-	s, err := app.New(o)
+	s, err := app.New(o, prometheus.NewRegistry())
 	require.Error(t, err)
 	assert.Nil(t, s)
 	assert.Contains(t, err.Error(), "admin")
@@ -70,7 +71,7 @@ func TestRunServesThenReleasesEverything(t *testing.T) {
 	ports := proctest.FreePorts(t, 4)
 	o := testOptions(t, ports)
 	o.GracefulShutdownTimeout = 0
-	s, err := app.New(o)
+	s, err := app.New(o, prometheus.NewRegistry())
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(t.Context())

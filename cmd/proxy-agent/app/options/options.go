@@ -5,6 +5,7 @@
 package options
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -19,11 +20,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/leaseopts"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
@@ -275,13 +278,30 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 	}
 	cfg.Registerer = reg
 	cfg.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
+	// The TLS files are watched once nothing below can fail.
+	var tlsFiles *tlsfiles.Watcher
+	stopTLS := func() {}
 	if o.InsecurePlaintext {
 		cfg.Insecure = true
 	} else {
-		tlsCfg, errs := o.clientTLS()
-		if len(errs) > 0 {
+		// The files are checked with the flags' names first; the
+		// watcher then keeps them current while the agent runs.
+		if _, errs := o.clientTLS(); len(errs) > 0 {
 			return cfg, nil, errors.Join(errs...)
 		}
+		metrics := tlsfiles.NewMetrics("servercount", "agent")
+		if reg != nil {
+			for _, c := range metrics.Collectors() {
+				if err := reg.Register(c); err != nil {
+					return cfg, nil, fmt.Errorf("register TLS file metrics: %w", err)
+				}
+			}
+		}
+		if tlsFiles, err = tlsfiles.New("agent", tlsfiles.Files{Cert: o.AgentCert, Key: o.AgentKey, CA: o.CACert}, metrics, klog.Background()); err != nil {
+			return cfg, nil, fmt.Errorf("--agent-cert, --agent-key, --ca-cert: %w", err)
+		}
+		tlsCfg := tlsFiles.ClientConfig(o.ProxyServerHost)
+		tlsCfg.NextProtos = o.ALPN()
 		cfg.DialOptions = append(cfg.DialOptions, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	}
 
@@ -300,6 +320,7 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 		for _, s := range slices.Backward(sources) {
 			_ = s.Close() // the counters' Close does not fail
 		}
+		stopTLS()
 	}
 	if o.DNS.Enabled() {
 		cache, err := o.DNS.Build(reg, "agent", o.DNS.Fallback)
@@ -332,6 +353,12 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 	}
 	if o.CountSourceMax {
 		cfg.TargetPolicy = agent.TargetMax
+	}
+	if tlsFiles != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { tlsFiles.Run(ctx); close(done) }()
+		stopTLS = func() { cancel(); <-done }
 	}
 	return cfg, stop, nil
 }
