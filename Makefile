@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: docs all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream upstream-suite parity cross images push image-test rules-test
+.PHONY: docs dashboard all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream upstream-suite parity cross images push image-test rules-test
 
 all: lint test build
 
@@ -27,6 +27,7 @@ build:
 # has no deadline to race on a loaded machine.
 test:
 	$(GO) test -race -count=1 -timeout 9m ./...
+	cd examples/grafana && $(GO) test -count=1 ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=5000x FUZZTIME_REAL=300x
 
 # FUZZ lists the fuzz targets as package:Target.
@@ -67,6 +68,7 @@ lint: $(STATICCHECK)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	cd e2e && $(GO) vet ./...
+	cd examples/grafana && $(GO) vet ./... && $(STATICCHECK) ./...
 
 $(STATICCHECK):
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
@@ -169,6 +171,11 @@ parity:
 ## test fails when they differ from the code
 docs:
 	$(GO) test -count=1 ./internal/docgen -update
+
+## dashboard: write examples/grafana/servercount.json again from its Go
+## code; make test fails when they differ
+dashboard:
+	cd examples/grafana && $(GO) run .
 
 ## upstream: build upstream's server, agent, test-client and test-server from
 ## ../shared/upstream (or $$SERVERCOUNT_UPSTREAM_SRC) into ~/.cache, once, and
