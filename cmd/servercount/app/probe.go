@@ -17,6 +17,9 @@ import (
 // Run runs the probe with args (without the program name), writes results
 // to stdout and problems to stderr, and returns the exit code.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "explain" {
+		return runExplain(ctx, args[1:], stdout, stderr)
+	}
 	o := NewOptions()
 	if err := o.Parse(args, stderr); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
