@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/outage"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -191,13 +192,8 @@ func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
 	for _, o := range outcomes {
 		m.lookups.WithLabelValues(o.String())
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.lookups, m.count, m.age} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register DNS count metrics: %w", err)
-		}
+	if err := metric.Register(reg, "DNS count metrics", m.lookups, m.count, m.age); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/servercount/servercount/internal/kubeclient"
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/pkg/lease"
 )
 
@@ -66,7 +67,7 @@ func (o *CountOptions) Build(rc *rest.Config, reg prometheus.Registerer) (*lease
 		return nil, fmt.Errorf("--count-server-leases: %w", err)
 	}
 	m := newCountMetrics()
-	if err := register(reg, m.lists, m.watches, m.latency); err != nil {
+	if err := metric.Register(reg, "lease metrics", m.lists, m.watches, m.latency); err != nil {
 		return nil, err
 	}
 	c, err := lease.NewCounter(lease.CounterConfig{Client: client, LabelSelector: o.LabelSelector, Observe: m.observe})
@@ -198,7 +199,7 @@ func NewPublishMetrics(reg prometheus.Registerer) (*PublishMetrics, error) {
 			Help: "Latency of lease list calls by the garbage collection controller in seconds.",
 		}, []string{"http_status_code"}),
 	}
-	if err := register(reg, m.culled, m.deletes, m.lists, m.latency); err != nil {
+	if err := metric.Register(reg, "lease metrics", m.culled, m.deletes, m.lists, m.latency); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -216,17 +217,4 @@ func (m *PublishMetrics) observe(c lease.Call) {
 			m.culled.Inc()
 		}
 	}
-}
-
-// register registers cs with reg, unless reg is nil.
-func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	if reg == nil {
-		return nil
-	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("register lease metrics: %w", err)
-		}
-	}
-	return nil
 }

@@ -37,6 +37,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/servercount/servercount/internal/kubeclient"
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -432,12 +433,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
 		}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.reviews, m.pending, m.overloaded, m.hits, m.entries, m.inFlight, m.latency} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("register token review metrics: %w", err)
-			}
-		}
+	if err := metric.Register(reg, "token review metrics", m.reviews, m.pending, m.overloaded, m.hits, m.entries, m.inFlight, m.latency); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

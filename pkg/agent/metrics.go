@@ -1,14 +1,13 @@
 package agent
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -212,28 +211,14 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 	for _, r := range []streamEndedReason{streamEndedStalled, streamEndedControlBacklog} {
 		m.streamsEnded.WithLabelValues(string(r))
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var errs []error
-	for _, c := range m.collectors() {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("register agent metrics (is a second ClientSet using the same Registerer?): %w", err)
-	}
-	return m, nil
-}
-
-func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{
+	if err := metric.Register(reg, "agent metrics (is a second ClientSet using the same Registerer?)",
 		m.openServerConns, m.knownServerCount, m.endpointDialFails, m.openEndpointConns,
 		m.serverDials, m.targetCount, m.syncRounds, m.dialsInFlight, m.busiestServer,
 		m.dialDuration, m.streamPackets, m.streamErrors, m.connFailures, m.queuedBytes,
-		m.controlQueued, m.streamsEnded,
+		m.controlQueued, m.streamsEnded); err != nil {
+		return nil, err
 	}
+	return m, nil
 }
 
 // addQueuedBytes adds n (negative: subtracts) to the bytes queued for

@@ -1,14 +1,13 @@
 package server
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -270,19 +269,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range tunnelEndedReasons {
 		m.tunnelsEnded.WithLabelValues(string(r))
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var errs []error
-	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.duplicateDials, m.queuedBytes,
+	if err := metric.Register(reg, "proxy-server metrics (is another Server registered on the same registry?)",
+		m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.duplicateDials, m.queuedBytes,
 		m.controlQueued, m.streamsEnded, m.tunnelsEnded,
-		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors} {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("register proxy-server metrics (is another Server registered on the same registry?): %w", err)
+		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
