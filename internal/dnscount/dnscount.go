@@ -175,20 +175,15 @@ var outcomes = []fmt.Stringer{
 }
 
 func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
+	ours := metric.Prefix{Namespace: "servercount", Subsystem: subsystem}
 	m := &metrics{
-		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "servercount", Subsystem: subsystem, Name: "dns_lookups_total",
-			Help: "DNS server counts by outcome: records, nxdomain, nodata, or the kind of failure.",
-		}, []string{"outcome"}),
-		count: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "servercount", Subsystem: subsystem, Name: "dns_server_count",
-			Help: "Servers in the last good DNS answer, after the --server-count-max clamp.",
-		}),
+		lookups: ours.CounterVec("dns_lookups_total",
+			"DNS server counts by outcome: records, nxdomain, nodata, or the kind of failure.", "outcome"),
+		count: ours.Gauge("dns_server_count",
+			"Servers in the last good DNS answer, after the --server-count-max clamp."),
 	}
-	m.age = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "servercount", Subsystem: subsystem, Name: "server_count_age_seconds",
-		Help: "Age of the server count learnt from DNS; 0 before the first answer.",
-	}, m.ageSeconds)
+	m.age = ours.GaugeFunc("server_count_age_seconds",
+		"Age of the server count learnt from DNS; 0 before the first answer.", m.ageSeconds)
 	for _, o := range outcomes {
 		m.lookups.WithLabelValues(o.String())
 	}
