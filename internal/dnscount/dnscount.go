@@ -20,13 +20,9 @@ import (
 	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/outage"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
-
-// DefaultMax caps a DNS count unless --server-count-max says otherwise: a
-// broken or hostile answer must not make an agent open thousands of
-// connections.
-const DefaultMax = 100
 
 // Options are the --server-count-dns flags.
 type Options struct {
@@ -50,7 +46,7 @@ func NewOptions() *Options {
 		CacheTTLMin: servercounter.DefaultMinExpiry,
 		CacheTTLMax: servercounter.DefaultMaxExpiry,
 		Fallback:    servercounter.DefaultFallback,
-		Max:         DefaultMax,
+		Max:         agent.DefaultServerCountMax,
 		Logger:      klog.Background(),
 	}
 }

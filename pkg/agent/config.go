@@ -41,7 +41,8 @@ const (
 	DefaultReceivedWindow = 5
 	// DefaultServerCountMax caps every server count, received or counted:
 	// a hostile or broken server must not make the agent open thousands
-	// of connections (the same default as --server-count-max).
+	// of connections. It is also --server-count-max's default, in both
+	// binaries: a server's count ends up as an agent's target.
 	DefaultServerCountMax = 100
 	// DefaultMaxConcurrentDials bounds the endpoint dials in flight across
 	// every server stream. A dial holds a goroutine and a socket for up to
