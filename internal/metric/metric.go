@@ -12,8 +12,8 @@ import (
 
 // Register registers every collector of cs with reg; a nil reg registers
 // nothing, for a component built without a registry. It tries them all,
-// so that the error names every name already taken, not only the first,
-// wrapped as "register <what>: ...".
+// so that the error, "register <what>: ...", has one cause for each
+// collector refused, not only the first.
 func Register(reg prometheus.Registerer, what string, cs ...prometheus.Collector) error {
 	if reg == nil {
 		return nil
