@@ -17,15 +17,12 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/outage"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
-
-// DefaultMax caps a DNS count unless --server-count-max says otherwise: a
-// broken or hostile answer must not make an agent open thousands of
-// connections.
-const DefaultMax = 100
 
 // Options are the --server-count-dns flags.
 type Options struct {
@@ -49,7 +46,7 @@ func NewOptions() *Options {
 		CacheTTLMin: servercounter.DefaultMinExpiry,
 		CacheTTLMax: servercounter.DefaultMaxExpiry,
 		Fallback:    servercounter.DefaultFallback,
-		Max:         DefaultMax,
+		Max:         agent.DefaultServerCountMax,
 		Logger:      klog.Background(),
 	}
 }
@@ -174,30 +171,20 @@ var outcomes = []fmt.Stringer{
 }
 
 func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
+	ours := metric.Prefix{Namespace: "servercount", Subsystem: subsystem}
 	m := &metrics{
-		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "servercount", Subsystem: subsystem, Name: "dns_lookups_total",
-			Help: "DNS server counts by outcome: records, nxdomain, nodata, or the kind of failure.",
-		}, []string{"outcome"}),
-		count: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "servercount", Subsystem: subsystem, Name: "dns_server_count",
-			Help: "Servers in the last good DNS answer, after the --server-count-max clamp.",
-		}),
+		lookups: ours.CounterVec("dns_lookups_total",
+			"DNS server counts by outcome: records, nxdomain, nodata, or the kind of failure.", "outcome"),
+		count: ours.Gauge("dns_server_count",
+			"Servers in the last good DNS answer, after the --server-count-max clamp."),
 	}
-	m.age = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "servercount", Subsystem: subsystem, Name: "server_count_age_seconds",
-		Help: "Age of the server count learnt from DNS; 0 before the first answer.",
-	}, m.ageSeconds)
+	m.age = ours.GaugeFunc("server_count_age_seconds",
+		"Age of the server count learnt from DNS; 0 before the first answer.", m.ageSeconds)
 	for _, o := range outcomes {
 		m.lookups.WithLabelValues(o.String())
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.lookups, m.count, m.age} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register DNS count metrics: %w", err)
-		}
+	if err := metric.Register(reg, "DNS count metrics", m.lookups, m.count, m.age); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

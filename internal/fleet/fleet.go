@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -77,24 +78,12 @@ type Config struct {
 }
 
 func (cfg *Config) setDefaults() {
-	if cfg.Servers == 0 {
-		cfg.Servers = DefaultServers
-	}
-	if cfg.Mode == "" {
-		cfg.Mode = agent.DialResolved
-	}
-	if cfg.DNSTTL == 0 {
-		cfg.DNSTTL = DefaultDNSTTL
-	}
-	if cfg.KubeQPS == 0 {
-		cfg.KubeQPS = DefaultKubeQPS
-	}
-	if cfg.KubeBurst == 0 {
-		cfg.KubeBurst = DefaultKubeBurst
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = DefaultPollInterval
-	}
+	cfg.Servers = cmp.Or(cfg.Servers, DefaultServers)
+	cfg.Mode = cmp.Or(cfg.Mode, agent.DialResolved)
+	cfg.DNSTTL = cmp.Or(cfg.DNSTTL, DefaultDNSTTL)
+	cfg.KubeQPS = cmp.Or(cfg.KubeQPS, DefaultKubeQPS)
+	cfg.KubeBurst = cmp.Or(cfg.KubeBurst, DefaultKubeBurst)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 }
 
 // Fleet is N proxy-agents and M proxy-servers in this process, over

@@ -19,11 +19,9 @@ package flow
 import (
 	"errors"
 	"sync"
-)
 
-// MaxWindow is the largest window a peer may announce or grant in total:
-// credit beyond it is not kept, so that a peer's grants cannot overflow.
-const MaxWindow = 1 << 30
+	"github.com/servercount/servercount/pkg/wire"
+)
 
 // Window is a sender's credit for one tunnel and direction: how many more
 // bytes the receiver has room for. It is safe for concurrent use.
@@ -38,7 +36,7 @@ type Window struct {
 // NewWindow returns a Window with n bytes of credit, the receiver's
 // announced window.
 func NewWindow(n int) *Window {
-	return &Window{n: min(n, MaxWindow), ready: make(chan struct{}, 1)}
+	return &Window{n: min(n, wire.MaxTunnelWindow), ready: make(chan struct{}, 1)}
 }
 
 // Take waits until there is credit and takes up to max bytes of it. It
@@ -91,7 +89,9 @@ func (w *Window) Give(n int) {
 		return
 	}
 	w.mu.Lock()
-	w.n = min(w.n+min(n, MaxWindow), MaxWindow)
+	// Credit beyond the largest window is not kept, so that a peer's
+	// grants cannot overflow.
+	w.n = min(w.n+min(n, wire.MaxTunnelWindow), wire.MaxTunnelWindow)
 	w.mu.Unlock()
 	signal(w.ready)
 }

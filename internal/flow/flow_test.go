@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/servercount/servercount/internal/nettest"
+	"github.com/servercount/servercount/pkg/wire"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -57,11 +58,11 @@ func TestWindowTakeWaits(t *testing.T) {
 
 // A peer granting absurd amounts cannot overflow the credit.
 func TestWindowGrantsAreCapped(t *testing.T) {
-	w := NewWindow(MaxWindow)
+	w := NewWindow(wire.MaxTunnelWindow)
 	for range 4 {
-		w.Give(MaxWindow)
+		w.Give(wire.MaxTunnelWindow)
 	}
-	assert.Equal(t, MaxWindow, w.Take(2*MaxWindow, nil))
+	assert.Equal(t, wire.MaxTunnelWindow, w.Take(2*wire.MaxTunnelWindow, nil))
 }
 
 func TestQueueCoalescesInOrder(t *testing.T) {

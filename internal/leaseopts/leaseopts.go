@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/servercount/servercount/internal/kubeclient"
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/pkg/lease"
 )
 
@@ -66,7 +67,7 @@ func (o *CountOptions) Build(rc *rest.Config, reg prometheus.Registerer) (*lease
 		return nil, fmt.Errorf("--count-server-leases: %w", err)
 	}
 	m := newCountMetrics()
-	if err := register(reg, m.lists, m.watches, m.latency); err != nil {
+	if err := metric.Register(reg, "lease metrics", m.lists, m.watches, m.latency); err != nil {
 		return nil, err
 	}
 	c, err := lease.NewCounter(lease.CounterConfig{Client: client, LabelSelector: o.LabelSelector, Observe: m.observe})
@@ -84,21 +85,14 @@ type countMetrics struct {
 }
 
 func newCountMetrics() *countMetrics {
-	const ns, sub = "konnectivity_network_proxy", "agent"
+	upstream := metric.Prefix{Namespace: "konnectivity_network_proxy", Subsystem: "agent"}
 	return &countMetrics{
-		lists: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "lease_lists_total",
-			Help: "Count of server lease list calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",
-		}, []string{"http_response_code", "reason"}),
-		watches: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "lease_watches_total",
-			Help: "Count of server lease watch calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason",
-		}, []string{"http_response_code", "reason"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "lease_list_latency_seconds",
-			Help:    "Latency of server lease listing in seconds",
-			Buckets: []float64{0.005, 0.025, 0.1, 0.5, 2.5, 10, 30},
-		}, []string{"http_response_code"}),
+		lists: upstream.CounterVec("lease_lists_total",
+			"Count of server lease list calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason", "http_response_code", "reason"),
+		watches: upstream.CounterVec("lease_watches_total",
+			"Count of server lease watch calls made by the agent to the k8s apiserver, labeled by HTTP response code and reason", "http_response_code", "reason"),
+		latency: upstream.HistogramVec("lease_list_latency_seconds",
+			"Latency of server lease listing in seconds", []float64{0.005, 0.025, 0.1, 0.5, 2.5, 10, 30}, "http_response_code"),
 	}
 }
 
@@ -179,26 +173,18 @@ type PublishMetrics struct {
 // NewPublishMetrics returns the server's lease metrics, registered on reg
 // unless it is nil.
 func NewPublishMetrics(reg prometheus.Registerer) (*PublishMetrics, error) {
-	const ns, sub = "konnectivity_network_proxy", "server"
+	upstream := metric.Prefix{Namespace: "konnectivity_network_proxy", Subsystem: "server"}
 	m := &PublishMetrics{
-		culled: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "culled_leases_count",
-			Help: "Count of expired leases that the lease garbage collection controller has culled.",
-		}),
-		deletes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "lease_delete_total",
-			Help: "Count of lease delection calls by the garbage collection controller. Labeled by HTTP status code and reason.",
-		}, []string{"http_status_code", "reason"}),
-		lists: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "lease_list_total",
-			Help: "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason.",
-		}, []string{"http_status_code", "reason"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "lease_list_latency_seconds",
-			Help: "Latency of lease list calls by the garbage collection controller in seconds.",
-		}, []string{"http_status_code"}),
+		culled: upstream.Counter("culled_leases_count",
+			"Count of expired leases that the lease garbage collection controller has culled."),
+		deletes: upstream.CounterVec("lease_delete_total",
+			"Count of lease delection calls by the garbage collection controller. Labeled by HTTP status code and reason.", "http_status_code", "reason"),
+		lists: upstream.CounterVec("lease_list_total",
+			"Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason.", "http_status_code", "reason"),
+		latency: upstream.HistogramVec("lease_list_latency_seconds",
+			"Latency of lease list calls by the garbage collection controller in seconds.", nil, "http_status_code"),
 	}
-	if err := register(reg, m.culled, m.deletes, m.lists, m.latency); err != nil {
+	if err := metric.Register(reg, "lease metrics", m.culled, m.deletes, m.lists, m.latency); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -216,17 +202,4 @@ func (m *PublishMetrics) observe(c lease.Call) {
 			m.culled.Inc()
 		}
 	}
-}
-
-// register registers cs with reg, unless reg is nil.
-func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	if reg == nil {
-		return nil
-	}
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("register lease metrics: %w", err)
-		}
-	}
-	return nil
 }

@@ -18,7 +18,7 @@ const (
 	// DNSCacheMinExpiry is the wait after a failed refresh.
 	DNSCacheMinExpiry = 10 * time.Millisecond
 	// DNSMaxCount caps the count, as --server-count-max does.
-	DNSMaxCount = 100
+	DNSMaxCount = agent.DefaultServerCountMax
 	// dnsQueryTimeout bounds one DNS query: the server is on loopback, and
 	// tests that make it drop queries see the counter retry quickly. A
 	// test whose answers take long to build (thousands of records) sets a

@@ -37,6 +37,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/servercount/servercount/internal/kubeclient"
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -400,44 +401,25 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	const ns, sub = "servercount", "server"
+	ours := metric.Prefix{Namespace: "servercount", Subsystem: "server"}
 	m := &metrics{
-		reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "token_reviews_total",
-			Help: "TokenReviews sent to the API server for agent tokens, by result: accepted, refused, error.",
-		}, []string{"result"}),
-		pending: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "token_reviews_pending",
-			Help: "TokenReviews started and not yet over, sent or waiting for a slot; at most 32 sent and 1024 waiting.",
-		}),
-		overloaded: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "token_reviews_overloaded_total",
-			Help: "Agent tokens refused at once, unreviewed, because the review queue was full.",
-		}),
-		hits: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "token_review_cache_hits_total",
-			Help: "Agent tokens judged from the review cache, without a TokenReview.",
-		}),
-		entries: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "token_review_cache_entries",
-			Help: "Verdicts in the review cache.",
-		}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "token_reviews_in_flight",
-			Help: "TokenReviews sent and not yet answered.",
-		}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "token_review_duration_seconds",
-			Help:    "Time for the API server to answer a TokenReview.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
-		}),
+		reviews: ours.CounterVec("token_reviews_total",
+			"TokenReviews sent to the API server for agent tokens, by result: accepted, refused, error.", "result"),
+		pending: ours.Gauge("token_reviews_pending",
+			"TokenReviews started and not yet over, sent or waiting for a slot; at most 32 sent and 1024 waiting."),
+		overloaded: ours.Counter("token_reviews_overloaded_total",
+			"Agent tokens refused at once, unreviewed, because the review queue was full."),
+		hits: ours.Counter("token_review_cache_hits_total",
+			"Agent tokens judged from the review cache, without a TokenReview."),
+		entries: ours.Gauge("token_review_cache_entries",
+			"Verdicts in the review cache."),
+		inFlight: ours.Gauge("token_reviews_in_flight",
+			"TokenReviews sent and not yet answered."),
+		latency: ours.Histogram("token_review_duration_seconds",
+			"Time for the API server to answer a TokenReview.", prometheus.ExponentialBuckets(0.001, 4, 8)),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.reviews, m.pending, m.overloaded, m.hits, m.entries, m.inFlight, m.latency} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("register token review metrics: %w", err)
-			}
-		}
+	if err := metric.Register(reg, "token review metrics", m.reviews, m.pending, m.overloaded, m.hits, m.entries, m.inFlight, m.latency); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

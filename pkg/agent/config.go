@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -40,7 +41,8 @@ const (
 	DefaultReceivedWindow = 5
 	// DefaultServerCountMax caps every server count, received or counted:
 	// a hostile or broken server must not make the agent open thousands
-	// of connections (the same default as --server-count-max).
+	// of connections. It is also --server-count-max's default, in both
+	// binaries: a server's count ends up as an agent's target.
 	DefaultServerCountMax = 100
 	// DefaultMaxConcurrentDials bounds the endpoint dials in flight across
 	// every server stream. A dial holds a goroutine and a socket for up to
@@ -180,65 +182,28 @@ type Config struct {
 
 // DefaultConfig returns a Config with every default set. AgentID and
 // ServerAddress, and DialOptions or Insecure, are left to the caller.
-func DefaultConfig() Config {
-	return Config{
-		Counter:              servercounter.StaticServerCounter(1),
-		SyncInterval:         DefaultSyncInterval,
-		SyncIntervalCap:      DefaultSyncIntervalCap,
-		ProbeInterval:        DefaultProbeInterval,
-		DialTimeout:          DefaultDialTimeout,
-		HandshakeTimeout:     DefaultHandshakeTimeout,
-		EndpointWriteTimeout: DefaultEndpointWriteTimeout,
-		HoldDown:             DefaultHoldDown,
-		ReceivedWindow:       DefaultReceivedWindow,
-		ServerCountMax:       DefaultServerCountMax,
-		DialMode:             DialLoadBalancer,
-
-		MaxConcurrentDials:  DefaultMaxConcurrentDials,
-		MaxTunnelsPerServer: DefaultMaxTunnelsPerServer,
-		TunnelWindow:        wire.DefaultTunnelWindow,
-		StreamStallTimeout:  DefaultStreamStallTimeout,
-	}
-}
+func DefaultConfig() Config { return Config{}.withDefaults() }
 
 // withDefaults returns cfg with every zero field that has a default set.
 func (cfg Config) withDefaults() Config {
 	if cfg.Counter == nil {
 		cfg.Counter = servercounter.StaticServerCounter(1)
 	}
-	setDefault(&cfg.SyncInterval, DefaultSyncInterval)
-	setDefault(&cfg.SyncIntervalCap, DefaultSyncIntervalCap)
-	setDefault(&cfg.ProbeInterval, DefaultProbeInterval)
-	setDefault(&cfg.DialTimeout, DefaultDialTimeout)
-	setDefault(&cfg.HandshakeTimeout, DefaultHandshakeTimeout)
-	setDefault(&cfg.EndpointWriteTimeout, DefaultEndpointWriteTimeout)
-	setDefault(&cfg.HoldDown, DefaultHoldDown)
-	setDefault(&cfg.StreamStallTimeout, DefaultStreamStallTimeout)
-	if cfg.ReceivedWindow == 0 {
-		cfg.ReceivedWindow = DefaultReceivedWindow
-	}
-	if cfg.ServerCountMax == 0 {
-		cfg.ServerCountMax = DefaultServerCountMax
-	}
-	if cfg.MaxConcurrentDials == 0 {
-		cfg.MaxConcurrentDials = DefaultMaxConcurrentDials
-	}
-	if cfg.MaxTunnelsPerServer == 0 {
-		cfg.MaxTunnelsPerServer = DefaultMaxTunnelsPerServer
-	}
-	if cfg.DialMode == "" {
-		cfg.DialMode = DialLoadBalancer
-	}
-	if cfg.TunnelWindow == 0 {
-		cfg.TunnelWindow = wire.DefaultTunnelWindow
-	}
+	cfg.SyncInterval = cmp.Or(cfg.SyncInterval, DefaultSyncInterval)
+	cfg.SyncIntervalCap = cmp.Or(cfg.SyncIntervalCap, DefaultSyncIntervalCap)
+	cfg.ProbeInterval = cmp.Or(cfg.ProbeInterval, DefaultProbeInterval)
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, DefaultDialTimeout)
+	cfg.HandshakeTimeout = cmp.Or(cfg.HandshakeTimeout, DefaultHandshakeTimeout)
+	cfg.EndpointWriteTimeout = cmp.Or(cfg.EndpointWriteTimeout, DefaultEndpointWriteTimeout)
+	cfg.HoldDown = cmp.Or(cfg.HoldDown, DefaultHoldDown)
+	cfg.StreamStallTimeout = cmp.Or(cfg.StreamStallTimeout, DefaultStreamStallTimeout)
+	cfg.ReceivedWindow = cmp.Or(cfg.ReceivedWindow, DefaultReceivedWindow)
+	cfg.ServerCountMax = cmp.Or(cfg.ServerCountMax, DefaultServerCountMax)
+	cfg.MaxConcurrentDials = cmp.Or(cfg.MaxConcurrentDials, DefaultMaxConcurrentDials)
+	cfg.MaxTunnelsPerServer = cmp.Or(cfg.MaxTunnelsPerServer, DefaultMaxTunnelsPerServer)
+	cfg.DialMode = cmp.Or(cfg.DialMode, DialLoadBalancer)
+	cfg.TunnelWindow = cmp.Or(cfg.TunnelWindow, wire.DefaultTunnelWindow)
 	return cfg
-}
-
-func setDefault(d *time.Duration, def time.Duration) {
-	if *d == 0 {
-		*d = def
-	}
 }
 
 // validate returns every problem of cfg (defaults already applied), joined.

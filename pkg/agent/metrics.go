@@ -1,14 +1,13 @@
 package agent
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -34,11 +33,9 @@ import (
 //	| servercount_agent_queued_bytes                                    | gauge   | -                               | bytes from servers not yet written to endpoints          |
 //	| servercount_agent_control_queued_packets                          | gauge   | -                               | answers (CLOSE_RSP, refused DIAL_RSP) queued, not yet sent; at most 4096 per stream |
 //	| servercount_agent_streams_ended_total                             | counter | reason=stalled|control_backlog  | server streams the agent ended because they were stuck   |
-const (
-	upstreamNamespace = "konnectivity_network_proxy"
-	upstreamSubsystem = "agent"
-	ourNamespace      = "servercount"
-	ourSubsystem      = "agent"
+var (
+	upstream = metric.Prefix{Namespace: "konnectivity_network_proxy", Subsystem: "agent"}
+	ours     = metric.Prefix{Namespace: "servercount", Subsystem: "agent"}
 )
 
 // dialFailureReason labels endpoint_dial_failure_total.
@@ -121,87 +118,38 @@ var (
 // at each scrape.
 func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, error) {
 	m := &metrics{
-		openServerConns: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
-			Name: "open_server_connections",
-			Help: "Current number of open server connections.",
-		}),
-		knownServerCount: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
-			Name: "known_server_count",
-			Help: "Current number of servers agent is trying to connect to.",
-		}),
-		endpointDialFails: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
-			Name: "endpoint_dial_failure_total",
-			Help: "Number of failures dialing the remote endpoint, by reason (example: timeout).",
-		}, []string{"reason"}),
-		openEndpointConns: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
-			Name: "open_endpoint_connections",
-			Help: "Current number of open endpoint connections.",
-		}),
-		serverDials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ourNamespace, Subsystem: ourSubsystem,
-			Name: "server_dials_total",
-			Help: "Number of Connect streams opened to proxy-servers, by result (ok, duplicate, error).",
-		}, []string{"result"}),
-		targetCount: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ourNamespace, Subsystem: ourSubsystem,
-			Name: "target_server_count",
-			Help: "Server count the agent aims for, labelled by the source that decided it (static, dns, leases, fallback, received).",
-		}, []string{"source"}),
-		syncRounds: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ourNamespace, Subsystem: ourSubsystem,
-			Name: "sync_rounds_total",
-			Help: "Number of rounds of the agent's sync loop, whether it dialed or not.",
-		}),
-		dialsInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ourNamespace, Subsystem: ourSubsystem,
-			Name: "endpoint_dials_in_flight",
-			Help: "Endpoint dials in flight, across every server stream; DIAL_REQs over --max-concurrent-dials are refused.",
-		}),
-		queuedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ourNamespace, Subsystem: ourSubsystem,
-			Name: "queued_bytes",
-			Help: "Bytes received from servers and not yet written to their endpoints, across every tunnel; at most 128 x 32 KiB per tunnel.",
-		}),
-		controlQueued: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ourNamespace, Subsystem: ourSubsystem,
-			Name: "control_queued_packets",
-			Help: "Answers (CLOSE_RSP, refused DIAL_RSP) queued without waiting and not yet sent, across every server stream; at most 4096 per stream.",
-		}),
-		streamsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ourNamespace, Subsystem: ourSubsystem,
-			Name: "streams_ended_total",
-			Help: "Number of server streams the agent ended because they were stuck, by reason: stalled (nothing moved while packets waited), control_backlog (the server left too many answers unread).",
-		}, []string{"reason"}),
-		busiestServer: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: ourNamespace, Subsystem: ourSubsystem,
-			Name: "busiest_server_tunnels",
-			Help: "Tunnels, dials in flight included, on the server stream that has the most; DIAL_REQs over --max-tunnels-per-server are refused.",
-		}, busiest),
-		dialDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
-			Name:    "dial_duration_seconds",
-			Help:    "Latency of dial to the remote endpoint in seconds",
-			Buckets: []float64{0.005, 0.025, 0.1, 0.5, 2.5, 10, 30},
-		}),
-		streamPackets: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
-			Name: "stream_packets_total",
-			Help: "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
-		}, []string{"segment", "packet_type"}),
-		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
-			Name: "stream_errors_total",
-			Help: "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
-		}, []string{"segment", "code", "packet_type"}),
-		connFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: upstreamNamespace, Subsystem: upstreamSubsystem,
-			Name: "server_connection_failure_count",
-			Help: "Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total",
-		}, []string{"direction"}),
+		openServerConns: upstream.Gauge("open_server_connections",
+			"Current number of open server connections."),
+		knownServerCount: upstream.Gauge("known_server_count",
+			"Current number of servers agent is trying to connect to."),
+		endpointDialFails: upstream.CounterVec("endpoint_dial_failure_total",
+			"Number of failures dialing the remote endpoint, by reason (example: timeout).", "reason"),
+		openEndpointConns: upstream.Gauge("open_endpoint_connections",
+			"Current number of open endpoint connections."),
+		serverDials: ours.CounterVec("server_dials_total",
+			"Number of Connect streams opened to proxy-servers, by result (ok, duplicate, error).", "result"),
+		targetCount: ours.GaugeVec("target_server_count",
+			"Server count the agent aims for, labelled by the source that decided it (static, dns, leases, fallback, received).", "source"),
+		syncRounds: ours.Counter("sync_rounds_total",
+			"Number of rounds of the agent's sync loop, whether it dialed or not."),
+		dialsInFlight: ours.Gauge("endpoint_dials_in_flight",
+			"Endpoint dials in flight, across every server stream; DIAL_REQs over --max-concurrent-dials are refused."),
+		queuedBytes: ours.Gauge("queued_bytes",
+			"Bytes received from servers and not yet written to their endpoints, across every tunnel; at most 128 x 32 KiB per tunnel."),
+		controlQueued: ours.Gauge("control_queued_packets",
+			"Answers (CLOSE_RSP, refused DIAL_RSP) queued without waiting and not yet sent, across every server stream; at most 4096 per stream."),
+		streamsEnded: ours.CounterVec("streams_ended_total",
+			"Number of server streams the agent ended because they were stuck, by reason: stalled (nothing moved while packets waited), control_backlog (the server left too many answers unread).", "reason"),
+		busiestServer: ours.GaugeFunc("busiest_server_tunnels",
+			"Tunnels, dials in flight included, on the server stream that has the most; DIAL_REQs over --max-tunnels-per-server are refused.", busiest),
+		dialDuration: upstream.Histogram("dial_duration_seconds",
+			"Latency of dial to the remote endpoint in seconds", []float64{0.005, 0.025, 0.1, 0.5, 2.5, 10, 30}),
+		streamPackets: upstream.CounterVec("stream_packets_total",
+			"Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)", "segment", "packet_type"),
+		streamErrors: upstream.CounterVec("stream_errors_total",
+			"Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)", "segment", "code", "packet_type"),
+		connFailures: upstream.CounterVec("server_connection_failure_count",
+			"Count of failures to send to or receive from the proxy server, labeled by the direction (from_server or to_server). DEPRECATED, please use stream_events_error_total", "direction"),
 	}
 	// Our own labelled series exist at 0 from the start; upstream's
 	// appear when they first happen, as upstream's do, so that tools
@@ -212,28 +160,14 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 	for _, r := range []streamEndedReason{streamEndedStalled, streamEndedControlBacklog} {
 		m.streamsEnded.WithLabelValues(string(r))
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var errs []error
-	for _, c := range m.collectors() {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("register agent metrics (is a second ClientSet using the same Registerer?): %w", err)
-	}
-	return m, nil
-}
-
-func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{
+	if err := metric.Register(reg, "agent metrics (is a second ClientSet using the same Registerer?)",
 		m.openServerConns, m.knownServerCount, m.endpointDialFails, m.openEndpointConns,
 		m.serverDials, m.targetCount, m.syncRounds, m.dialsInFlight, m.busiestServer,
 		m.dialDuration, m.streamPackets, m.streamErrors, m.connFailures, m.queuedBytes,
-		m.controlQueued, m.streamsEnded,
+		m.controlQueued, m.streamsEnded); err != nil {
+		return nil, err
 	}
+	return m, nil
 }
 
 // addQueuedBytes adds n (negative: subtracts) to the bytes queued for

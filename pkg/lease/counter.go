@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
@@ -146,9 +147,7 @@ var errNotSynced = errors.New("lease: the first list of leases has not ended yet
 
 // NewCounter starts counting the leases cfg describes.
 func NewCounter(cfg CounterConfig) (*Counter, error) {
-	if cfg.LabelSelector == "" {
-		cfg.LabelSelector = DefaultLabelSelector
-	}
+	cfg.LabelSelector = cmp.Or(cfg.LabelSelector, DefaultLabelSelector)
 	if cfg.Client == nil {
 		return nil, errors.New("lease: no Kubernetes client to count leases with")
 	}

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,18 +63,10 @@ type Publisher struct {
 
 // NewPublisher checks cfg.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
-	if cfg.Labels == "" {
-		cfg.Labels = DefaultLabelSelector
-	}
-	if cfg.Duration == 0 {
-		cfg.Duration = DefaultDuration
-	}
-	if cfg.RenewInterval == 0 {
-		cfg.RenewInterval = DefaultRenewInterval
-	}
-	if cfg.GCInterval == 0 {
-		cfg.GCInterval = DefaultGCInterval
-	}
+	cfg.Labels = cmp.Or(cfg.Labels, DefaultLabelSelector)
+	cfg.Duration = cmp.Or(cfg.Duration, DefaultDuration)
+	cfg.RenewInterval = cmp.Or(cfg.RenewInterval, DefaultRenewInterval)
+	cfg.GCInterval = cmp.Or(cfg.GCInterval, DefaultGCInterval)
 	var errs []error
 	if cfg.Client == nil {
 		errs = append(errs, errors.New("lease: no Kubernetes client to publish the lease with"))

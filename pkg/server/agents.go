@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -207,18 +206,13 @@ func (s *Server) removeBackendLocked(be *backend) {
 // serveAgent is be's receive loop.
 func (s *Server) serveAgent(be *backend) {
 	for {
-		pkt, err := be.peer.stream.Recv()
+		pkt, err := be.peer.recv(segmentFromAgent)
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				s.metrics.streamError(segmentFromAgent, err, wire.PacketTypeNone)
-			}
-			be.peer.end(err)
 			s.log.V(2).Info("Agent disconnected", "agentID", be.logID, "err", err)
 			s.backendGone(be)
 			return
 		}
 		be.peer.received()
-		s.metrics.packet(segmentFromAgent, pkt.GetType())
 		s.log.V(4).Info("Received packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_RSP:

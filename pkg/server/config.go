@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -158,15 +159,10 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.FrontendWriteTimeout < 0 {
 		errs = append(errs, fmt.Errorf("frontend write timeout %v is negative: use 0 for the default %v", cfg.FrontendWriteTimeout, DefaultFrontendWriteTimeout))
-	} else if cfg.FrontendWriteTimeout == 0 {
-		cfg.FrontendWriteTimeout = DefaultFrontendWriteTimeout
 	}
-	if cfg.StreamStallTimeout == 0 {
-		cfg.StreamStallTimeout = DefaultStreamStallTimeout
-	}
-	if cfg.TunnelWindow == 0 {
-		cfg.TunnelWindow = wire.DefaultTunnelWindow
-	}
+	cfg.FrontendWriteTimeout = cmp.Or(cfg.FrontendWriteTimeout, DefaultFrontendWriteTimeout)
+	cfg.StreamStallTimeout = cmp.Or(cfg.StreamStallTimeout, DefaultStreamStallTimeout)
+	cfg.TunnelWindow = cmp.Or(cfg.TunnelWindow, wire.DefaultTunnelWindow)
 	if err := wire.CheckTunnelWindow(cfg.TunnelWindow); err != nil {
 		errs = append(errs, fmt.Errorf("tunnel window %w (0 means the default)", err))
 	}

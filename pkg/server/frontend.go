@@ -2,7 +2,6 @@ package server
 
 import (
 	"errors"
-	"io"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -56,16 +55,11 @@ func (f *grpcFrontend) serve() {
 	s := f.s
 	defer s.metrics.addGRPCConns(methodProxy, -1)
 	for {
-		pkt, err := f.peer.stream.Recv()
+		pkt, err := f.peer.recv(segmentFromClient)
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				s.metrics.streamError(segmentFromClient, err, wire.PacketTypeNone)
-			}
-			f.peer.end(err)
 			f.gone()
 			return
 		}
-		s.metrics.packet(segmentFromClient, pkt.GetType())
 		s.log.V(4).Info("Received packet from frontend", "type", pkt.GetType())
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_REQ:
@@ -248,7 +242,7 @@ func (f *grpcFrontend) gone() {
 }
 
 func (f *grpcFrontend) deliver(pkt *client.Packet) {
-	if err := f.peer.sendWithin(pkt, f.s.cfg.FrontendWriteTimeout, f.s.quit); errors.Is(err, errSlowFrontend) {
+	if err := f.peer.send(pkt, f.s.cfg.FrontendWriteTimeout, f.s.quit); errors.Is(err, errSlowFrontend) {
 		f.s.log.Info("Ended a frontend stream that did not read for too long", "timeout", f.s.cfg.FrontendWriteTimeout)
 		f.peer.end(errSlowFrontend)
 	}

@@ -204,13 +204,16 @@ func (ht *httpTunnel) readLoop(t *tunnel, r *bufio.Reader) {
 // a packet or a copy, and this is its last user: written, it is recycled.
 func (ht *httpTunnel) writeLoop(conn net.Conn) {
 	defer conn.Close()
+	write := func(d []byte) error {
+		_, err := conn.Write(d)
+		ht.queued.add(-len(d))
+		wire.Recycle(d)
+		return err
+	}
 	for {
 		select {
 		case d := <-ht.data:
-			_, err := conn.Write(d)
-			ht.queued.add(-len(d))
-			wire.Recycle(d)
-			if err != nil {
+			if write(d) != nil {
 				ht.shutdown()
 				return
 			}
@@ -218,10 +221,7 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 			for {
 				select {
 				case d := <-ht.data:
-					_, err := conn.Write(d)
-					ht.queued.add(-len(d))
-					wire.Recycle(d)
-					if err != nil {
+					if write(d) != nil {
 						return
 					}
 				default:

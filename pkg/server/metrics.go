@@ -1,14 +1,13 @@
 package server
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -40,9 +39,9 @@ import (
 //	| servercount_server_control_queued_packets                     | gauge   |                | control packets (replies of receive loops) queued, not yet sent |
 //	| servercount_server_streams_ended_total                        | counter | reason         | streams the server ended because they were stuck, by [StreamEndedReason] |
 //	| servercount_server_tunnels_ended_total                        | counter | reason         | tunnels the server ended because they were stuck, by [TunnelEndedReason] |
-const (
-	metricsNamespace = "konnectivity_network_proxy"
-	metricsSubsystem = "server"
+var (
+	upstream = metric.Prefix{Namespace: "konnectivity_network_proxy", Subsystem: "server"}
+	ours     = metric.Prefix{Namespace: "servercount", Subsystem: "server"}
 )
 
 // DialFailureReason is the reason label of the dial failure counter.
@@ -172,91 +171,48 @@ var (
 // newMetrics builds the collectors and registers them on reg, if not nil.
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		backends: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "ready_backend_connections",
-			Help: "Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends",
-		}),
-		grpcConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "grpc_connections",
-			Help: "Number of current grpc connections, partitioned by service method.",
-		}, []string{"service_method"}),
-		httpConns: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "http_connections",
-			Help: "Number of current HTTP CONNECT connections",
-		}),
-		pendingDials: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "pending_backend_dials",
-			Help: "Current number of pending backend dial requests",
-		}),
-		established: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "established_connections",
-			Help: "Current number of established end-to-end connections (post-dial).",
-		}),
-		dialFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "dial_failure_count",
-			Help: "Number of dial failures observed. Multiple failures can occur for a single dial request.",
-		}, []string{"reason"}),
-		reportedCount: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "reported_server_count",
-			Help: "The server count last sent to an agent in the serverCount header.",
-		}),
-		agentRejection: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "agent_rejections_total",
-			Help: "Number of agent streams refused at the handshake, by reason.",
-		}, []string{"reason"}),
-		waitingForAgent: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "frontends_waiting_for_agent",
-			Help: "Number of frontends (gRPC streams and HTTP CONNECT tunnels) whose next packet waits for room in an agent stream's send queue: an agent that does not read holds them.",
-		}),
-		duplicateDials: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "duplicate_dials_total",
-			Help: "Number of dials refused as duplicates: a frontend reused the random of a pending dial, or an agent answered with a connectID the frontend already uses.",
-		}),
-		queuedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "queued_bytes",
-			Help: "Bytes of DATA queued for agents and frontends and not yet sent, across every stream and HTTP CONNECT tunnel; at most 33 x 32 KiB per queue.",
-		}),
-		controlQueued: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "control_queued_packets",
-			Help: "Control packets (CLOSE_REQ, CLOSE_RSP, DIAL_RSP errors) that receive loops queued without waiting and that are not yet sent, across every stream; at most 4096 per stream.",
-		}),
-		streamsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "streams_ended_total",
-			Help: "Number of streams the server ended because they were stuck, by reason: stalled (nothing moved while packets waited), control_backlog (the peer left too many control packets unread).",
-		}, []string{"reason"}),
-		tunnelsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "servercount", Subsystem: metricsSubsystem, Name: "tunnels_ended_total",
-			Help: "Number of tunnels the server ended because they were stuck, by reason: no_credit (a frontend's data waited too long for the agent's flow-control credit).",
-		}, []string{"reason"}),
-		readyBackends: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "ready_backends",
-			Help: "Number of konnectivity agent connected to the proxy server",
-		}, []string{"proxy_strategy"}),
-		dialDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "dial_duration_seconds",
-			Help: "Latency of dial to the remote endpoint in seconds", Buckets: latencyBuckets,
-		}),
-		feWrite: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "frontend_write_duration_seconds",
-			Help: "Latency of write to the frontend in seconds", Buckets: latencyBuckets,
-		}),
-		connDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "connection_duration_seconds",
-			Help:    "Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed.",
-			Buckets: connectionDurationBuckets,
-		}),
-		fullReceive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "full_receive_channels",
-			Help: "Number of current connections blocked by a full receive channel, partitioned by service method.",
-		}, []string{"service_method"}),
-		streamPackets: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "stream_packets_total",
-			Help: "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)",
-		}, []string{"segment", "packet_type"}),
-		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "stream_errors_total",
-			Help: "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)",
-		}, []string{"segment", "code", "packet_type"}),
+		backends: upstream.Gauge("ready_backend_connections",
+			"Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends"),
+		grpcConns: upstream.GaugeVec("grpc_connections",
+			"Number of current grpc connections, partitioned by service method.", "service_method"),
+		httpConns: upstream.Gauge("http_connections",
+			"Number of current HTTP CONNECT connections"),
+		pendingDials: upstream.Gauge("pending_backend_dials",
+			"Current number of pending backend dial requests"),
+		established: upstream.Gauge("established_connections",
+			"Current number of established end-to-end connections (post-dial)."),
+		dialFailures: upstream.CounterVec("dial_failure_count",
+			"Number of dial failures observed. Multiple failures can occur for a single dial request.", "reason"),
+		reportedCount: ours.Gauge("reported_server_count",
+			"The server count last sent to an agent in the serverCount header."),
+		agentRejection: ours.CounterVec("agent_rejections_total",
+			"Number of agent streams refused at the handshake, by reason.", "reason"),
+		waitingForAgent: ours.Gauge("frontends_waiting_for_agent",
+			"Number of frontends (gRPC streams and HTTP CONNECT tunnels) whose next packet waits for room in an agent stream's send queue: an agent that does not read holds them."),
+		duplicateDials: ours.Counter("duplicate_dials_total",
+			"Number of dials refused as duplicates: a frontend reused the random of a pending dial, or an agent answered with a connectID the frontend already uses."),
+		queuedBytes: ours.Gauge("queued_bytes",
+			"Bytes of DATA queued for agents and frontends and not yet sent, across every stream and HTTP CONNECT tunnel; at most 33 x 32 KiB per queue."),
+		controlQueued: ours.Gauge("control_queued_packets",
+			"Control packets (CLOSE_REQ, CLOSE_RSP, DIAL_RSP errors) that receive loops queued without waiting and that are not yet sent, across every stream; at most 4096 per stream."),
+		streamsEnded: ours.CounterVec("streams_ended_total",
+			"Number of streams the server ended because they were stuck, by reason: stalled (nothing moved while packets waited), control_backlog (the peer left too many control packets unread).", "reason"),
+		tunnelsEnded: ours.CounterVec("tunnels_ended_total",
+			"Number of tunnels the server ended because they were stuck, by reason: no_credit (a frontend's data waited too long for the agent's flow-control credit).", "reason"),
+		readyBackends: upstream.GaugeVec("ready_backends",
+			"Number of konnectivity agent connected to the proxy server", "proxy_strategy"),
+		dialDuration: upstream.Histogram("dial_duration_seconds",
+			"Latency of dial to the remote endpoint in seconds", latencyBuckets),
+		feWrite: upstream.Histogram("frontend_write_duration_seconds",
+			"Latency of write to the frontend in seconds", latencyBuckets),
+		connDuration: upstream.Histogram("connection_duration_seconds",
+			"Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed.", connectionDurationBuckets),
+		fullReceive: upstream.GaugeVec("full_receive_channels",
+			"Number of current connections blocked by a full receive channel, partitioned by service method.", "service_method"),
+		streamPackets: upstream.CounterVec("stream_packets_total",
+			"Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)", "segment", "packet_type"),
+		streamErrors: upstream.CounterVec("stream_errors_total",
+			"Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)", "segment", "code", "packet_type"),
 	}
 	// Our own labelled series exist at 0 from the start, so that alerts
 	// see zeros; upstream's appear when they first happen, as upstream's
@@ -270,19 +226,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range tunnelEndedReasons {
 		m.tunnelsEnded.WithLabelValues(string(r))
 	}
-	if reg == nil {
-		return m, nil
-	}
-	var errs []error
-	for _, c := range []prometheus.Collector{m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.duplicateDials, m.queuedBytes,
+	if err := metric.Register(reg, "proxy-server metrics (is another Server registered on the same registry?)",
+		m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.duplicateDials, m.queuedBytes,
 		m.controlQueued, m.streamsEnded, m.tunnelsEnded,
-		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors} {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("register proxy-server metrics (is another Server registered on the same registry?): %w", err)
+		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

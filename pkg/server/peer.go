@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -125,38 +126,23 @@ func (p *peer) end(reason error) {
 	})
 }
 
-// send queues pkt, waiting for room until the stream ends or quit closes.
-// It reports whether pkt was queued. A receive loop never calls it on its
-// own stream: it uses sendControl.
-func (p *peer) send(pkt *client.Packet, quit <-chan struct{}) bool {
-	select {
-	case p.out <- pkt:
-		p.queued.add(dataLen(pkt))
-		return true
-	default:
-	}
-	select {
-	case p.out <- pkt:
-		p.queued.add(dataLen(pkt))
-		return true
-	case <-p.done:
-		return false
-	case <-quit:
-		return false
-	}
-}
-
-// sendWithin is send with a limit on the wait: after d it gives up with
-// errSlowFrontend.
-func (p *peer) sendWithin(pkt *client.Packet, d time.Duration, quit <-chan struct{}) error {
+// send queues pkt, waiting for room until the stream ends or quit closes
+// (errPeerGone) or, if d > 0, for at most d (errSlowFrontend). A receive
+// loop never calls it on its own stream: it uses sendControl.
+func (p *peer) send(pkt *client.Packet, d time.Duration, quit <-chan struct{}) error {
+	// Room now takes no timer.
 	select {
 	case p.out <- pkt:
 		p.queued.add(dataLen(pkt))
 		return nil
 	default:
 	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
+	var timeout <-chan time.Time
+	if d > 0 {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		timeout = timer.C
+	}
 	select {
 	case p.out <- pkt:
 		p.queued.add(dataLen(pkt))
@@ -165,7 +151,7 @@ func (p *peer) sendWithin(pkt *client.Packet, d time.Duration, quit <-chan struc
 		return errPeerGone
 	case <-quit:
 		return errPeerGone
-	case <-timer.C:
+	case <-timeout:
 		return errSlowFrontend
 	}
 }
@@ -274,6 +260,22 @@ func (p *peer) writeLoop() {
 		}
 		p.metrics.packet(p.segment, pkt.GetType())
 	}
+}
+
+// recv returns the next packet of the stream, counted under segment from.
+// A failed receive is counted, but for EOF (the peer's clean end), and
+// ends the stream.
+func (p *peer) recv(from string) (*client.Packet, error) {
+	pkt, err := p.stream.Recv()
+	if err != nil {
+		if !errors.Is(err, io.EOF) {
+			p.metrics.streamError(from, err, wire.PacketTypeNone)
+		}
+		p.end(err)
+		return nil, err
+	}
+	p.metrics.packet(from, pkt.GetType())
+	return pkt, nil
 }
 
 // received records that a packet arrived on the stream.

@@ -248,7 +248,7 @@ func (s *Server) pump(t *tunnel) {
 		s.metrics.addQueuedBytes(-len(b))
 		t.fe.deliver(wire.Data(t.connectID, b))
 		if grant := t.q.Release(len(b)); grant > 0 {
-			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), s.quit)
+			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), 0, s.quit)
 		}
 	}
 	s.mu.Lock()

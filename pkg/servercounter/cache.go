@@ -1,6 +1,7 @@
 package servercounter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -124,18 +125,10 @@ type entry struct {
 
 // NewCachedServerCounter returns a cache in front of source.
 func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCounter, error) {
-	if cfg.MinExpiry == 0 {
-		cfg.MinExpiry = DefaultMinExpiry
-	}
-	if cfg.MaxExpiry == 0 {
-		cfg.MaxExpiry = DefaultMaxExpiry
-	}
-	if cfg.Fallback == 0 {
-		cfg.Fallback = DefaultFallback
-	}
-	if cfg.RefreshTimeout == 0 {
-		cfg.RefreshTimeout = defaultRefreshTimeout
-	}
+	cfg.MinExpiry = cmp.Or(cfg.MinExpiry, DefaultMinExpiry)
+	cfg.MaxExpiry = cmp.Or(cfg.MaxExpiry, DefaultMaxExpiry)
+	cfg.Fallback = cmp.Or(cfg.Fallback, DefaultFallback)
+	cfg.RefreshTimeout = cmp.Or(cfg.RefreshTimeout, defaultRefreshTimeout)
 	cfg.Clock = orReal(cfg.Clock)
 	var errs []error
 	if source == nil {

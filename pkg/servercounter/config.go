@@ -1,6 +1,7 @@
 package servercounter
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -146,24 +147,12 @@ type resolved struct {
 // every problem at once.
 func (cfg Config) resolve() (*resolved, error) {
 	r := &resolved{Config: cfg}
-	if r.ResolvConf == "" {
-		r.ResolvConf = DefaultResolvConf
-	}
-	if r.Timeout == 0 {
-		r.Timeout = defaultTimeout
-	}
-	if r.Attempts == 0 {
-		r.Attempts = DefaultAttempts
-	}
-	if r.UDPSize == 0 {
-		r.UDPSize = defaultUDPSize
-	}
-	if r.InitialBackoff == 0 {
-		r.InitialBackoff = defaultInitialBackoff
-	}
-	if r.MaxBackoff == 0 {
-		r.MaxBackoff = defaultMaxBackoff
-	}
+	r.ResolvConf = cmp.Or(r.ResolvConf, DefaultResolvConf)
+	r.Timeout = cmp.Or(r.Timeout, defaultTimeout)
+	r.Attempts = cmp.Or(r.Attempts, DefaultAttempts)
+	r.UDPSize = cmp.Or(r.UDPSize, defaultUDPSize)
+	r.InitialBackoff = cmp.Or(r.InitialBackoff, defaultInitialBackoff)
+	r.MaxBackoff = cmp.Or(r.MaxBackoff, defaultMaxBackoff)
 	r.Clock = orReal(r.Clock)
 	if r.Type == TypeAuto {
 		r.Type = TypeIP
