@@ -20,7 +20,6 @@ import (
 	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/outage"
 	"github.com/servercount/servercount/internal/serve"
-	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -46,7 +45,7 @@ func NewOptions() *Options {
 		CacheTTLMin: servercounter.DefaultMinExpiry,
 		CacheTTLMax: servercounter.DefaultMaxExpiry,
 		Fallback:    servercounter.DefaultFallback,
-		Max:         agent.DefaultServerCountMax,
+		Max:         servercounter.DefaultMax,
 		Logger:      klog.Background(),
 	}
 }

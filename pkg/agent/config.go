@@ -41,9 +41,10 @@ const (
 	DefaultReceivedWindow = 5
 	// DefaultServerCountMax caps every server count, received or counted:
 	// a hostile or broken server must not make the agent open thousands
-	// of connections. It is also --server-count-max's default, in both
-	// binaries: a server's count ends up as an agent's target.
-	DefaultServerCountMax = 100
+	// of connections. It is servercounter.DefaultMax, --server-count-max's
+	// default in both binaries: a server's count ends up as an agent's
+	// target.
+	DefaultServerCountMax = servercounter.DefaultMax
 	// DefaultMaxConcurrentDials bounds the endpoint dials in flight across
 	// every server stream. A dial holds a goroutine and a socket for up to
 	// DialTimeout; a healthy dial takes milliseconds, so 500 at once is

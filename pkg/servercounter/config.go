@@ -19,6 +19,11 @@ const (
 	DefaultResolvConf = "/etc/resolv.conf"
 	// DefaultAttempts is how many times a count is tried before it fails.
 	DefaultAttempts = 3
+	// DefaultMax is the largest count the binaries believe unless told
+	// otherwise (--server-count-max): a broken or hostile answer must not
+	// make an agent open thousands of connections. Config.Max itself
+	// defaults to no bound.
+	DefaultMax = 100
 )
 
 // Defaults that no caller outside needs to name; the fields' godoc gives

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/internal/version"
@@ -76,14 +77,9 @@ func New(o *options.Options, reg serve.Registry) (_ *Server, err error) {
 		return nil, err
 	}
 	s.httpConns = serve.NewHTTPConnectionsGauge("servercount", "server")
-	if err := s.reg.Register(s.httpConns); err != nil {
-		return nil, fmt.Errorf("register HTTP connection metrics: %w", err)
-	}
 	s.tlsMetrics = tlsfiles.NewMetrics("servercount", "server")
-	for _, c := range s.tlsMetrics.Collectors() {
-		if err := s.reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register TLS file metrics: %w", err)
-		}
+	if err := metric.Register(s.reg, "HTTP connection and TLS file metrics", append(s.tlsMetrics.Collectors(), s.httpConns)...); err != nil {
+		return nil, err
 	}
 	if !o.InsecurePlaintext {
 		if s.agentTLS, err = s.watchTLS("cluster", tlsfiles.Files{Cert: o.ClusterCert, Key: o.ClusterKey, CA: o.ClusterCACert}); err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/leaseopts"
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/pkg/agent"
@@ -290,12 +291,8 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 			return cfg, nil, errors.Join(errs...)
 		}
 		metrics := tlsfiles.NewMetrics("servercount", "agent")
-		if reg != nil {
-			for _, c := range metrics.Collectors() {
-				if err := reg.Register(c); err != nil {
-					return cfg, nil, fmt.Errorf("register TLS file metrics: %w", err)
-				}
-			}
+		if err := metric.Register(reg, "TLS file metrics", metrics.Collectors()...); err != nil {
+			return cfg, nil, err
 		}
 		if tlsFiles, err = tlsfiles.New("agent", tlsfiles.Files{Cert: o.AgentCert, Key: o.AgentKey, CA: o.CACert}, metrics, klog.Background()); err != nil {
 			return cfg, nil, fmt.Errorf("--agent-cert, --agent-key, --ca-cert: %w", err)
