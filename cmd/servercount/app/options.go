@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/servercount/servercount/internal/leaseopts"
+	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -52,6 +54,13 @@ type Options struct {
 	Interval time.Duration
 	// ResolvConf is the resolv.conf to read.
 	ResolvConf string
+	// Leases counts the proxy-servers' valid Leases, as agents with
+	// --count-server-leases do, instead of a DNS name.
+	Leases bool
+	// Kubeconfig reaches the API server for Leases (empty: in-cluster).
+	Kubeconfig string
+	// LeaseNamespace and LeaseSelector select the Leases.
+	LeaseNamespace, LeaseSelector string
 	// Version prints the version instead of counting.
 	Version bool
 }
@@ -64,6 +73,9 @@ func NewOptions() *Options {
 		Attempts:   servercounter.DefaultAttempts,
 		Interval:   2 * time.Second,
 		ResolvConf: servercounter.DefaultResolvConf,
+
+		LeaseNamespace: lease.DefaultNamespace,
+		LeaseSelector:  lease.DefaultLabelSelector,
 	}
 }
 
@@ -79,6 +91,10 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.BoolVarP(&o.Watch, "watch", "w", o.Watch, "count every --interval and print a line when the count changes, until interrupted")
 	fs.DurationVar(&o.Interval, "interval", o.Interval, "time between counts with --watch")
 	fs.StringVar(&o.ResolvConf, "resolv-conf", o.ResolvConf, "resolv.conf whose nameservers, search list and ndots apply")
+	fs.BoolVar(&o.Leases, "leases", o.Leases, "count the proxy-servers' valid Leases, as agents with --count-server-leases do, instead of a DNS name")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig of the API server with --leases (empty: in-cluster)")
+	fs.StringVar(&o.LeaseNamespace, "lease-namespace", o.LeaseNamespace, "namespace of the Leases with --leases")
+	fs.StringVar(&o.LeaseSelector, "lease-label-selector", o.LeaseSelector, "label selector of the Leases with --leases")
 	fs.BoolVar(&o.Version, "version", o.Version, "print the version and exit")
 	fs.SortFlags = false
 	return fs
@@ -116,8 +132,16 @@ func (o *Options) Parse(args []string, stderr io.Writer) error {
 // Validate returns every problem with o, each naming the flag or argument.
 func (o *Options) Validate() []error {
 	var errs []error
-	if o.Name == "" {
-		errs = append(errs, errors.New("missing NAME: give the DNS name to count, e.g. proxy-server.kube-system.svc.cluster.local"))
+	switch {
+	case o.Leases && (o.Name != "" || len(o.Servers) > 0):
+		errs = append(errs, errors.New("--leases counts Leases, not a DNS name: drop NAME and @server"))
+	case o.Leases && o.Watch:
+		errs = append(errs, errors.New("--watch works with a DNS name, not with --leases"))
+	case o.Leases:
+		lo := leaseopts.CountOptions{Enabled: true, Namespace: o.LeaseNamespace, LabelSelector: o.LeaseSelector}
+		errs = append(errs, lo.Validate()...)
+	case o.Name == "":
+		errs = append(errs, errors.New("missing NAME: give the DNS name to count, e.g. proxy-server.kube-system.svc.cluster.local, or --leases"))
 	}
 	if _, err := servercounter.ParseRecordType(o.Type); err != nil {
 		errs = append(errs, fmt.Errorf("invalid --type %q: use one of auto, srv, a, aaaa, ip", o.Type))
@@ -158,6 +182,8 @@ func (o *Options) Config() servercounter.Config {
 
 func usage(w io.Writer, fs *pflag.FlagSet) {
 	fmt.Fprintf(w, `Usage: servercount [@server[:port]] [flags] NAME [TYPE]
+       servercount --leases [--kubeconfig FILE] [flags]
+       servercount explain URL
 
 Counts the servers behind a DNS name: distinct SRV targets, or distinct
 addresses (A, AAAA, or the larger of both). Without @server it asks the

@@ -38,6 +38,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return ExitUsage
 	}
+	if o.Leases {
+		return countLeases(ctx, o, stdout, stderr)
+	}
 	c, err := servercounter.NewDNSServerCounter(o.Config())
 	if err != nil {
 		// One line per problem, in the probe's voice.
