@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 )
 
@@ -62,7 +63,7 @@ func TestBinariesTunnelARequest(t *testing.T) {
 	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "hello through the tunnel") }))
 	defer target.Close()
 
-	ports := freePorts(t, 7)
+	ports := nettest.FreePorts(t, 7)
 	server := start(t, serverBin,
 		"--mode=http-connect", "--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
 		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]),
@@ -160,7 +161,7 @@ func build(t *testing.T, name string) string {
 // agent port.
 func plainServer(t *testing.T) int {
 	t.Helper()
-	ports := freePorts(t, 4)
+	ports := nettest.FreePorts(t, 4)
 	start(t, build(t, "proxy-server"), "--insecure-plaintext", "--mode=http-connect",
 		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
 		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
@@ -171,7 +172,7 @@ func plainServer(t *testing.T) int {
 // extra args and waits until its health port answers.
 func startPlainAgent(t *testing.T, agentPort int, args ...string) (*process, int) {
 	t.Helper()
-	ports := freePorts(t, 2)
+	ports := nettest.FreePorts(t, 2)
 	a := start(t, build(t, "proxy-agent"), append([]string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1",
 		port("proxy-server-port", agentPort), "--health-server-host=127.0.0.1",
 		port("health-server-port", ports[0]), port("admin-server-port", ports[1]), "--sync-interval=50ms"}, args...)...)
@@ -244,7 +245,7 @@ func TestAgentDrainIsBounded(t *testing.T) {
 // another tunnel, returning the client's and the endpoint's end.
 func agentWithOpenTunnel(t *testing.T, args ...string) (*process, net.Conn, func() (net.Conn, net.Conn)) {
 	t.Helper()
-	ports := freePorts(t, 4)
+	ports := nettest.FreePorts(t, 4)
 	start(t, build(t, "proxy-server"), "--insecure-plaintext", "--mode=http-connect",
 		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
 		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
@@ -319,23 +320,6 @@ func start(t *testing.T, bin string, args ...string) *process {
 }
 
 func port(flag string, p int) string { return fmt.Sprintf("--%s=%d", flag, p) }
-
-// freePorts returns n loopback ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ports []int
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return ports
-}
 
 func status(url string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

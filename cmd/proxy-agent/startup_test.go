@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 )
 
@@ -42,7 +43,7 @@ current-context: x
 	certs, err := ca.WriteFiles(dir)
 	require.NoError(t, err)
 	_, silentPort, _ := net.SplitHostPort(silentTCP)
-	refused := freePorts(t, 1)[0]
+	refused := nettest.FreePorts(t, 1)[0]
 
 	for _, tc := range []struct {
 		name string
@@ -56,7 +57,7 @@ current-context: x
 			"--ca-cert=" + certs.CA, "--agent-cert=" + certs.AgentCert, "--agent-key=" + certs.AgentKey}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ports := freePorts(t, 2)
+			ports := nettest.FreePorts(t, 2)
 			bin := build(t, "proxy-agent")
 			started := time.Now()
 			a := start(t, bin, append(tc.args, "--health-server-host=127.0.0.1",

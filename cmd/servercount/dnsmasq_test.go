@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/servercount/servercount/internal/nettest"
 )
 
 func TestMain(m *testing.M) {
@@ -72,7 +75,7 @@ func TestProbeAgainstDnsmasq(t *testing.T) {
 	assert.Contains(t, out, "outcome: nxdomain, rcode: NXDOMAIN")
 
 	// A server that is down: nothing listens on the port any more.
-	down := freePort(t)
+	down := freeAddr(t)
 	start := time.Now()
 	code, _, errOut = probe("@"+down, "--timeout", "2s", "proxy.test.svc.cluster.local.")
 	assert.Equal(t, 2, code)
@@ -103,7 +106,7 @@ func startDnsmasq(t *testing.T, bin, hosts string, extra ...string) string {
 	hostsFile := filepath.Join(dir, "hosts")
 	require.NoError(t, os.WriteFile(hostsFile, []byte(hosts), 0o644))
 	for try := 0; try < 5; try++ {
-		addr := freePort(t)
+		addr := freeAddr(t)
 		_, port, _ := net.SplitHostPort(addr)
 		args := append([]string{
 			"--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
@@ -153,15 +156,13 @@ func waitForDNS(addr string, exited <-chan error) error {
 	return errors.New("no answer within 10s")
 }
 
-// freePort returns a loopback address whose UDP and TCP ports were free a
-// moment ago.
-func freePort(t *testing.T) string {
+// freeAddr returns a loopback address whose UDP and TCP ports were free a
+// moment ago: a DNS server listens on both.
+func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
 func currentUser() string {

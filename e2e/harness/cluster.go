@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/servercount/servercount/internal/nettest"
 )
 
 // ClusterDomain is the cluster's DNS domain, as CoreDNS serves it.
@@ -100,7 +102,7 @@ func StartCluster(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := c.startAPIServer(ctx, cfg); err != nil {
 		return nil, err
 	}
-	port, err := FreePort("127.0.0.1")
+	port, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -115,11 +117,11 @@ func StartCluster(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if ttl == 0 {
 		ttl = 5
 	}
-	healthPort, err := FreePort("127.0.0.1")
+	healthPort, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
-	readyPort, err := FreePort("127.0.0.1")
+	readyPort, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +148,7 @@ func StartCluster(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 }
 
 func (c *Cluster) startEtcd(cfg Config) error {
-	ports, err := FreePorts("127.0.0.1", 2)
+	ports, err := nettest.FreePortsOn("127.0.0.1", 2)
 	if err != nil {
 		return err
 	}
@@ -187,7 +189,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, cfg Config) error {
 	if err := os.WriteFile(tokens, []byte(c.AdminToken+`,e2e-admin,e2e-admin,"system:masters"`+"\n"), 0o600); err != nil {
 		return err
 	}
-	port, err := FreePort("127.0.0.1")
+	port, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -298,7 +300,7 @@ func (c *Cluster) StartAPIServer(name string, extra ...string) (*APIServer, erro
 	if err := os.MkdirAll(filepath.Join(dir, "certs"), 0o755); err != nil {
 		return nil, err
 	}
-	port, err := FreePort("127.0.0.1")
+	port, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}

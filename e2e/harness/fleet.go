@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 )
 
@@ -98,7 +99,7 @@ func NewFleet(bin OurBinaries, dir string) (*Fleet, error) {
 	if f.FrontendCert, f.FrontendKey, err = client.WriteFiles(dir, "frontend"); err != nil {
 		return nil, err
 	}
-	ports, err := FreePorts("127.0.0.1", 4)
+	ports, err := nettest.FreePortsOn("127.0.0.1", 4)
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +239,7 @@ type Agent struct {
 // waits for its /healthz. t's cleanup stops it.
 func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 	t.Helper()
-	ports, err := FreePorts("127.0.0.1", 2)
+	ports, err := nettest.FreePortsOn("127.0.0.1", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

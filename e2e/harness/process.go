@@ -8,13 +8,10 @@
 package harness
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -135,45 +132,6 @@ func (p *Process) Log(max int) string {
 		b = append([]byte("...\n"), b[len(b)-max:]...)
 	}
 	return string(b)
-}
-
-// FreePort returns a port on ip free for both TCP and UDP a moment ago.
-func FreePort(ip string) (int, error) {
-	for range 50 {
-		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			return 0, fmt.Errorf("find a free port on %s: %w", ip, err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(port)))
-		l.Close()
-		if err != nil {
-			continue
-		}
-		u.Close()
-		return port, nil
-	}
-	return 0, errors.New("find a free port: no port free for both TCP and UDP after 50 tries")
-}
-
-// FreePorts returns n distinct free ports on ip.
-func FreePorts(ip string, n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			return nil, fmt.Errorf("find a free port on %s: %w", ip, err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // Binaries are the programs of the control plane.

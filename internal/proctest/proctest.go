@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -138,23 +137,6 @@ func (p *Process) Exited() bool {
 	default:
 		return false
 	}
-}
-
-// FreePorts returns n loopback ports that were free a moment ago.
-func FreePorts(tb testing.TB, n int) []int {
-	tb.Helper()
-	var ports []int
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(tb, err)
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	return ports
 }
 
 // Status returns the HTTP status of a GET of url, or 0 if there is no
