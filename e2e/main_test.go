@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/e2e/harness"
-	"github.com/servercount/servercount/internal/upstream"
 	"github.com/servercount/servercount/internal/proxytest"
+	"github.com/servercount/servercount/internal/upstream"
 )
 
 // suite is what TestMain sets up once for every test: one control plane

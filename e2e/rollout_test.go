@@ -271,8 +271,8 @@ type rollout struct {
 // phaseResult counts what the load saw while one phase lasted.
 type phaseResult struct {
 	short, shortFailed, streams, streamsCut atomic.Int64
-	mu                                     sync.Mutex
-	errs                                   []string // the first few failures
+	mu                                      sync.Mutex
+	errs                                    []string // the first few failures
 }
 
 func (p *phaseResult) fail(err error) {
