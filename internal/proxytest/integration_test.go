@@ -607,7 +607,7 @@ func TestAgentAuth(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			logs := logs.capture(t)
+			logs := logs.Capture(t)
 			opts := ServerOptions{}
 			if tt.token != "" {
 				opts.Authenticator, err = server.NewTokenFileAuthenticator(writeFile(t, "tokens", "# accepted\n"+tt.token+"\n"))
