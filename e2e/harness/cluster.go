@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/servercount/servercount/internal/nettest"
+	"github.com/servercount/servercount/internal/proctest"
 )
 
 // ClusterDomain is the cluster's DNS domain, as CoreDNS serves it.
@@ -154,7 +155,7 @@ func (c *Cluster) startEtcd(cfg Config) error {
 	}
 	client, peer := fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	c.EtcdURL = client
-	c.etcd, err = StartProcess("etcd", filepath.Join(c.Dir, "etcd.log"), cfg.Binaries.Etcd,
+	c.etcd, err = proctest.StartProcess("etcd", filepath.Join(c.Dir, "etcd.log"), cfg.Binaries.Etcd,
 		"--name=e2e", "--data-dir="+filepath.Join(c.Dir, "etcd"),
 		"--listen-client-urls="+client, "--advertise-client-urls="+client,
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
@@ -262,7 +263,7 @@ current-context: e2e
 // runAPIServer starts kube-apiserver with the saved arguments and waits
 // for its /readyz.
 func (c *Cluster) runAPIServer() error {
-	p, err := StartProcess("kube-apiserver", filepath.Join(c.Dir, "kube-apiserver.log"), c.apiserverBin, c.apiserverArgs...)
+	p, err := proctest.StartProcess("kube-apiserver", filepath.Join(c.Dir, "kube-apiserver.log"), c.apiserverBin, c.apiserverArgs...)
 	if err != nil {
 		return err
 	}
@@ -315,7 +316,7 @@ func (c *Cluster) StartAPIServer(name string, extra ...string) (*APIServer, erro
 		args = append(args, a)
 	}
 	a := &APIServer{URL: fmt.Sprintf("https://127.0.0.1:%d", port)}
-	if a.proc, err = StartProcess(name, filepath.Join(c.Dir, name+".log"), c.apiserverBin, append(args, extra...)...); err != nil {
+	if a.proc, err = proctest.StartProcess(name, filepath.Join(c.Dir, name+".log"), c.apiserverBin, append(args, extra...)...); err != nil {
 		return nil, err
 	}
 	if err := waitFor(a.proc, c.startTimeout, "ready", func() error {
@@ -417,7 +418,7 @@ func (d *CoreDNS) Start() error {
 		return errors.New("CoreDNS is already running")
 	}
 	d.starts++
-	p, err := StartProcess("coredns", filepath.Join(d.dir, fmt.Sprintf("coredns-%d.log", d.starts)), d.bin, "-conf", d.corefile)
+	p, err := proctest.StartProcess("coredns", filepath.Join(d.dir, fmt.Sprintf("coredns-%d.log", d.starts)), d.bin, "-conf", d.corefile)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/proctest"
 )
 
 // OurBinaries are proxy-server, proxy-agent and the servercount probe,
@@ -131,7 +132,7 @@ func (f *Fleet) StartServer(t testing.TB, ip string, extra ...string) *Server {
 		"--server-cert=" + f.ServerCert, "--server-key=" + f.ServerKey, "--server-ca-cert=" + f.CAFile,
 		"--graceful-shutdown-timeout=1s", "--v=2",
 	}, extra...)
-	p, err := StartProcess(name, filepath.Join(f.Dir, name+".log"), f.Bin.Server, args...)
+	p, err := proctest.StartProcess(name, filepath.Join(f.Dir, name+".log"), f.Bin.Server, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 	if cfg.DialMode != "" {
 		args = append(args, "--server-dial-mode="+cfg.DialMode)
 	}
-	p, err := StartProcess(cfg.Name, filepath.Join(f.Dir, cfg.Name+".log"), f.Bin.Agent, args...)
+	p, err := proctest.StartProcess(cfg.Name, filepath.Join(f.Dir, cfg.Name+".log"), f.Bin.Agent, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

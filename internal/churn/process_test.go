@@ -130,7 +130,7 @@ func waitOK(ctx context.Context, url string, d time.Duration, procs ...*proctest
 			}
 		}
 		for _, p := range procs {
-			if p.Exited() {
+			if exited, _ := p.Exited(); exited {
 				return false
 			}
 		}

@@ -110,7 +110,7 @@ func waitStatus(t *testing.T, url string, want int, procs ...*proctest.Process) 
 			}
 		}
 		for _, p := range procs {
-			if p.Exited() {
+			if exited, _ := p.Exited(); exited {
 				t.Fatalf("%s exited while waiting for %s to answer %d:\n%s", p.Path, url, want, p.Output())
 			}
 		}

@@ -181,7 +181,9 @@ func TestSoak(t *testing.T) {
 				t.Logf("%s last figures: %+v", key, u)
 			}
 			assert.LessOrEqual(t, rss[key], uint64(maxRSS), "%s peak RSS", key)
-			assert.False(t, p.server.Exited() || p.agent.Exited(), "%s: a process exited", p.mode)
+			serverExited, _ := p.server.Exited()
+			agentExited, _ := p.agent.Exited()
+			assert.False(t, serverExited || agentExited, "%s: a process exited", p.mode)
 		}
 	}
 	t.Log(stats.report(d))
