@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/servercount/servercount/internal/nettest"
+	"github.com/servercount/servercount/internal/proctest"
 )
 
 func TestMain(m *testing.M) {
@@ -113,20 +113,12 @@ func startDnsmasq(t *testing.T, bin, hosts string, extra ...string) string {
 			"--listen-address=127.0.0.1", "--bind-interfaces", "--port=" + port,
 			"--addn-hosts=" + hostsFile, "--local=/cluster.local/", "--pid-file=", "--user=" + currentUser(),
 		}, extra...)
-		ctx, cancel := context.WithCancel(context.Background())
-		cmd := exec.CommandContext(ctx, bin, args...)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		require.NoError(t, cmd.Start())
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		stop := func() { cancel(); <-exited }
-		if err := waitForDNS(addr, exited); err != nil {
-			stop()
-			t.Logf("dnsmasq on %s did not start (%v): %s", addr, err, stderr.String())
+		p := proctest.Start(t, bin, args...)
+		if err := waitForDNS(addr, p); err != nil {
+			p.Kill()
+			t.Logf("dnsmasq on %s did not start (%v): %s", addr, err, p.Output())
 			continue
 		}
-		t.Cleanup(stop)
 		return addr
 	}
 	t.Fatal("dnsmasq did not start")
@@ -134,22 +126,21 @@ func startDnsmasq(t *testing.T, bin, hosts string, extra ...string) string {
 }
 
 // waitForDNS waits until addr answers a query, dnsmasq exits, or 10s pass.
-func waitForDNS(addr string, exited <-chan error) error {
+func waitForDNS(addr string, p *proctest.Process) error {
 	deadline := time.Now().Add(10 * time.Second)
 	c := &dns.Client{Timeout: 200 * time.Millisecond}
 	m := new(dns.Msg).SetQuestion("proxy.test.svc.cluster.local.", dns.TypeA)
 	for time.Now().Before(deadline) {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("exited: %v", err)
-		default:
+		if exited, err := p.Exited(); exited && err != nil {
+			return fmt.Errorf("exited: %w", err)
+		} else if exited {
+			return errors.New("exited with status 0")
 		}
 		if _, _, err := c.Exchange(m, addr); err == nil {
 			return nil
 		}
 		select {
-		case err := <-exited:
-			return fmt.Errorf("exited: %v", err)
+		case <-p.Done():
 		case <-time.After(20 * time.Millisecond): // poll interval, not synchronisation
 		}
 	}
