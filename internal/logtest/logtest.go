@@ -57,6 +57,15 @@ func NewTee(out io.Writer) *Tee {
 	return &Tee{out: out, captures: map[*Buffer]struct{}{}}
 }
 
+// KlogTee returns a Tee passing on to out, set as klog's output for the
+// whole test binary. Call it once, before anything logs: in TestMain or a
+// package-level variable's initialiser.
+func KlogTee(out io.Writer) *Tee {
+	t := NewTee(out)
+	klog.SetLogger(textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(t))))
+	return t
+}
+
 // Write copies p to every capture, then writes it to the Tee's writer.
 func (t *Tee) Write(p []byte) (int, error) {
 	t.mu.Lock()

@@ -12,17 +12,14 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
-	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/textlogger"
 
 	"github.com/servercount/servercount/internal/logtest"
 )
 
 // logs receives klog's output for the whole test binary; tests capture
 // it with logs.Capture.
-var logs = logtest.NewTee(os.Stderr)
+var logs = logtest.KlogTee(os.Stderr)
 
 func TestMain(m *testing.M) {
-	klog.SetLogger(textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs))))
 	goleak.VerifyTestMain(m)
 }

@@ -18,8 +18,6 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/textlogger"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversary"
@@ -32,10 +30,9 @@ import (
 
 // logs receives klog's output for the whole test binary; tests capture
 // it with logs.Capture.
-var logs = logtest.NewTee(os.Stderr)
+var logs = logtest.KlogTee(os.Stderr)
 
 func TestMain(m *testing.M) {
-	klog.SetLogger(textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs))))
 	goleak.VerifyTestMain(m)
 }
 
