@@ -52,8 +52,8 @@ type Process struct {
 }
 
 // Start runs bin with args, its output kept in memory, and kills its
-// process group at the end of the test if it is still running. The output
-// is shown if the test failed.
+// process group when the test ends: the process if it still runs, and any
+// child it left. The output is shown if the test failed.
 func Start(tb testing.TB, bin string, args ...string) *Process {
 	tb.Helper()
 	out := &logtest.Buffer{}
