@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/e2e/harness"
-	"github.com/servercount/servercount/internal/proxytest"
+	"github.com/servercount/servercount/internal/balancer"
 	"github.com/servercount/servercount/internal/upstream"
 )
 
@@ -198,7 +198,7 @@ func (e *env) setReady(ips ...string) {
 
 // startAgents starts n agents counting the Service's agent SRV name, in
 // mode (lb goes through lb, which must be non-nil).
-func (e *env) startAgents(n int, mode string, lb *proxytest.LoadBalancer) []*harness.Agent {
+func (e *env) startAgents(n int, mode string, lb *balancer.Balancer) []*harness.Agent {
 	e.t.Helper()
 	var agents []*harness.Agent
 	for i := range n {

@@ -24,7 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/servercount/servercount/e2e/harness"
-	"github.com/servercount/servercount/internal/proxytest"
+	"github.com/servercount/servercount/internal/balancer"
 )
 
 // The rollout an operator does to the proxy-servers and agents, with
@@ -60,7 +60,7 @@ func TestEgressRollout(t *testing.T) {
 	ctx := t.Context()
 	tgt := startRolloutTarget(t, e)
 
-	front, err := proxytest.NewLoadBalancer()
+	front, err := balancer.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { front.Close() })
 	egress := filepath.Join(t.TempDir(), "egress-selector.yaml")
@@ -254,8 +254,8 @@ type rollout struct {
 	t      *testing.T
 	e      *env
 	impl   rolloutImpl
-	front  *proxytest.LoadBalancer
-	agents *proxytest.LoadBalancer
+	front  *balancer.Balancer
+	agents *balancer.Balancer
 	base   int // the servers are e.ip(base), e.ip(base+1)...
 	client *rolloutClient
 	url    string // the target's pod proxy URL, without the path
@@ -288,7 +288,7 @@ var rolloutPhases = [3]string{"steady", "agent restarts", "server replacements"}
 func (r *rollout) run() {
 	t := r.t
 	var err error
-	r.agents, err = proxytest.NewLoadBalancer()
+	r.agents, err = balancer.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { r.agents.Close() })
 	followerDone := r.followReadiness()

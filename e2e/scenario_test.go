@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/e2e/harness"
-	"github.com/servercount/servercount/internal/proxytest"
+	"github.com/servercount/servercount/internal/balancer"
 )
 
 // Scenario 1: three ready endpoints.
@@ -42,9 +42,9 @@ func TestThreeReadyEndpoints(t *testing.T) {
 }
 
 // newLB starts a load balancer in front of ips' agent ports.
-func (e *env) newLB(ips ...string) *proxytest.LoadBalancer {
+func (e *env) newLB(ips ...string) *balancer.Balancer {
 	e.t.Helper()
-	lb, err := proxytest.NewLoadBalancer(e.agentAddrs(ips...)...)
+	lb, err := balancer.New(e.agentAddrs(ips...)...)
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { lb.Close() })
 	return lb

@@ -2,16 +2,13 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,19 +18,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/proctest"
 )
 
-// binDir holds the binaries, built once per test run by build.
-var binDir string
-
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "proxy-agent-test-bin")
-	if err != nil {
-		panic(err)
-	}
-	binDir = dir
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { _ = os.RemoveAll(dir) }))
+	goleak.VerifyTestMain(m)
 }
 
 // TestBinariesTunnelARequest builds proxy-server and proxy-agent, runs them
@@ -41,7 +32,7 @@ func TestMain(m *testing.M) {
 // request through an HTTP CONNECT tunnel.
 func TestBinariesTunnelARequest(t *testing.T) {
 	dir := t.TempDir()
-	serverBin, agentBin := build(t, "proxy-server"), build(t, "proxy-agent")
+	serverBin, agentBin := proctest.Build(t, "cmd/proxy-server"), proctest.Build(t, "cmd/proxy-agent")
 
 	ca, err := pki.NewCA("test-ca")
 	require.NoError(t, err)
@@ -62,21 +53,23 @@ func TestBinariesTunnelARequest(t *testing.T) {
 	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "hello through the tunnel") }))
 	defer target.Close()
 
-	ports := freePorts(t, 7)
-	server := start(t, serverBin,
+	ports := nettest.FreePorts(t, 7)
+	server := proctest.Start(t, serverBin,
 		"--mode=http-connect", "--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
 		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]),
 		"--cluster-cert="+srvCert, "--cluster-key="+srvKey, "--cluster-ca-cert="+caFile,
 		"--server-cert="+srvCert, "--server-key="+srvKey, "--server-ca-cert="+caFile, "--server-count=1")
-	agent := start(t, agentBin,
+	agent := proctest.Start(t, agentBin,
 		"--proxy-server-host=localhost", port("proxy-server-port", ports[1]),
 		"--ca-cert="+caFile, "--agent-cert="+agentCert, "--agent-key="+agentKey,
 		"--health-server-host=127.0.0.1", port("health-server-port", ports[4]), port("admin-server-port", ports[5]),
 		"--sync-interval=50ms")
 
 	readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2])
-	require.Eventually(t, func() bool { return status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "server ready")
-	require.Eventually(t, func() bool { return status(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[4])) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent ready")
+	require.Eventually(t, func() bool { return proctest.Status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "server ready")
+	require.Eventually(t, func() bool {
+		return proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[4])) == http.StatusOK
+	}, 20*time.Second, 20*time.Millisecond, "agent ready")
 
 	// The request, through CONNECT over mTLS, as kube-apiserver would.
 	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]), &tls.Config{
@@ -114,12 +107,12 @@ func TestBinariesTunnelARequest(t *testing.T) {
 
 	// First SIGTERM drains and keeps serving; the second stops, cleanly.
 	require.NoError(t, agent.Process.Signal(syscall.SIGTERM))
-	require.Eventually(t, func() bool { return strings.Contains(agent.stderr.String(), "Draining") }, 10*time.Second, 10*time.Millisecond)
-	assert.Equal(t, http.StatusOK, status(fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[4])), "a draining agent is alive")
+	require.Eventually(t, func() bool { return strings.Contains(agent.Output(), "Draining") }, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, http.StatusOK, proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[4])), "a draining agent is alive")
 	require.NoError(t, agent.Process.Signal(syscall.SIGTERM))
-	assert.NoError(t, agent.wait(t), agent.stderr.String())
+	assert.NoError(t, agent.Wait(t), agent.Output())
 	require.NoError(t, server.Process.Signal(syscall.SIGTERM))
-	assert.NoError(t, server.wait(t), server.stderr.String())
+	assert.NoError(t, server.Wait(t), server.Output())
 }
 
 func TestBinariesRejectBadFlagsWithOneLine(t *testing.T) {
@@ -135,7 +128,7 @@ func TestBinariesRejectBadFlagsWithOneLine(t *testing.T) {
 		{"proxy-agent", []string{"--ca-cert=/nonexistent/ca.crt"}, "proxy-agent: --ca-cert: read CA certificate: open /nonexistent/ca.crt: no such file or directory"},
 		{"proxy-server", []string{"--mode=socks", "--insecure-plaintext"}, `proxy-server: invalid --mode "socks": use grpc or http-connect`},
 	} {
-		cmd := exec.CommandContext(t.Context(), build(t, tc.name), tc.args...)
+		cmd := exec.CommandContext(t.Context(), proctest.Build(t, "cmd/"+tc.name), tc.args...)
 		b, err := cmd.CombinedOutput()
 		require.Error(t, err)
 		assert.Equal(t, 2, cmd.ProcessState.ExitCode())
@@ -143,25 +136,12 @@ func TestBinariesRejectBadFlagsWithOneLine(t *testing.T) {
 	}
 }
 
-// build builds cmd/<name> into binDir, once per test run: the tests run
-// one at a time, so the file exists or no one is writing it.
-func build(t *testing.T, name string) string {
-	t.Helper()
-	out := filepath.Join(binDir, name)
-	if _, err := os.Stat(out); err == nil {
-		return out
-	}
-	b, err := exec.CommandContext(t.Context(), "go", "build", "-o", out, "../"+name).CombinedOutput()
-	require.NoError(t, err, "go build %s: %s", name, b)
-	return out
-}
-
 // plainServer runs an insecure proxy-server on loopback and returns its
 // agent port.
 func plainServer(t *testing.T) int {
 	t.Helper()
-	ports := freePorts(t, 4)
-	start(t, build(t, "proxy-server"), "--insecure-plaintext", "--mode=http-connect",
+	ports := nettest.FreePorts(t, 4)
+	proctest.Start(t, proctest.Build(t, "cmd/proxy-server"), "--insecure-plaintext", "--mode=http-connect",
 		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
 		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
 	return ports[1]
@@ -169,14 +149,14 @@ func plainServer(t *testing.T) int {
 
 // startPlainAgent runs an insecure proxy-agent against agentPort with
 // extra args and waits until its health port answers.
-func startPlainAgent(t *testing.T, agentPort int, args ...string) (*process, int) {
+func startPlainAgent(t *testing.T, agentPort int, args ...string) (*proctest.Process, int) {
 	t.Helper()
-	ports := freePorts(t, 2)
-	a := start(t, build(t, "proxy-agent"), append([]string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1",
+	ports := nettest.FreePorts(t, 2)
+	a := proctest.Start(t, proctest.Build(t, "cmd/proxy-agent"), append([]string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1",
 		port("proxy-server-port", agentPort), "--health-server-host=127.0.0.1",
 		port("health-server-port", ports[0]), port("admin-server-port", ports[1]), "--sync-interval=50ms"}, args...)...)
 	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0])
-	require.Eventually(t, func() bool { return status(healthz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent up")
+	require.Eventually(t, func() bool { return proctest.Status(healthz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent up")
 	return a, ports[0]
 }
 
@@ -189,10 +169,10 @@ func TestAgentStopsOnBackToBackSignals(t *testing.T) {
 	for round := range 3 {
 		a, healthPort := startPlainAgent(t, agentPort, "--drain-timeout=2s")
 		readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)
-		require.Eventually(t, func() bool { return status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent connected")
+		require.Eventually(t, func() bool { return proctest.Status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent connected")
 		require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 		require.NoError(t, a.Process.Signal(syscall.SIGTERM))
-		assert.NoError(t, a.wait(t), "round %d", round)
+		assert.NoError(t, a.Wait(t), "round %d", round)
 	}
 }
 
@@ -205,7 +185,7 @@ func TestAgentStopsOnBackToBackSignals(t *testing.T) {
 func TestAgentServesUntilTheSecondSignal(t *testing.T) {
 	a, endpoint, dial := agentWithOpenTunnel(t)
 	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
-	require.Eventually(t, func() bool { return strings.Contains(a.stderr.String(), "Draining") }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return strings.Contains(a.Output(), "Draining") }, 20*time.Second, 10*time.Millisecond)
 
 	// The open tunnel still carries data, and a new one can be made.
 	_, err := endpoint.Write([]byte("still here"))
@@ -220,13 +200,11 @@ func TestAgentServesUntilTheSecondSignal(t *testing.T) {
 	require.NoError(t, c.Close())
 	require.NoError(t, endpoint.Close())
 
-	select {
-	case <-a.exited:
-		t.Fatalf("agent stopped after one signal: %v\n%s", a.err, a.stderr.String())
-	default:
+	if exited, err := a.Exited(); exited {
+		t.Fatalf("agent stopped after one signal: %v\n%s", err, a.Output())
 	}
 	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, a.wait(t))
+	require.NoError(t, a.Wait(t))
 }
 
 // A drain ends after --drain-timeout: a lost second signal cannot leave
@@ -234,22 +212,24 @@ func TestAgentServesUntilTheSecondSignal(t *testing.T) {
 func TestAgentDrainIsBounded(t *testing.T) {
 	a, _, _ := agentWithOpenTunnel(t, "--drain-timeout=200ms")
 	require.NoError(t, a.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, a.wait(t))
-	assert.Contains(t, a.stderr.String(), "Drain timed out, stopping")
+	require.NoError(t, a.Wait(t))
+	assert.Contains(t, a.Output(), "Drain timed out, stopping")
 }
 
 // agentWithOpenTunnel runs an insecure proxy-server and a proxy-agent
 // (with extra args) and opens one tunnel through them to a loopback
 // endpoint, which it returns with the agent and a function that opens
 // another tunnel, returning the client's and the endpoint's end.
-func agentWithOpenTunnel(t *testing.T, args ...string) (*process, net.Conn, func() (net.Conn, net.Conn)) {
+func agentWithOpenTunnel(t *testing.T, args ...string) (*proctest.Process, net.Conn, func() (net.Conn, net.Conn)) {
 	t.Helper()
-	ports := freePorts(t, 4)
-	start(t, build(t, "proxy-server"), "--insecure-plaintext", "--mode=http-connect",
+	ports := nettest.FreePorts(t, 4)
+	proctest.Start(t, proctest.Build(t, "cmd/proxy-server"), "--insecure-plaintext", "--mode=http-connect",
 		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
 		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
 	a, healthPort := startPlainAgent(t, ports[1], args...)
-	require.Eventually(t, func() bool { return status(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)) == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)) == http.StatusOK
+	}, 20*time.Second, 20*time.Millisecond)
 
 	target, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -274,80 +254,7 @@ func agentWithOpenTunnel(t *testing.T, args ...string) (*process, net.Conn, func
 	return a, endpoint, dial
 }
 
-type process struct {
-	*exec.Cmd
-	stderr *syncBuilder
-	exited chan struct{} // closed once Wait has returned; err is set before
-	err    error
-}
-
-func (p *process) wait(t *testing.T) error {
-	select {
-	case <-p.exited:
-	case <-time.After(20 * time.Second):
-		t.Errorf("%s did not exit within 20s", p.Path)
-		_ = p.Process.Kill()
-		<-p.exited
-	}
-	return p.err
-}
-
-func start(t *testing.T, bin string, args ...string) *process {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	p := &process{Cmd: cmd, stderr: &syncBuilder{mu: make(chan struct{}, 1)}, exited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.stderr, p.stderr
-	require.NoError(t, cmd.Start())
-	go func() {
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	// Cleanup learns whether the process ended only through exited:
-	// reading cmd.ProcessState here would race with Wait.
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("%s output:\n%s", filepath.Base(bin), p.stderr.String())
-		}
-	})
-	return p
-}
-
 func port(flag string, p int) string { return fmt.Sprintf("--%s=%d", flag, p) }
-
-// freePorts returns n loopback ports that were free a moment ago.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ports []int
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return ports
-}
-
-func status(url string) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
 
 func get(t *testing.T, url string) string {
 	t.Helper()
@@ -358,17 +265,3 @@ func get(t *testing.T, url string) string {
 	require.NoError(t, err)
 	return string(b)
 }
-
-// syncBuilder is a strings.Builder safe for a process's concurrent writes.
-type syncBuilder struct {
-	mu chan struct{}
-	b  strings.Builder
-}
-
-func (s *syncBuilder) lock() func() {
-	s.mu <- struct{}{}
-	return func() { <-s.mu }
-}
-
-func (s *syncBuilder) Write(p []byte) (int, error) { defer s.lock()(); return s.b.Write(p) }
-func (s *syncBuilder) String() string              { defer s.lock()(); return s.b.String() }

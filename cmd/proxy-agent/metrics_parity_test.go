@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/internal/upstream"
@@ -47,7 +48,7 @@ func TestMetricsMatchUpstream(t *testing.T) {
 	client, err := ca.Client("kube-apiserver")
 	require.NoError(t, err)
 
-	ports := proctest.FreePorts(t, 6)
+	ports := nettest.FreePorts(t, 6)
 	proctest.Start(t, serverBin, "--mode=http-connect",
 		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
 		fmt.Sprintf("--server-port=%d", ports[0]), fmt.Sprintf("--agent-port=%d", ports[1]),
@@ -91,7 +92,7 @@ func TestMetricsMatchUpstream(t *testing.T) {
 	code, body := connect(strings.TrimPrefix(target.URL, "http://"))
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "ok", body)
-	closed := proctest.FreePorts(t, 1)[0]
+	closed := nettest.FreePorts(t, 1)[0]
 	code, _ = connect(fmt.Sprintf("127.0.0.1:%d", closed))
 	require.NotEqual(t, http.StatusOK, code)
 

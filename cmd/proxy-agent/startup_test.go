@@ -13,7 +13,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/proctest"
 )
 
 // Issue 23, item 1: nothing the agent depends on can keep it from serving
@@ -42,7 +44,7 @@ current-context: x
 	certs, err := ca.WriteFiles(dir)
 	require.NoError(t, err)
 	_, silentPort, _ := net.SplitHostPort(silentTCP)
-	refused := freePorts(t, 1)[0]
+	refused := nettest.FreePorts(t, 1)[0]
 
 	for _, tc := range []struct {
 		name string
@@ -56,21 +58,21 @@ current-context: x
 			"--ca-cert=" + certs.CA, "--agent-cert=" + certs.AgentCert, "--agent-key=" + certs.AgentKey}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ports := freePorts(t, 2)
-			bin := build(t, "proxy-agent")
+			ports := nettest.FreePorts(t, 2)
+			bin := proctest.Build(t, "cmd/proxy-agent")
 			started := time.Now()
-			a := start(t, bin, append(tc.args, "--health-server-host=127.0.0.1",
+			a := proctest.Start(t, bin, append(tc.args, "--health-server-host=127.0.0.1",
 				port("health-server-port", ports[0]), port("admin-server-port", ports[1]))...)
 			healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0])
-			require.Eventually(t, func() bool { return status(healthz) == http.StatusOK }, 5*time.Second, 10*time.Millisecond,
-				"no /healthz within 5 s:\n%s", a.stderr.String())
+			require.Eventually(t, func() bool { return proctest.Status(healthz) == http.StatusOK }, 5*time.Second, 10*time.Millisecond,
+				"no /healthz within 5 s:\n%s", a.Output())
 			t.Logf("/healthz answered %v after start", time.Since(started).Round(time.Millisecond))
 
 			require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 			select {
-			case <-a.exited:
+			case <-a.Done():
 			case <-time.After(5 * time.Second):
-				t.Fatalf("the agent did not stop within 5 s of SIGTERM:\n%s", a.stderr.String())
+				t.Fatalf("the agent did not stop within 5 s of SIGTERM:\n%s", a.Output())
 			}
 		})
 	}

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/servercount/servercount/internal/churn"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
 )
 
@@ -36,7 +37,7 @@ func TestServerLetsOpenTunnelsFinishOnSIGTERM(t *testing.T) {
 	for _, mode := range []string{"http-connect", "grpc"} {
 		t.Run(mode, func(t *testing.T) {
 			socket := filepath.Join(t.TempDir(), "proxy.sock")
-			ports := proctest.FreePorts(t, 5)
+			ports := nettest.FreePorts(t, 5)
 			p := func(i int) string { return strconv.Itoa(ports[i]) }
 			srv := proctest.Start(t, serverBin, "--insecure-plaintext", "--mode="+mode, "--uds-name="+socket,
 				"--agent-port="+p(0), "--health-port="+p(1), "--admin-port="+p(2), "--health-bind-address=127.0.0.1",
@@ -77,7 +78,11 @@ func TestServerLetsOpenTunnelsFinishOnSIGTERM(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, (chunks-1)*chunk, len(rest), "bytes after the SIGTERM")
 
-			require.Eventually(t, srv.Exited, 10*time.Second, 20*time.Millisecond, "the server did not exit once its tunnel ended:\n%s", srv.Output())
+			select {
+			case <-srv.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the server did not exit once its tunnel ended:\n%s", srv.Output())
+			}
 			assert.NoError(t, srv.Wait(t))
 			assert.Contains(t, srv.Output(), "Every tunnel has ended")
 		})

@@ -1,13 +1,13 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +16,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/servercount/servercount/internal/nettest"
+	"github.com/servercount/servercount/internal/proctest"
 )
 
 func TestMain(m *testing.M) {
@@ -72,7 +75,7 @@ func TestProbeAgainstDnsmasq(t *testing.T) {
 	assert.Contains(t, out, "outcome: nxdomain, rcode: NXDOMAIN")
 
 	// A server that is down: nothing listens on the port any more.
-	down := freePort(t)
+	down := freeAddr(t)
 	start := time.Now()
 	code, _, errOut = probe("@"+down, "--timeout", "2s", "proxy.test.svc.cluster.local.")
 	assert.Equal(t, 2, code)
@@ -103,27 +106,19 @@ func startDnsmasq(t *testing.T, bin, hosts string, extra ...string) string {
 	hostsFile := filepath.Join(dir, "hosts")
 	require.NoError(t, os.WriteFile(hostsFile, []byte(hosts), 0o644))
 	for try := 0; try < 5; try++ {
-		addr := freePort(t)
+		addr := freeAddr(t)
 		_, port, _ := net.SplitHostPort(addr)
 		args := append([]string{
 			"--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
 			"--listen-address=127.0.0.1", "--bind-interfaces", "--port=" + port,
 			"--addn-hosts=" + hostsFile, "--local=/cluster.local/", "--pid-file=", "--user=" + currentUser(),
 		}, extra...)
-		ctx, cancel := context.WithCancel(context.Background())
-		cmd := exec.CommandContext(ctx, bin, args...)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		require.NoError(t, cmd.Start())
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		stop := func() { cancel(); <-exited }
-		if err := waitForDNS(addr, exited); err != nil {
-			stop()
-			t.Logf("dnsmasq on %s did not start (%v): %s", addr, err, stderr.String())
+		p := proctest.Start(t, bin, args...)
+		if err := waitForDNS(addr, p); err != nil {
+			p.Kill()
+			t.Logf("dnsmasq on %s did not start (%v): %s", addr, err, p.Output())
 			continue
 		}
-		t.Cleanup(stop)
 		return addr
 	}
 	t.Fatal("dnsmasq did not start")
@@ -131,37 +126,34 @@ func startDnsmasq(t *testing.T, bin, hosts string, extra ...string) string {
 }
 
 // waitForDNS waits until addr answers a query, dnsmasq exits, or 10s pass.
-func waitForDNS(addr string, exited <-chan error) error {
+func waitForDNS(addr string, p *proctest.Process) error {
 	deadline := time.Now().Add(10 * time.Second)
 	c := &dns.Client{Timeout: 200 * time.Millisecond}
 	m := new(dns.Msg).SetQuestion("proxy.test.svc.cluster.local.", dns.TypeA)
 	for time.Now().Before(deadline) {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("exited: %v", err)
-		default:
+		if exited, err := p.Exited(); exited && err != nil {
+			return fmt.Errorf("exited: %w", err)
+		} else if exited {
+			return errors.New("exited with status 0")
 		}
 		if _, _, err := c.Exchange(m, addr); err == nil {
 			return nil
 		}
 		select {
-		case err := <-exited:
-			return fmt.Errorf("exited: %v", err)
+		case <-p.Done():
 		case <-time.After(20 * time.Millisecond): // poll interval, not synchronisation
 		}
 	}
 	return errors.New("no answer within 10s")
 }
 
-// freePort returns a loopback address whose UDP and TCP ports were free a
-// moment ago.
-func freePort(t *testing.T) string {
+// freeAddr returns a loopback address whose UDP and TCP ports were free a
+// moment ago: a DNS server listens on both.
+func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	return addr
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
 func currentUser() string {

@@ -25,6 +25,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/servercount/servercount/internal/nettest"
+	"github.com/servercount/servercount/internal/proctest"
 )
 
 // ClusterDomain is the cluster's DNS domain, as CoreDNS serves it.
@@ -100,7 +103,7 @@ func StartCluster(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := c.startAPIServer(ctx, cfg); err != nil {
 		return nil, err
 	}
-	port, err := FreePort("127.0.0.1")
+	port, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -115,11 +118,11 @@ func StartCluster(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if ttl == 0 {
 		ttl = 5
 	}
-	healthPort, err := FreePort("127.0.0.1")
+	healthPort, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
-	readyPort, err := FreePort("127.0.0.1")
+	readyPort, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -146,13 +149,13 @@ func StartCluster(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 }
 
 func (c *Cluster) startEtcd(cfg Config) error {
-	ports, err := FreePorts("127.0.0.1", 2)
+	ports, err := nettest.FreePortsOn("127.0.0.1", 2)
 	if err != nil {
 		return err
 	}
 	client, peer := fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	c.EtcdURL = client
-	c.etcd, err = StartProcess("etcd", filepath.Join(c.Dir, "etcd.log"), cfg.Binaries.Etcd,
+	c.etcd, err = proctest.StartProcess("etcd", filepath.Join(c.Dir, "etcd.log"), cfg.Binaries.Etcd,
 		"--name=e2e", "--data-dir="+filepath.Join(c.Dir, "etcd"),
 		"--listen-client-urls="+client, "--advertise-client-urls="+client,
 		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
@@ -187,7 +190,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, cfg Config) error {
 	if err := os.WriteFile(tokens, []byte(c.AdminToken+`,e2e-admin,e2e-admin,"system:masters"`+"\n"), 0o600); err != nil {
 		return err
 	}
-	port, err := FreePort("127.0.0.1")
+	port, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return err
 	}
@@ -260,7 +263,7 @@ current-context: e2e
 // runAPIServer starts kube-apiserver with the saved arguments and waits
 // for its /readyz.
 func (c *Cluster) runAPIServer() error {
-	p, err := StartProcess("kube-apiserver", filepath.Join(c.Dir, "kube-apiserver.log"), c.apiserverBin, c.apiserverArgs...)
+	p, err := proctest.StartProcess("kube-apiserver", filepath.Join(c.Dir, "kube-apiserver.log"), c.apiserverBin, c.apiserverArgs...)
 	if err != nil {
 		return err
 	}
@@ -298,7 +301,7 @@ func (c *Cluster) StartAPIServer(name string, extra ...string) (*APIServer, erro
 	if err := os.MkdirAll(filepath.Join(dir, "certs"), 0o755); err != nil {
 		return nil, err
 	}
-	port, err := FreePort("127.0.0.1")
+	port, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
 	if err != nil {
 		return nil, err
 	}
@@ -313,7 +316,7 @@ func (c *Cluster) StartAPIServer(name string, extra ...string) (*APIServer, erro
 		args = append(args, a)
 	}
 	a := &APIServer{URL: fmt.Sprintf("https://127.0.0.1:%d", port)}
-	if a.proc, err = StartProcess(name, filepath.Join(c.Dir, name+".log"), c.apiserverBin, append(args, extra...)...); err != nil {
+	if a.proc, err = proctest.StartProcess(name, filepath.Join(c.Dir, name+".log"), c.apiserverBin, append(args, extra...)...); err != nil {
 		return nil, err
 	}
 	if err := waitFor(a.proc, c.startTimeout, "ready", func() error {
@@ -415,7 +418,7 @@ func (d *CoreDNS) Start() error {
 		return errors.New("CoreDNS is already running")
 	}
 	d.starts++
-	p, err := StartProcess("coredns", filepath.Join(d.dir, fmt.Sprintf("coredns-%d.log", d.starts)), d.bin, "-conf", d.corefile)
+	p, err := proctest.StartProcess("coredns", filepath.Join(d.dir, fmt.Sprintf("coredns-%d.log", d.starts)), d.bin, "-conf", d.corefile)
 	if err != nil {
 		return err
 	}

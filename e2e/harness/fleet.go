@@ -18,7 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/proctest"
 )
 
 // OurBinaries are proxy-server, proxy-agent and the servercount probe,
@@ -98,7 +100,7 @@ func NewFleet(bin OurBinaries, dir string) (*Fleet, error) {
 	if f.FrontendCert, f.FrontendKey, err = client.WriteFiles(dir, "frontend"); err != nil {
 		return nil, err
 	}
-	ports, err := FreePorts("127.0.0.1", 4)
+	ports, err := nettest.FreePortsOn("127.0.0.1", 4)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +132,7 @@ func (f *Fleet) StartServer(t testing.TB, ip string, extra ...string) *Server {
 		"--server-cert=" + f.ServerCert, "--server-key=" + f.ServerKey, "--server-ca-cert=" + f.CAFile,
 		"--graceful-shutdown-timeout=1s", "--v=2",
 	}, extra...)
-	p, err := StartProcess(name, filepath.Join(f.Dir, name+".log"), f.Bin.Server, args...)
+	p, err := proctest.StartProcess(name, filepath.Join(f.Dir, name+".log"), f.Bin.Server, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +240,7 @@ type Agent struct {
 // waits for its /healthz. t's cleanup stops it.
 func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 	t.Helper()
-	ports, err := FreePorts("127.0.0.1", 2)
+	ports, err := nettest.FreePortsOn("127.0.0.1", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +271,7 @@ func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 	if cfg.DialMode != "" {
 		args = append(args, "--server-dial-mode="+cfg.DialMode)
 	}
-	p, err := StartProcess(cfg.Name, filepath.Join(f.Dir, cfg.Name+".log"), f.Bin.Agent, args...)
+	p, err := proctest.StartProcess(cfg.Name, filepath.Join(f.Dir, cfg.Name+".log"), f.Bin.Agent, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

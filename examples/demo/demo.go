@@ -22,6 +22,7 @@ import (
 	serverapp "github.com/servercount/servercount/cmd/proxy-server/app"
 	serveroptions "github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 )
 
@@ -367,34 +368,37 @@ func waitUntil(ctx context.Context, cond func() bool, what string) error {
 	return nil
 }
 
-// freePorts finds ports free on every address the demo uses.
+// freePorts finds ports free on every address the demo uses: each server
+// listens on its own loopback address, the agent's side on 127.0.0.1,
+// all on the same port numbers.
 func freePorts(servers int) (ports, error) {
 	for try := 0; try < 20; try++ {
-		var got [4]int
-		ok := true
-		for i := range got {
-			l, err := net.Listen("tcp", "127.0.0.2:0")
-			if err != nil {
-				return ports{}, fmt.Errorf("listen on 127.0.0.2 (the demo needs loopback addresses 127.0.0.2 and up): %w", err)
-			}
-			got[i] = l.Addr().(*net.TCPAddr).Port
-			l.Close()
-			for s := range servers {
-				for _, host := range []string{ip(s), "127.0.0.1"} {
-					l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(got[i])))
-					if err != nil {
-						ok = false
-						continue
-					}
-					l.Close()
-				}
-			}
+		got, err := nettest.FreePortsOn("127.0.0.2", 4)
+		if err != nil {
+			return ports{}, fmt.Errorf("the demo needs loopback addresses 127.0.0.2 and up: %w", err)
 		}
-		if ok {
+		if freeOnAll(got, servers) {
 			return ports{agent: got[0], frontend: got[1], health: got[2], admin: got[3]}, nil
 		}
 	}
 	return ports{}, errors.New("found no ports free on every loopback address")
+}
+
+// freeOnAll reports whether every port of got was free a moment ago on
+// 127.0.0.1 and on the address of each of servers.
+func freeOnAll(got []int, servers int) bool {
+	for _, p := range got {
+		for s := range servers {
+			for _, host := range []string{ip(s), "127.0.0.1"} {
+				l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+				if err != nil {
+					return false
+				}
+				_ = l.Close()
+			}
+		}
+	}
+	return true
 }
 
 func contains(s []string, v string) bool {

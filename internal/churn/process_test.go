@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/internal/churn"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/internal/upstream"
@@ -90,7 +91,7 @@ func writeCerts(t *testing.T) pki.Files {
 func startPair(t *testing.T, serverBin, agentBin, mode string, c pki.Files) string {
 	t.Helper()
 	socket := filepath.Join(t.TempDir(), "proxy.sock")
-	ports := proctest.FreePorts(t, 5)
+	ports := nettest.FreePorts(t, 5)
 	port := func(i int) string { return strconv.Itoa(ports[i]) }
 	// -v=0: upstream's default verbosity logs every packet.
 	server := proctest.Start(t, serverBin, "-v=0",
@@ -129,7 +130,7 @@ func waitOK(ctx context.Context, url string, d time.Duration, procs ...*proctest
 			}
 		}
 		for _, p := range procs {
-			if p.Exited() {
+			if exited, _ := p.Exited(); exited {
 				return false
 			}
 		}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/servercount/servercount/internal/balancer"
 	"github.com/servercount/servercount/internal/dnscount"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/proxytest"
@@ -96,7 +97,7 @@ type Fleet struct {
 	cfg     Config
 	env     *proxytest.Env
 	dns     *dnstest.Server
-	lb      *proxytest.LoadBalancer
+	lb      *balancer.Balancer
 	reviews *reviewEndpoint
 	queries *queryLog
 
@@ -183,7 +184,7 @@ func New(tb testing.TB, cfg Config) *Fleet {
 	f.queries = newQueryLog()
 	f.dns.ObserveQueries(f.queries.add)
 	tb.Cleanup(func() { f.dns.ObserveQueries(nil) })
-	lb, err := proxytest.NewLoadBalancer()
+	lb, err := balancer.New()
 	require.NoError(tb, err, "start load balancer")
 	tb.Cleanup(func() { _ = lb.Close() }) // the error is the listener's
 	f.lb = lb

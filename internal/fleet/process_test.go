@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/pkg/agent"
@@ -35,7 +36,7 @@ func BenchmarkAgentProcess(b *testing.B) {
 	require.NoError(b, os.WriteFile(token, []byte(tokenPrefix+"agent-process"), 0o600))
 	host, port, err := net.SplitHostPort(f.lb.Addr())
 	require.NoError(b, err)
-	ports := proctest.FreePorts(b, 2)
+	ports := nettest.FreePorts(b, 2)
 
 	p := proctest.Start(b, bin,
 		"--agent-id=agent-process",
@@ -119,7 +120,7 @@ func BenchmarkServerProcess(b *testing.B) {
 	pair, err := f.env.CA.Server("proxy-server-process")
 	require.NoError(b, err)
 	_, cert, key, ca := writeTLSFiles(b, f, pair)
-	ports := proctest.FreePorts(b, 4)
+	ports := nettest.FreePorts(b, 4)
 	p := proctest.Start(b, bin, "--server-id=server-process", "--mode=grpc",
 		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
 		"--server-port="+strconv.Itoa(ports[0]), "--agent-port="+strconv.Itoa(ports[1]),

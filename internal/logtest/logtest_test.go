@@ -26,3 +26,17 @@ func TestLoggerKeepsItsLevel(t *testing.T) {
 	assert.Equal(t, 4, strings.Count(buf.String(), `"shown"`))
 	assert.NotContains(t, buf.String(), "hidden")
 }
+
+// A capture sees what was written while its test ran, and nothing after.
+func TestTeeCapturesUntilTheTestEnds(t *testing.T) {
+	var out logtest.Buffer
+	tee := logtest.NewTee(&out)
+	var captured *logtest.Buffer
+	t.Run("capturing", func(t *testing.T) {
+		captured = tee.Capture(t)
+		_, _ = tee.Write([]byte("during\n"))
+	})
+	_, _ = tee.Write([]byte("after\n"))
+	assert.Equal(t, "during\n", captured.String())
+	assert.Equal(t, "during\nafter\n", out.String())
+}

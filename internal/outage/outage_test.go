@@ -1,10 +1,8 @@
 package outage
 
 import (
-	"bytes"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,32 +11,15 @@ import (
 	"k8s.io/klog/v2/textlogger"
 
 	"github.com/servercount/servercount/internal/clocktest"
+	"github.com/servercount/servercount/internal/logtest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// lockedBuffer is a bytes.Buffer safe for concurrent use.
-type lockedBuffer struct {
-	mu sync.Mutex // guards b
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestOutageLogsStartReminderAndEnd(t *testing.T) {
-	var buf lockedBuffer
+	var buf logtest.Buffer
 	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
 	clk := clocktest.New(time.Unix(1000, 0))
 	o := New("connect to proxy-server", clk.Now)
@@ -71,7 +52,7 @@ func TestOutageLogsStartReminderAndEnd(t *testing.T) {
 // Attempts that fail and succeed in turn log one start and one end per
 // DefaultQuiet, not a line per attempt.
 func TestOutageFlappingIsRateLimited(t *testing.T) {
-	var buf lockedBuffer
+	var buf logtest.Buffer
 	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
 	clk := clocktest.New(time.Unix(1000, 0))
 	o := New("connect to proxy-server", clk.Now)

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/internal/churn"
-	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/internal/nettest"
 )
 
 // upstreamPrefix is the namespace of the metrics both implementations
@@ -116,7 +116,7 @@ func tryDial(t *testing.T, dial churn.Dialer, addr string) error {
 
 // refusedAddr is a loopback address where nothing listens.
 func refusedAddr(t *testing.T) string {
-	return fmt.Sprintf("127.0.0.1:%d", proctest.FreePorts(t, 1)[0])
+	return fmt.Sprintf("127.0.0.1:%d", nettest.FreePorts(t, 1)[0])
 }
 
 // scrape reads the families under upstreamPrefix at url.

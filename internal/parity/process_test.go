@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
 )
@@ -43,7 +44,7 @@ type server struct {
 // args after the usual ones; it does not wait for it.
 func startServer(t *testing.T, bin, mode string, p pkiFiles, env []string, args ...string) *server {
 	t.Helper()
-	ports := proctest.FreePorts(t, 3)
+	ports := nettest.FreePorts(t, 3)
 	s := &server{
 		socket:    filepath.Join(t.TempDir(), "proxy.sock"),
 		agentPort: ports[0],
@@ -68,7 +69,7 @@ type agent struct {
 // and args added; it does not wait for it.
 func startAgent(t *testing.T, bin string, agentPort int, p pkiFiles, env []string, args ...string) *agent {
 	t.Helper()
-	ports := proctest.FreePorts(t, 2)
+	ports := nettest.FreePorts(t, 2)
 	a := &agent{healthURL: "http://127.0.0.1:" + strconv.Itoa(ports[0])}
 	all := append([]string{"-v=0", "--proxy-server-host=localhost", "--proxy-server-port=" + strconv.Itoa(agentPort),
 		"--ca-cert=" + p.CA, "--agent-cert=" + p.AgentCert, "--agent-key=" + p.AgentKey,
@@ -109,7 +110,7 @@ func waitStatus(t *testing.T, url string, want int, procs ...*proctest.Process) 
 			}
 		}
 		for _, p := range procs {
-			if p.Exited() {
+			if exited, _ := p.Exited(); exited {
 				t.Fatalf("%s exited while waiting for %s to answer %d:\n%s", p.Path, url, want, p.Output())
 			}
 		}

@@ -1,6 +1,11 @@
-// Package proctest builds and runs this module's binaries as real
-// processes on loopback, for tests that need what only a process has: its
-// own signals, file descriptors, memory and exit code.
+// Package proctest builds and runs programs as real processes on
+// loopback, for tests that need what only a process has: its own signals,
+// file descriptors, memory and exit code. The in-module tests run this
+// module's binaries with it, and the e2e harness the control plane too.
+//
+// Every process runs in its own process group, with SIGKILL as its parent
+// death signal on Linux, so that neither it nor its children outlive the
+// test binary, even one that is killed.
 package proctest
 
 import (
@@ -8,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,12 +25,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
-
-	"github.com/servercount/servercount/internal/logtest"
 )
-
-// StopTimeout bounds the wait for a process to exit.
-const StopTimeout = 20 * time.Second
 
 var (
 	buildMu  sync.Mutex
@@ -76,85 +75,6 @@ func moduleRoot() (string, error) {
 		}
 		dir = parent
 	}
-}
-
-// Process is a running binary. Its output (stdout and stderr together) is
-// kept, and shown when the test fails.
-type Process struct {
-	*exec.Cmd
-	out  *logtest.Buffer
-	done chan struct{}
-	err  error // Wait's result; read after done is closed
-}
-
-// Start runs bin with args and kills it at the end of the test if it is
-// still running.
-func Start(tb testing.TB, bin string, args ...string) *Process {
-	tb.Helper()
-	p := &Process{Cmd: exec.Command(bin, args...), out: &logtest.Buffer{}, done: make(chan struct{})}
-	p.Stdout, p.Stderr = p.out, p.out
-	require.NoError(tb, p.Cmd.Start(), "start %s", bin)
-	go func() {
-		p.err = p.Cmd.Wait()
-		close(p.done)
-	}()
-	tb.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.Process.Kill()
-			<-p.done
-		}
-		if tb.Failed() {
-			tb.Logf("%s output:\n%s", filepath.Base(bin), p.out.String())
-		}
-	})
-	return p
-}
-
-// Output returns what the process has written so far.
-func (p *Process) Output() string { return p.out.String() }
-
-// Wait waits up to StopTimeout for the process to exit and returns its
-// Wait error; it kills the process and fails the test if it does not.
-func (p *Process) Wait(tb testing.TB) error {
-	tb.Helper()
-	select {
-	case <-p.done:
-		return p.err
-	case <-time.After(StopTimeout):
-		tb.Errorf("%s did not exit within %v", p.Path, StopTimeout)
-		_ = p.Process.Kill()
-		<-p.done
-		return p.err
-	}
-}
-
-// Exited reports whether the process has exited.
-func (p *Process) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// FreePorts returns n loopback ports that were free a moment ago.
-func FreePorts(tb testing.TB, n int) []int {
-	tb.Helper()
-	var ports []int
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(tb, err)
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	return ports
 }
 
 // Status returns the HTTP status of a GET of url, or 0 if there is no

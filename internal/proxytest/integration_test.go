@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/servercount/servercount/internal/balancer"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/agent"
@@ -533,7 +534,7 @@ func TestHA(t *testing.T) {
 		}
 		return addrs
 	}
-	lb, err := NewLoadBalancer(agentAddrs(servers...)...)
+	lb, err := balancer.New(agentAddrs(servers...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lb.Close() }) // the error is the listener's: nothing to check
 
@@ -607,7 +608,7 @@ func TestAgentAuth(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			logs := logs.capture(t)
+			logs := logs.Capture(t)
 			opts := ServerOptions{}
 			if tt.token != "" {
 				opts.Authenticator, err = server.NewTokenFileAuthenticator(writeFile(t, "tokens", "# accepted\n"+tt.token+"\n"))

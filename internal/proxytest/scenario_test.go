@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/balancer"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/agent"
@@ -39,13 +40,13 @@ type fleet struct {
 	t       testing.TB
 	env     *Env
 	dns     *dnstest.Server
-	lb      *LoadBalancer
+	lb      *balancer.Balancer
 	servers []*Server // every server started, in order
 }
 
 func newFleet(t testing.TB) *fleet {
 	t.Helper()
-	lb, err := NewLoadBalancer()
+	lb, err := balancer.New()
 	require.NoError(t, err, "start load balancer")
 	t.Cleanup(func() { _ = lb.Close() }) // the listener's close error is of no use
 	return &fleet{t: t, env: NewEnv(t, "scenario-ca"), dns: dnstest.NewServer(t), lb: lb}

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/internal/proxytest"
@@ -92,7 +93,7 @@ func TestSoak(t *testing.T) {
 	frontendTLS := &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost"}
 
 	start := func(mode string) *pair {
-		ports := proctest.FreePorts(t, 6)
+		ports := nettest.FreePorts(t, 6)
 		p := &pair{
 			mode:         mode,
 			frontend:     fmt.Sprintf("127.0.0.1:%d", ports[0]),
@@ -180,7 +181,9 @@ func TestSoak(t *testing.T) {
 				t.Logf("%s last figures: %+v", key, u)
 			}
 			assert.LessOrEqual(t, rss[key], uint64(maxRSS), "%s peak RSS", key)
-			assert.False(t, p.server.Exited() || p.agent.Exited(), "%s: a process exited", p.mode)
+			serverExited, _ := p.server.Exited()
+			agentExited, _ := p.agent.Exited()
+			assert.False(t, serverExited || agentExited, "%s: a process exited", p.mode)
 		}
 	}
 	t.Log(stats.report(d))

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
 )
@@ -111,7 +112,7 @@ func startFixture(b *testing.B, profiling bool) *fixture {
 
 	f := &fixture{target: startTarget(b)}
 	for _, mode := range []struct{ mode, name string }{{"http-connect", "connect"}, {"grpc", "grpc"}} {
-		ports := proctest.FreePorts(b, 5)
+		ports := nettest.FreePorts(b, 5)
 		p := &pair{
 			mode:        mode.mode,
 			name:        mode.name,

@@ -138,7 +138,7 @@ func TestReachesTargetThroughLoadBalancer(t *testing.T) {
 			s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: tc.count})
 			s3 := newTestServer(t, tt, adversary.ServerConfig{ID: "s3", Count: tc.count})
 			lb := newTestLB(t, s1.Addr(), s2.Addr(), s3.Addr())
-			cfg := testConfig(tt, lb.addr)
+			cfg := testConfig(tt, lb.Addr())
 			cfg.Counter = servercounter.StaticServerCounter(tc.counter)
 			cfg.TargetPolicy = tc.policy
 			a := startAgent(t, cfg)
@@ -151,13 +151,13 @@ func TestReachesTargetThroughLoadBalancer(t *testing.T) {
 			assert.Equal(t, 3.0, v)
 
 			// A server goes away.
-			lb.setBackends(s1.Addr(), s3.Addr())
+			lb.SetBackends(s1.Addr(), s3.Addr())
 			s2.Stop()
 			require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick)
 
 			// A fresh one comes up.
 			s4 := newTestServer(t, tt, adversary.ServerConfig{ID: "s4", Count: tc.count})
-			lb.setBackends(s1.Addr(), s3.Addr(), s4.Addr())
+			lb.SetBackends(s1.Addr(), s3.Addr(), s4.Addr())
 			require.Eventually(t, func() bool { return a.Connected() == 3 }, waitFor, tick)
 			s4.NextStream(t)
 		})
@@ -194,7 +194,7 @@ func TestDrain(t *testing.T) {
 	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "2"})
 	lb := newTestLB(t, s1.Addr(), s2.Addr())
 	target := newTestTarget(t, true)
-	a := startAgent(t, testConfig(tt, lb.addr))
+	a := startAgent(t, testConfig(tt, lb.Addr()))
 	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick)
 	// The stream each server kept; duplicates end at once. The target is
 	// reached, so no dial is in flight.
@@ -220,7 +220,7 @@ func TestDrain(t *testing.T) {
 	st2.NextOf(t, pb.PacketType_DRAIN)
 
 	// No new server connections: one server leaves, the agent stays at 1.
-	lb.setBackends(s1.Addr())
+	lb.SetBackends(s1.Addr())
 	s2.Stop()
 	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
 	opened := s1.Opened()
@@ -239,7 +239,7 @@ func TestHealth(t *testing.T) {
 	tt := newTestTLS(t)
 	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
 	lb := newTestLB(t) // no backend yet
-	a := newAgent(t, testConfig(tt, lb.addr))
+	a := newAgent(t, testConfig(tt, lb.Addr()))
 	hs := httptest.NewServer(a.Health())
 	t.Cleanup(hs.Close)
 
@@ -256,11 +256,11 @@ func TestHealth(t *testing.T) {
 	a.waitSyncRounds(t, 3)
 	assert.Equal(t, http.StatusInternalServerError, httpStatus(t, hs.URL+"/readyz"), "ready with no server")
 
-	lb.setBackends(srv.Addr())
+	lb.SetBackends(srv.Addr())
 	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/readyz") == http.StatusOK }, waitFor, tick)
 	assert.True(t, a.Ready())
 
-	lb.setBackends()
+	lb.SetBackends()
 	srv.Stop()
 	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/readyz") == http.StatusInternalServerError }, waitFor, tick)
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/balancer"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/pki"
 )
@@ -72,100 +72,14 @@ func newTestServerOn(t testing.TB, tt testTLS, cfg adversary.ServerConfig, lis n
 	return newTestServer(t, tt, cfg)
 }
 
-// testLB is a random TCP load balancer: each accepted connection goes to
-// a random backend, bytes copied both ways.
-type testLB struct {
-	addr string
-	lis  net.Listener
-	// mu guards backends and conns.
-	mu       sync.Mutex
-	backends []string
-	conns    map[net.Conn]struct{}
-	closed   bool
-	wg       sync.WaitGroup
-}
-
-func newTestLB(t testing.TB, backends ...string) *testLB {
+// newTestLB starts a load balancer in front of backends, closed when the
+// test ends.
+func newTestLB(t testing.TB, backends ...string) *balancer.Balancer {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	lb, err := balancer.New(backends...)
 	require.NoError(t, err)
-	lb := &testLB{addr: lis.Addr().String(), lis: lis, backends: backends, conns: map[net.Conn]struct{}{}}
-	lb.wg.Go(lb.accept)
-	t.Cleanup(lb.close)
+	t.Cleanup(func() { _ = lb.Close() }) // the error is the listener's
 	return lb
-}
-
-func (lb *testLB) setBackends(backends ...string) {
-	lb.mu.Lock()
-	defer lb.mu.Unlock()
-	lb.backends = backends
-}
-
-func (lb *testLB) accept() {
-	for {
-		c, err := lb.lis.Accept()
-		if err != nil {
-			return
-		}
-		lb.mu.Lock()
-		if lb.closed || len(lb.backends) == 0 {
-			lb.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		backend := lb.backends[rand.IntN(len(lb.backends))]
-		lb.conns[c] = struct{}{}
-		lb.mu.Unlock()
-		lb.wg.Go(func() { lb.pipe(c, backend) })
-	}
-}
-
-func (lb *testLB) pipe(c net.Conn, backend string) {
-	defer lb.forget(c)
-	b, err := net.DialTimeout("tcp", backend, waitFor)
-	if err != nil {
-		return
-	}
-	if !lb.track(b) {
-		return
-	}
-	defer lb.forget(b)
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(b, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, b); done <- struct{}{} }()
-	<-done
-	_ = c.Close()
-	_ = b.Close()
-	<-done
-}
-
-func (lb *testLB) track(c net.Conn) bool {
-	lb.mu.Lock()
-	defer lb.mu.Unlock()
-	if lb.closed {
-		_ = c.Close()
-		return false
-	}
-	lb.conns[c] = struct{}{}
-	return true
-}
-
-func (lb *testLB) forget(c net.Conn) {
-	_ = c.Close()
-	lb.mu.Lock()
-	defer lb.mu.Unlock()
-	delete(lb.conns, c)
-}
-
-func (lb *testLB) close() {
-	_ = lb.lis.Close()
-	lb.mu.Lock()
-	lb.closed = true
-	for c := range lb.conns {
-		_ = c.Close()
-	}
-	lb.mu.Unlock()
-	lb.wg.Wait()
 }
 
 // testTarget is an endpoint for tunnels. It hands accepted connections to

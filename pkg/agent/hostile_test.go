@@ -37,7 +37,7 @@ func TestLyingDNSCountCappedByServerCountMax(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, res.Count, servers, "the lie did not reach the counter: %+v", res)
 
-	cfg := testConfig(tt, lb.addr)
+	cfg := testConfig(tt, lb.Addr())
 	cfg.TargetPolicy = TargetCounted
 	cfg.Counter, cfg.CountChanged = counter, counter
 	cfg.ServerCountMax = max
@@ -65,7 +65,7 @@ func TestFlappingDNSNeverExceedsServerCountMax(t *testing.T) {
 	liar.Flap(srvName, counts, addrs...)
 	counter := cachedDNSCounter(t, liar.Addr(), waitFor)
 
-	cfg := testConfig(tt, lb.addr)
+	cfg := testConfig(tt, lb.Addr())
 	cfg.TargetPolicy = TargetCounted
 	cfg.Counter, cfg.CountChanged = counter, counter
 	cfg.ServerCountMax = max

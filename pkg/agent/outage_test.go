@@ -67,13 +67,13 @@ func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
 	right := newTestServer(t, trusted, adversary.ServerConfig{ID: "right", Count: "1"})
 	lb := newTestLB(t, wrong.Addr())
 
-	a, logs := runLogged(t, testConfig(trusted, lb.addr))
+	a, logs := runLogged(t, testConfig(trusted, lb.Addr()))
 	a.waitSyncRounds(t, 10)
 	out := logs.String()
 	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), out)
 	assert.Contains(t, out, "certificate signed by unknown authority")
 
-	lb.setBackends(right.Addr())
+	lb.SetBackends(right.Addr())
 	require.Eventually(t, a.Ready, waitFor, tick)
 	require.Eventually(t, func() bool {
 		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
@@ -91,7 +91,7 @@ func TestOneBadServerBehindBalancerLoggedOnce(t *testing.T) {
 	bad := newTestServer(t, other, adversary.ServerConfig{ID: "bad", Count: "2"})
 	lb := newTestLB(t, good.Addr(), bad.Addr())
 
-	a, logs := runLogged(t, testConfig(trusted, lb.addr))
+	a, logs := runLogged(t, testConfig(trusted, lb.Addr()))
 	require.Eventually(t, a.Ready, waitFor, tick)
 	// Enough rounds for both kinds of dial, many times over.
 	require.Eventually(t, func() bool {

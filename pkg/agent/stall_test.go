@@ -111,13 +111,13 @@ func TestServerDrainMakesTheAgentSeekAnother(t *testing.T) {
 	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
 	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "1"})
 	lb := newTestLB(t, s1.Addr())
-	cfg := testConfig(tt, lb.addr)
+	cfg := testConfig(tt, lb.Addr())
 	cfg.SyncInterval, cfg.SyncIntervalCap = time.Hour, time.Hour // only the DRAIN may wake it
 	a := startAgent(t, cfg)
 	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
 	ss := s1.NextStream(t)
 
-	lb.setBackends(s2.Addr()) // s1 has stopped listening
+	lb.SetBackends(s2.Addr()) // s1 has stopped listening
 	ss.Send(t, wire.Drain())
 	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick, "no second server after the first one's DRAIN")
 	assert.False(t, ss.Ended(), "the draining server's stream was closed")

@@ -149,7 +149,7 @@ func TestRejectedAgentIDIsLoggedCapped(t *testing.T) {
 	auth, err := server.NewTokenFileAuthenticator(path)
 	require.NoError(t, err)
 	e := startEnv(t, server.Config{Authenticator: auth})
-	log := logs.capture(t)
+	log := logs.Capture(t)
 
 	marker := "huge-agent-" + strconv.Itoa(int(time.Now().UnixNano())) // this test's lines only
 	agentID := marker + strings.Repeat("x", 48<<10)
@@ -276,7 +276,7 @@ func TestTLSRefusedByPeerIsLoggedAsSuch(t *testing.T) {
 	served := make(chan struct{})
 	go func() { defer close(served); _ = gs.Serve(lis) }()
 	t.Cleanup(func() { gs.Stop(); <-served })
-	log := logs.capture(t)
+	log := logs.Capture(t)
 
 	// The client trusts another CA: it refuses the server's certificate.
 	c, err := net.DialTimeout("tcp", lis.Addr().String(), waitFor)

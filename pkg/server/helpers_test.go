@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -19,75 +18,22 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/textlogger"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/logtest"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// logs receives klog's output for the whole test binary: klog.SetLogger
-// may only be called before anything logs, so tests capture logs through
-// it instead of swapping klog's logger.
-var logs = &logTee{out: os.Stderr, captures: map[*syncBuffer]struct{}{}}
+// logs receives klog's output for the whole test binary; tests capture
+// it with logs.Capture.
+var logs = logtest.KlogTee(os.Stderr)
 
 func TestMain(m *testing.M) {
-	klog.SetLogger(textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(logs))))
 	goleak.VerifyTestMain(m)
-}
-
-// logTee writes to out and to every capture buffer.
-type logTee struct {
-	out io.Writer
-
-	mu       sync.Mutex // guards captures
-	captures map[*syncBuffer]struct{}
-}
-
-func (l *logTee) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	for b := range l.captures {
-		_, _ = b.Write(p) // a bytes.Buffer write does not fail
-	}
-	l.mu.Unlock()
-	return l.out.Write(p)
-}
-
-// capture returns a buffer that receives klog's output until the test
-// ends.
-func (l *logTee) capture(t testing.TB) *syncBuffer {
-	b := &syncBuffer{}
-	l.mu.Lock()
-	l.captures[b] = struct{}{}
-	l.mu.Unlock()
-	t.Cleanup(func() {
-		l.mu.Lock()
-		delete(l.captures, b)
-		l.mu.Unlock()
-	})
-	return b
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // waitFor bounds every wait in these tests.

@@ -25,7 +25,7 @@ func TestStalledAgentStreamIsEnded(t *testing.T) {
 	t.Parallel()
 	const stall = 300 * time.Millisecond
 	reg := prometheus.NewPedanticRegistry()
-	log := logs.capture(t)
+	log := logs.Capture(t)
 	e := startEnv(t, server.Config{Registerer: reg, StreamStallTimeout: stall})
 	stalled := gaugeOf(reg, "servercount_server_streams_ended_total", map[string]string{"reason": "stalled"})
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-agent/app"
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
 )
 
@@ -54,7 +55,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer taken.Close()
-	health := proctest.FreePorts(t, 1)[0]
+	health := nettest.FreePorts(t, 1)[0]
 
 	a, err := app.New(testOptions(t, health, taken.Addr().(*net.TCPAddr).Port), prometheus.NewRegistry())
 	require.Error(t, err)
@@ -67,7 +68,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 // Run serves on what New opened and stops when its context ends, also
 // while it drains; Close then leaves nothing.
 func TestRunServesThenReleasesEverything(t *testing.T) {
-	ports := proctest.FreePorts(t, 2)
+	ports := nettest.FreePorts(t, 2)
 	a, err := app.New(testOptions(t, ports[0], ports[1]), prometheus.NewRegistry())
 	require.NoError(t, err)
 

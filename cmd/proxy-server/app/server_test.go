@@ -15,6 +15,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-server/app"
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
 )
 
@@ -54,7 +55,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer taken.Close()
-	free := proctest.FreePorts(t, 3)
+	free := nettest.FreePorts(t, 3)
 	o := testOptions(t, append(free, taken.Addr().(*net.TCPAddr).Port))
 
 	s, err := app.New(o, prometheus.NewRegistry())
@@ -68,7 +69,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 // Run serves on what New opened, stops when its context ends, and Close
 // then leaves nothing.
 func TestRunServesThenReleasesEverything(t *testing.T) {
-	ports := proctest.FreePorts(t, 4)
+	ports := nettest.FreePorts(t, 4)
 	o := testOptions(t, ports)
 	o.GracefulShutdownTimeout = 0
 	s, err := app.New(o, prometheus.NewRegistry())

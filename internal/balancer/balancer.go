@@ -1,21 +1,29 @@
-// Package proxytest runs proxy-servers, proxy-agents, load balancers and
-// HTTP targets in-process over loopback sockets, for integration tests,
-// benchmarks and the demo.
-package proxytest
+// Package balancer is a TCP load balancer on loopback for tests,
+// benchmarks and the demo: it stands where a Kubernetes Service or a cloud
+// load balancer stands in front of proxy-servers.
+//
+// It imports nothing of this module, so that any package's in-package
+// tests can use it, those of pkg/agent included, which internal/proxytest
+// (it imports pkg/agent) cannot serve.
+package balancer
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
 )
 
-// LoadBalancer is a TCP load balancer on 127.0.0.1 that sends each new
-// connection to a random backend, as a Kubernetes Service or a cloud load
-// balancer in front of proxy-servers does.
-type LoadBalancer struct {
+// Balancer sends each new connection to a random backend and relays bytes
+// both ways until either side ends.
+type Balancer struct {
 	l net.Listener
+	// ctx is cancelled by Close, to abort the dials of relays in progress.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu       sync.Mutex // guards the fields below
 	backends []string
@@ -25,44 +33,51 @@ type LoadBalancer struct {
 	wg sync.WaitGroup // every goroutine the balancer started
 }
 
-// NewLoadBalancer listens on a random loopback port.
-func NewLoadBalancer(backends ...string) (*LoadBalancer, error) {
+// New listens on a random port of 127.0.0.1 and balances over backends
+// (host:port addresses). With none, it accepts connections and closes them
+// at once, as a Service without endpoints does.
+func New(backends ...string) (*Balancer, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("balancer: listen: %w", err)
 	}
-	lb := &LoadBalancer{l: l, backends: backends, conns: map[net.Conn]struct{}{}}
-	lb.wg.Add(1)
-	go lb.serve()
+	ctx, cancel := context.WithCancel(context.Background())
+	lb := &Balancer{
+		l: l, ctx: ctx, cancel: cancel,
+		backends: append([]string(nil), backends...),
+		conns:    map[net.Conn]struct{}{},
+	}
+	lb.wg.Go(lb.serve)
 	return lb, nil
 }
 
-// Addr is the balancer's address.
-func (lb *LoadBalancer) Addr() string { return lb.l.Addr().String() }
+// Addr is the balancer's host:port.
+func (lb *Balancer) Addr() string { return lb.l.Addr().String() }
 
 // SetBackends replaces the backends; open connections stay where they are.
-func (lb *LoadBalancer) SetBackends(backends ...string) {
+func (lb *Balancer) SetBackends(backends ...string) {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	lb.backends = append([]string(nil), backends...)
 }
 
-// Close stops accepting, cuts every relayed connection and waits for the
-// relays to end.
-func (lb *LoadBalancer) Close() error {
+// Close stops accepting, cuts every relayed connection, aborts the dials
+// in progress and waits for every relay to end. The error is the
+// listener's.
+func (lb *Balancer) Close() error {
 	err := lb.l.Close()
+	lb.cancel()
 	lb.mu.Lock()
 	lb.closed = true
 	for c := range lb.conns {
-		c.Close()
+		_ = c.Close()
 	}
 	lb.mu.Unlock()
 	lb.wg.Wait()
 	return err
 }
 
-func (lb *LoadBalancer) serve() {
-	defer lb.wg.Done()
+func (lb *Balancer) serve() {
 	for {
 		c, err := lb.l.Accept()
 		if err != nil {
@@ -77,18 +92,17 @@ func (lb *LoadBalancer) serve() {
 			backend = lb.backends[rand.IntN(n)]
 		}
 		lb.mu.Unlock()
-		lb.wg.Add(1)
-		go lb.relay(c, backend)
+		lb.wg.Go(func() { lb.relay(c, backend) })
 	}
 }
 
-func (lb *LoadBalancer) relay(c net.Conn, backend string) {
-	defer lb.wg.Done()
+func (lb *Balancer) relay(c net.Conn, backend string) {
 	defer c.Close()
 	if backend == "" {
 		return
 	}
-	b, err := net.Dial("tcp", backend)
+	var d net.Dialer
+	b, err := d.DialContext(lb.ctx, "tcp", backend)
 	if err != nil {
 		return
 	}
@@ -113,12 +127,14 @@ func (lb *LoadBalancer) relay(c net.Conn, backend string) {
 	go pipe(b, c)
 	go pipe(c, b)
 	<-done
-	c.Close()
-	b.Close()
+	_ = c.Close()
+	_ = b.Close()
 	<-done
 }
 
-func (lb *LoadBalancer) track(cs ...net.Conn) bool {
+// track records the connections of a relay for Close to cut, and reports
+// false if the balancer is already closed.
+func (lb *Balancer) track(cs ...net.Conn) bool {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	if lb.closed {
@@ -130,7 +146,7 @@ func (lb *LoadBalancer) track(cs ...net.Conn) bool {
 	return true
 }
 
-func (lb *LoadBalancer) untrack(cs ...net.Conn) {
+func (lb *Balancer) untrack(cs ...net.Conn) {
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	for _, c := range cs {

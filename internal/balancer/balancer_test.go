@@ -1,0 +1,106 @@
+package balancer_test
+
+import (
+	"io"
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/servercount/servercount/internal/balancer"
+	"github.com/servercount/servercount/internal/nettest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// echo runs a server that writes back its name and then what it reads,
+// and returns its address.
+func echo(t *testing.T, name string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = c.Write([]byte(name))
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { _ = l.Close(); <-done })
+	return l.Addr().String()
+}
+
+// greeting dials the balancer and returns the backend's name.
+func greeting(t *testing.T, lb *balancer.Balancer) (net.Conn, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", lb.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	b := make([]byte, 1)
+	_, err = io.ReadFull(c, b)
+	require.NoError(t, err)
+	return c, string(b)
+}
+
+func TestBalancerRelaysToTheBackendsOfTheMoment(t *testing.T) {
+	a, b := echo(t, "a"), echo(t, "b")
+	lb, err := balancer.New(a)
+	require.NoError(t, err)
+	defer lb.Close()
+
+	first, name := greeting(t, lb)
+	assert.Equal(t, "a", name)
+	lb.SetBackends(b)
+	_, name = greeting(t, lb)
+	assert.Equal(t, "b", name)
+
+	// The connection made before SetBackends still reaches a.
+	_, err = first.Write([]byte("ping"))
+	require.NoError(t, err)
+	got := make([]byte, 4)
+	_, err = io.ReadFull(first, got)
+	require.NoError(t, err)
+	assert.Equal(t, "ping", string(got))
+}
+
+func TestBalancerWithoutBackendsClosesConnections(t *testing.T) {
+	lb, err := balancer.New()
+	require.NoError(t, err)
+	defer lb.Close()
+	c, err := net.Dial("tcp", lb.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF)
+}
+
+// Close cuts relayed connections and aborts a dial to a backend that never
+// answers, instead of waiting for it.
+func TestBalancerCloseCutsEverything(t *testing.T) {
+	lb, err := balancer.New(echo(t, "a"))
+	require.NoError(t, err)
+	relayed, _ := greeting(t, lb)
+
+	lb.SetBackends(nettest.Blackhole(t))
+	hanging, err := net.Dial("tcp", lb.Addr())
+	require.NoError(t, err)
+	defer hanging.Close()
+
+	require.NoError(t, lb.Close())
+	_, err = relayed.Read(make([]byte, 1))
+	assert.Error(t, err)
+	_, err = hanging.Read(make([]byte, 1))
+	assert.Error(t, err)
+}
