@@ -61,6 +61,17 @@ func (lb *Balancer) SetBackends(backends ...string) {
 	lb.backends = append([]string(nil), backends...)
 }
 
+// Cut cuts every relayed connection and goes on accepting new ones, as a
+// load balancer that restarts or fails over does: the clients must
+// connect again.
+func (lb *Balancer) Cut() {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	for c := range lb.conns {
+		_ = c.Close()
+	}
+}
+
 // Close stops accepting, cuts every relayed connection, aborts the dials
 // in progress and waits for every relay to end. The error is the
 // listener's.

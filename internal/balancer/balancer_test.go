@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -103,4 +104,20 @@ func TestBalancerCloseCutsEverything(t *testing.T) {
 	assert.Error(t, err)
 	_, err = hanging.Read(make([]byte, 1))
 	assert.Error(t, err)
+}
+
+// Cut ends the relayed connections and keeps accepting: clients connect
+// again through the same address.
+func TestBalancerCutKeepsAccepting(t *testing.T) {
+	lb, err := balancer.New(echo(t, "a"))
+	require.NoError(t, err)
+	defer lb.Close()
+	relayed, _ := greeting(t, lb)
+
+	lb.Cut()
+	_ = relayed.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = relayed.Read(make([]byte, 1))
+	assert.Error(t, err, "the relayed connection survived the cut")
+	_, name := greeting(t, lb)
+	assert.Equal(t, "a", name)
 }

@@ -3,11 +3,13 @@ package churn
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 )
@@ -16,11 +18,26 @@ import (
 // frontend on a Unix socket, as kube-apiserver's HTTPConnect egress over
 // UDS: a new connection per tunnel, CONNECT, and a 200.
 func ConnectOverUnix(socket string) Dialer {
-	return func(ctx context.Context, addr string) (net.Conn, error) {
+	return connectVia(socket, func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", socket)
+		return d.DialContext(ctx, "unix", socket)
+	})
+}
+
+// ConnectOverTLS is ConnectOverUnix to a frontend port over TCP with
+// cfg's (mutual) TLS, as kube-apiserver's HTTPConnect egress over TCP.
+func ConnectOverTLS(server string, cfg *tls.Config) Dialer {
+	return connectVia(server, func(ctx context.Context) (net.Conn, error) {
+		d := tls.Dialer{Config: cfg}
+		return d.DialContext(ctx, "tcp", server)
+	})
+}
+
+func connectVia(server string, dial func(context.Context) (net.Conn, error)) Dialer {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := dial(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("connect to the proxy-server's socket %s: %w", socket, err)
+			return nil, fmt.Errorf("connect to the proxy-server's frontend %s: %w", server, err)
 		}
 		// Until the 200, ctx bounds the handshake; after, the connection
 		// lives as long as ctx, as Dialer asks.
@@ -59,15 +76,25 @@ func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // and single-use tunnel per dial, made with the konnectivity-client
 // library, that ends when ctx does.
 func GRPCOverUnix(socket string) Dialer {
+	return grpcVia(socket,
+		grpc.WithContextDialer(func(ctx context.Context, socket string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// GRPCOverTLS is GRPCOverUnix to a frontend port over TCP with cfg's
+// (mutual) TLS.
+func GRPCOverTLS(server string, cfg *tls.Config) Dialer {
+	return grpcVia(server, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+}
+
+func grpcVia(server string, opts ...grpc.DialOption) Dialer {
 	return func(ctx context.Context, addr string) (net.Conn, error) {
-		tunnel, err := konnectivity.CreateSingleUseGrpcTunnelWithContext(ctx, ctx, socket,
-			grpc.WithContextDialer(func(ctx context.Context, socket string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", socket)
-			}),
-			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		tunnel, err := konnectivity.CreateSingleUseGrpcTunnelWithContext(ctx, ctx, server, opts...)
 		if err != nil {
-			return nil, fmt.Errorf("create a gRPC tunnel over %s: %w", socket, err)
+			return nil, fmt.Errorf("create a gRPC tunnel to %s: %w", server, err)
 		}
 		conn, err := tunnel.DialContext(ctx, "tcp", addr)
 		if err != nil {
