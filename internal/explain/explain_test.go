@@ -10,12 +10,17 @@ import (
 	"testing"
 	"time"
 
+	mdns "github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/explain"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proxytest"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -106,4 +111,72 @@ func TestUnreadable(t *testing.T) {
 			assert.Contains(t, err.Error(), want, url)
 		}
 	}
+}
+
+// dnsAgent is a real agent core counting servers through DNS as the
+// binaries build it (internal/dnscount, its metrics on the agent's
+// registry), with one real proxy-server, and its metrics served over
+// HTTP. holdDown is the agent's.
+func dnsAgent(t *testing.T, dnsAddr string, holdDown time.Duration) string {
+	env := proxytest.NewEnv(t, "explain")
+	srv := proxytest.StartServer(t, env, proxytest.ServerOptions{ID: "s1"})
+	reg := prometheus.NewRegistry()
+	o := dnscount.NewOptions()
+	o.Name, o.Servers = "proxy-server.example.", []string{dnsAddr}
+	o.CacheTTL, o.CacheTTLMin = 50*time.Millisecond, 10*time.Millisecond
+	cache, err := o.Build(reg, "agent", 1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cache.Close() })
+	cfg := proxytest.FastAgentConfig("a1", srv.AgentAddr())
+	cfg.Counter, cfg.CountChanged, cfg.TargetPolicy = cache, cache, agent.TargetCounted
+	cfg.Registerer, cfg.HoldDown = reg, holdDown
+	proxytest.StartAgent(t, env, cfg)
+	hs := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+// explainEventually reads url until the report has want among its facts
+// or problems.
+func explainEventually(t *testing.T, url, want string) *explain.Report {
+	t.Helper()
+	var r *explain.Report
+	require.Eventually(t, func() bool {
+		var err error
+		r, err = read(t, url)
+		return err == nil && strings.Contains(strings.Join(append(append([]string{}, r.Facts...), r.Problems...), "\n"), want)
+	}, 20*time.Second, 20*time.Millisecond, "no %q in the report: %+v", want, r)
+	return r
+}
+
+// An agent whose nameserver refuses every query: DNS is failing, and the
+// agent has never learnt a count, so it uses the fallback.
+func TestAgentWithFailingDNSOnTheFallback(t *testing.T) {
+	url := dnsAgent(t, nettest.Refused(t, "127.0.0.1"), time.Second)
+	r := explainEventually(t, url, "Every DNS lookup has failed since start")
+	assert.Contains(t, strings.Join(r.Facts, "\n"), "the target comes from --fallback-server-count")
+	assert.Contains(t, strings.Join(r.Problems, "\n"), "No server count has been learnt since the agent started")
+	assert.Contains(t, strings.Join(r.Facts, "\n"), "network")
+}
+
+// DNS said 3, then 2: the agent keeps aiming for 3 during its hold-down,
+// and the report says why it does not aim lower yet.
+func TestAgentWithTheHoldDownPending(t *testing.T) {
+	dns := dnstest.NewServer(t)
+	records := func(ips ...string) {
+		var rrs []mdns.RR
+		for _, ip := range ips {
+			rr, err := mdns.NewRR("proxy-server.example. 1 IN A " + ip)
+			require.NoError(t, err)
+			rrs = append(rrs, rr)
+		}
+		dns.SetRecords(rrs...)
+	}
+	records("10.0.0.1", "10.0.0.2", "10.0.0.3")
+	url := dnsAgent(t, dns.Addr(), time.Hour)
+	explainEventually(t, url, "Holds 1 of the 3 proxy-servers it aims for; the target comes from the DNS count")
+	records("10.0.0.1", "10.0.0.2")
+	r := explainEventually(t, url, "DNS now says 2, fewer than the target")
+	assert.Contains(t, strings.Join(r.Facts, "\n"), "Holds 1 of the 3")
+	assert.Contains(t, strings.Join(r.Problems, "\n"), "2 proxy-server(s) missing")
 }
