@@ -47,6 +47,7 @@ func TestLeaseCounterAndPublisher(t *testing.T) {
 		}, within, 10*time.Millisecond, "%s: count %d", what, want)
 		return time.Since(start)
 	}
+	require.NoError(t, counter.WaitSynced(ctx), "the first list ends")
 	res, err := counter.Count(ctx)
 	require.NoError(t, err, "the first list ends")
 	assert.Zero(t, res.Count, "no lease yet")

@@ -215,20 +215,65 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 	c.cancel = cancel
 	go func() {
 		defer close(c.done)
+		var wg sync.WaitGroup
+		wg.Go(func() { c.signalFirstSync(ctx) })
 		c.informer.RunWithContext(ctx)
+		wg.Wait()
 	}()
 	return c, nil
 }
 
+// WaitSynced waits until the first list has been counted, for a caller
+// that has no other source to use meanwhile (a one-off count), or until
+// ctx ends.
+func (c *Counter) WaitSynced(ctx context.Context) error {
+	for {
+		changed := c.Changed() // before the check: a sync after it signals
+		if c.synced() {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			c.mu.Lock()
+			err := c.apiErr
+			c.mu.Unlock()
+			return errors.Join(errNotSynced, err, ctx.Err())
+		}
+	}
+}
+
+// signalFirstSync signals Changed once the first list has been counted,
+// whatever the count, so that a caller whose Count answered "not synced"
+// reads again then rather than at its next poll. It looks every 10 ms
+// (cache.WaitForCacheSync looks every 100 ms).
+func (c *Counter) signalFirstSync(ctx context.Context) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for !c.synced() {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.signal()
+}
+
 // Count returns the number of valid leases, with Source
-// servercounter.SourceLeases. Before the first list has ended it waits for
-// it, up to ctx.
-func (c *Counter) Count(ctx context.Context) (servercounter.Result, error) {
-	if !c.synced() && !c.waitSynced(ctx) {
+// servercounter.SourceLeases. Before the first list has ended it answers
+// an error at once, and Changed signals when that list has been counted.
+func (c *Counter) Count(context.Context) (servercounter.Result, error) {
+	if !c.synced() {
+		// No wait for the first list: a caller with another source (DNS,
+		// the servers' counts) must not be held up by a silent API
+		// server. Changed signals once the list has been counted.
 		c.mu.Lock()
 		err := c.apiErr
 		c.mu.Unlock()
-		return servercounter.Result{}, errors.Join(errNotSynced, err, ctx.Err())
+		return servercounter.Result{}, errors.Join(errNotSynced, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -236,22 +281,6 @@ func (c *Counter) Count(ctx context.Context) (servercounter.Result, error) {
 		return servercounter.Result{}, fmt.Errorf("lease: count unknown while the API server cannot be watched: %w", c.apiErr)
 	}
 	return servercounter.Result{Count: c.count, Found: c.count, Source: servercounter.SourceLeases, At: c.cfg.Clock.Now()}, nil
-}
-
-// waitSynced waits for the first list to be counted, up to ctx, and
-// reports whether it was. It looks every 10 ms (cache.WaitForCacheSync
-// looks every 100 ms, a tenth of a second on every start).
-func (c *Counter) waitSynced(ctx context.Context) bool {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for !c.synced() {
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return false
-		}
-	}
-	return true
 }
 
 // Changed returns a channel that is closed when the count changes, or when

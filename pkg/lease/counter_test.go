@@ -79,6 +79,7 @@ func TestCountUnknownFromAWatchErrorUntilTheNextList(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 
+	require.NoError(t, c.WaitSynced(t.Context()), "the first list")
 	res, err := c.Count(t.Context())
 	require.NoError(t, err, "the first list")
 	assert.Equal(t, 1, res.Count)

@@ -82,6 +82,7 @@ func TestFirstListWorkIsNotQuadratic(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 
+	require.NoError(t, c.WaitSynced(t.Context()))
 	res, err := c.Count(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, n, res.Count)
@@ -107,6 +108,7 @@ func BenchmarkFirstList(b *testing.B) {
 			for b.Loop() {
 				c, err := lease.NewCounter(lease.CounterConfig{Client: client})
 				require.NoError(b, err)
+				require.NoError(b, c.WaitSynced(b.Context()))
 				res, err := c.Count(b.Context())
 				require.NoError(b, err)
 				require.Equal(b, n, res.Count)
