@@ -1,7 +1,4 @@
-// Package dnscount is the --server-count-dns feature that both proxy
-// binaries share: its flags, the cached DNS counter they build from them,
-// and the counter's metrics.
-package dnscount
+package counting
 
 import (
 	"errors"
@@ -23,8 +20,8 @@ import (
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
-// Options are the --server-count-dns flags.
-type Options struct {
+// DNSOptions are the --server-count-dns flags, which both binaries have.
+type DNSOptions struct {
 	Name        string
 	Type        servercounter.RecordType
 	Servers     []string
@@ -38,9 +35,9 @@ type Options struct {
 	Logger klog.Logger
 }
 
-// NewOptions returns the defaults.
-func NewOptions() *Options {
-	return &Options{
+// NewDNSOptions returns the defaults.
+func NewDNSOptions() *DNSOptions {
+	return &DNSOptions{
 		Type:        servercounter.TypeAuto,
 		CacheTTLMin: servercounter.DefaultMinExpiry,
 		CacheTTLMax: servercounter.DefaultMaxExpiry,
@@ -52,7 +49,7 @@ func NewOptions() *Options {
 
 // AddFlags adds the flags to fs. withFallback adds --fallback-server-count;
 // the proxy-server uses its --server-count as the fallback instead.
-func (o *Options) AddFlags(fs *pflag.FlagSet, withFallback bool) {
+func (o *DNSOptions) AddFlags(fs *pflag.FlagSet, withFallback bool) {
 	fs.StringVar(&o.Name, "server-count-dns", o.Name, "count proxy-servers from this DNS name: their headless Service, e.g. proxy-server.kube-system.svc.cluster.local, or _agent._tcp.proxy-server.kube-system.svc.cluster.local for SRV")
 	serve.ParsedVar(fs, &o.Type, "server-count-dns-type", o.Type.String(), parseRecordType, "records to count: auto (srv for names starting with _, else ip), srv, a, aaaa, ip (A and AAAA, the larger family)")
 	fs.StringSliceVar(&o.Servers, "server-count-dns-server", o.Servers, "nameservers as host:port (default: those of /etc/resolv.conf)")
@@ -75,11 +72,11 @@ func parseRecordType(s string) (servercounter.RecordType, error) {
 }
 
 // Enabled reports whether --server-count-dns was given.
-func (o *Options) Enabled() bool { return o.Name != "" }
+func (o *DNSOptions) Enabled() bool { return o.Name != "" }
 
 // Validate returns every problem with the flags, each naming its flag. The
 // name and nameservers are checked by Build, which knows resolv.conf.
-func (o *Options) Validate() []error {
+func (o *DNSOptions) Validate() []error {
 	var errs []error
 	if o.CacheTTL < 0 || o.CacheTTLMin <= 0 || o.CacheTTLMax < o.CacheTTLMin {
 		errs = append(errs, fmt.Errorf("invalid cache TTLs (--server-count-cache-ttl %v, -min %v, -max %v): want 0 < min <= max and a TTL of 0 or more", o.CacheTTL, o.CacheTTLMin, o.CacheTTLMax))
@@ -124,7 +121,7 @@ func validNameserver(s string) bool {
 // background, answering fallback until DNS has answered, with its metrics
 // registered on reg under servercount_<subsystem>_. Close the cache when
 // done.
-func (o *Options) Build(reg prometheus.Registerer, subsystem string, fallback int) (*servercounter.CachedServerCounter, error) {
+func (o *DNSOptions) Build(reg prometheus.Registerer, subsystem string, fallback int) (*servercounter.CachedServerCounter, error) {
 	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: o.Name, Type: o.Type, Servers: o.Servers, Max: o.Max})
 	if err != nil {
 		return nil, fmt.Errorf("--server-count-dns: %w", err)

@@ -1,4 +1,4 @@
-package dnscount_test
+package counting_test
 
 import (
 	"net"
@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/logtest"
 	"github.com/servercount/servercount/internal/metricstest"
@@ -24,9 +24,9 @@ func TestMain(m *testing.M) {
 
 const svc = "proxy.kube-system.svc.cluster.local."
 
-func parse(t *testing.T, args ...string) *dnscount.Options {
+func parseDNS(t *testing.T, args ...string) *counting.DNSOptions {
 	t.Helper()
-	o := dnscount.NewOptions()
+	o := counting.NewDNSOptions()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	o.AddFlags(fs, true)
 	require.NoError(t, fs.Parse(args))
@@ -36,7 +36,7 @@ func parse(t *testing.T, args ...string) *dnscount.Options {
 func TestBuildCountsAndExportsMetrics(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
-	o := parse(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-max=1")
+	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-max=1")
 	require.Empty(t, o.Validate())
 	reg := prometheus.NewRegistry()
 	c, err := o.Build(reg, "agent", 1)
@@ -51,7 +51,7 @@ func TestBuildCountsAndExportsMetrics(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	errs := parse(t, "--server-count-cache-ttl-min=0s", "--fallback-server-count=0", "--server-count-max=0", "--server-count-dns-server=1.2.3.4").Validate()
+	errs := parseDNS(t, "--server-count-cache-ttl-min=0s", "--fallback-server-count=0", "--server-count-max=0", "--server-count-dns-server=1.2.3.4").Validate()
 	var all []string
 	for _, e := range errs {
 		all = append(all, e.Error())
@@ -60,15 +60,15 @@ func TestValidate(t *testing.T) {
 	for _, w := range []string{"cache TTLs", "--fallback-server-count 0", "--server-count-max 0", "need --server-count-dns"} {
 		assert.Contains(t, joined, w)
 	}
-	assert.Empty(t, parse(t, "--server-count-dns=x.example").Validate())
-	assert.Empty(t, parse(t, "--server-count-dns=x.example", "--server-count-dns-server=10.0.0.10,[::1]:53,localhost:5353,::1").Validate())
+	assert.Empty(t, parseDNS(t, "--server-count-dns=x.example").Validate())
+	assert.Empty(t, parseDNS(t, "--server-count-dns=x.example", "--server-count-dns-server=10.0.0.10,[::1]:53,localhost:5353,::1").Validate())
 }
 
 // A bad nameserver or name is refused by Validate, naming its own flag,
 // without the library's prefix (issue 10, item 13).
 func TestValidateNamesTheDNSFlag(t *testing.T) {
 	t.Parallel()
-	errs := parse(t, "--server-count-dns=a..b", "--server-count-dns-server=bad host,10.0.0.1:99999").Validate()
+	errs := parseDNS(t, "--server-count-dns=a..b", "--server-count-dns-server=bad host,10.0.0.1:99999").Validate()
 	require.Len(t, errs, 3)
 	assert.EqualError(t, errs[0], `invalid --server-count-dns "a..b": not a DNS name; use one like proxy-server.kube-system.svc.cluster.local`)
 	assert.EqualError(t, errs[1], `invalid --server-count-dns-server "bad host": want host:port or host, e.g. 10.96.0.10:53`)
@@ -77,7 +77,7 @@ func TestValidateNamesTheDNSFlag(t *testing.T) {
 
 func TestParseRejectsBadType(t *testing.T) {
 	t.Parallel()
-	o := dnscount.NewOptions()
+	o := counting.NewDNSOptions()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	o.AddFlags(fs, true)
 	err := fs.Parse([]string{"--server-count-dns-type=mx"})
@@ -86,7 +86,7 @@ func TestParseRejectsBadType(t *testing.T) {
 
 func TestBuildRejectsBadName(t *testing.T) {
 	t.Parallel()
-	_, err := parse(t, "--server-count-dns=a..b", "--server-count-dns-server=127.0.0.1:53").Build(nil, "agent", 1)
+	_, err := parseDNS(t, "--server-count-dns=a..b", "--server-count-dns-server=127.0.0.1:53").Build(nil, "agent", 1)
 	assert.ErrorContains(t, err, `--server-count-dns: servercounter: invalid name "a..b"`)
 }
 
@@ -116,7 +116,7 @@ func TestUnreachableDNSLoggedOnceAtLevelZero(t *testing.T) {
 	refused := l.LocalAddr().String()
 	require.NoError(t, l.Close()) // queries to it are refused from here on
 
-	o := parse(t, "--server-count-dns="+svc, "--server-count-dns-server="+refused, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
+	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+refused, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
 	require.Empty(t, o.Validate())
 	var logs *logtest.Buffer
 	o.Logger, logs = logtest.NewLogger(0)
@@ -135,7 +135,7 @@ func TestDNSRecoveryLoggedAtLevelZero(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
-	o := parse(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
+	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
 	var logs *logtest.Buffer
 	o.Logger, logs = logtest.NewLogger(0)
 	reg := prometheus.NewRegistry()

@@ -1,8 +1,4 @@
-// Package leaseopts turns the binaries' lease flags, with upstream's names
-// and defaults, into pkg/lease's counter (the agent's --count-server-leases)
-// and publisher (the server's --enable-lease-controller), each with
-// upstream's lease metrics.
-package leaseopts
+package counting
 
 import (
 	"errors"
@@ -19,8 +15,8 @@ import (
 	"github.com/servercount/servercount/pkg/lease"
 )
 
-// CountOptions are the agent's lease flags.
-type CountOptions struct {
+// LeaseOptions are the agent's lease flags.
+type LeaseOptions struct {
 	// Enabled counts servers by their leases (--count-server-leases).
 	Enabled bool
 	// Namespace holds the leases (--lease-namespace).
@@ -30,13 +26,13 @@ type CountOptions struct {
 	LabelSelector string
 }
 
-// NewCountOptions returns upstream's defaults.
-func NewCountOptions() *CountOptions {
-	return &CountOptions{Namespace: lease.DefaultNamespace, LabelSelector: lease.DefaultLabelSelector}
+// NewLeaseOptions returns upstream's defaults.
+func NewLeaseOptions() *LeaseOptions {
+	return &LeaseOptions{Namespace: lease.DefaultNamespace, LabelSelector: lease.DefaultLabelSelector}
 }
 
 // AddFlags adds the lease flags to fs.
-func (o *CountOptions) AddFlags(fs *pflag.FlagSet) {
+func (o *LeaseOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Enabled, "count-server-leases", o.Enabled, "count proxy-servers by their Kubernetes Leases (needs get, list and watch on leases in --lease-namespace)")
 	fs.StringVar(&o.Namespace, "lease-namespace", o.Namespace, "namespace of the proxy-servers' leases")
 	fs.StringVar(&o.LabelSelector, "lease-label-selector", o.LabelSelector, "label selector of the proxy-servers' leases")
@@ -45,7 +41,7 @@ func (o *CountOptions) AddFlags(fs *pflag.FlagSet) {
 }
 
 // Validate returns every problem with o, each naming its flag.
-func (o *CountOptions) Validate() []error {
+func (o *LeaseOptions) Validate() []error {
 	if !o.Enabled {
 		return nil
 	}
@@ -61,7 +57,7 @@ func (o *CountOptions) Validate() []error {
 
 // Build starts counting leases through the API server rc reaches, and
 // registers upstream's agent lease metrics with reg (which may be nil).
-func (o *CountOptions) Build(rc *rest.Config, reg prometheus.Registerer) (*lease.Counter, error) {
+func (o *LeaseOptions) Build(rc *rest.Config, reg prometheus.Registerer) (*lease.Counter, error) {
 	client, err := kubeclient.NewLeases(rc, o.Namespace)
 	if err != nil {
 		return nil, fmt.Errorf("--count-server-leases: %w", err)

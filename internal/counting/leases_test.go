@@ -1,4 +1,4 @@
-package leaseopts_test
+package counting_test
 
 import (
 	"context"
@@ -10,20 +10,15 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"k8s.io/client-go/rest"
 
-	"github.com/servercount/servercount/internal/leaseopts"
+	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/metricstest"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
-
-func parse(t *testing.T, args ...string) *leaseopts.CountOptions {
+func parseLeases(t *testing.T, args ...string) *counting.LeaseOptions {
 	t.Helper()
-	o := leaseopts.NewCountOptions()
+	o := counting.NewLeaseOptions()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	o.AddFlags(fs)
 	require.NoError(t, fs.Parse(args))
@@ -31,14 +26,14 @@ func parse(t *testing.T, args ...string) *leaseopts.CountOptions {
 }
 
 func TestCountFlags(t *testing.T) {
-	o := parse(t)
+	o := parseLeases(t)
 	assert.False(t, o.Enabled)
 	assert.Equal(t, "kube-system", o.Namespace)
 	assert.Equal(t, "k8s-app=konnectivity-server", o.LabelSelector)
-	assert.Equal(t, "app=a", parse(t, "--lease-label=app=a").LabelSelector, "the deprecated spelling")
-	assert.Equal(t, "app=b", parse(t, "--lease-label-selector=app=b").LabelSelector)
-	assert.Empty(t, parse(t, "--lease-label-selector=!!").Validate(), "checked only when enabled")
-	errs := parse(t, "--count-server-leases", "--lease-label-selector=a b", "--lease-namespace=").Validate()
+	assert.Equal(t, "app=a", parseLeases(t, "--lease-label=app=a").LabelSelector, "the deprecated spelling")
+	assert.Equal(t, "app=b", parseLeases(t, "--lease-label-selector=app=b").LabelSelector)
+	assert.Empty(t, parseLeases(t, "--lease-label-selector=!!").Validate(), "checked only when enabled")
+	errs := parseLeases(t, "--count-server-leases", "--lease-label-selector=a b", "--lease-namespace=").Validate()
 	require.Len(t, errs, 2)
 	assert.ErrorContains(t, errs[0], "--lease-namespace")
 	assert.ErrorContains(t, errs[1], `invalid --lease-label-selector "a b"`)
@@ -52,7 +47,7 @@ func TestUnreachableAPIServer(t *testing.T) {
 	addr := l.Addr().String()
 	require.NoError(t, l.Close()) // nothing listens there now
 	reg := prometheus.NewRegistry()
-	c, err := parse(t, "--count-server-leases").Build(&rest.Config{Host: "http://" + addr, Timeout: time.Second}, reg)
+	c, err := parseLeases(t, "--count-server-leases").Build(&rest.Config{Host: "http://" + addr, Timeout: time.Second}, reg)
 	require.NoError(t, err)
 	defer c.Close()
 
@@ -69,8 +64,8 @@ func TestUnreachableAPIServer(t *testing.T) {
 }
 
 func TestPublishFlags(t *testing.T) {
-	parse := func(args ...string) *leaseopts.PublishOptions {
-		o := leaseopts.NewPublishOptions()
+	parse := func(args ...string) *counting.PublishOptions {
+		o := counting.NewPublishOptions()
 		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 		o.AddFlags(fs)
 		require.NoError(t, fs.Parse(args))

@@ -95,8 +95,8 @@ func agentMetrics(kubeconfig string, certs pki.Files) ([]Metric, error) {
 	o.AgentID = "docgen"
 	o.AgentCert, o.AgentKey, o.CACert = certs.AgentCert, certs.AgentKey, certs.CA
 	o.HealthServerHost, o.HealthServerPort, o.AdminBindAddress, o.AdminServerPort = "127.0.0.1", 0, "127.0.0.1", 0
-	o.DNS.Name, o.DNS.Servers = "proxy-server.example.", []string{"127.0.0.1:1"}
-	o.Leases.Enabled = true
+	o.Count.DNS.Name, o.Count.DNS.Servers = "proxy-server.example.", []string{"127.0.0.1:1"}
+	o.Count.Leases.Enabled = true
 	o.Kube.Kubeconfig = kubeconfig
 	c := newCatalog()
 	a, err := agentapp.New(o, c)

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/explain"
 	"github.com/servercount/servercount/internal/nettest"
@@ -114,14 +114,14 @@ func TestUnreadable(t *testing.T) {
 }
 
 // dnsAgent is a real agent core counting servers through DNS as the
-// binaries build it (internal/dnscount, its metrics on the agent's
+// binaries build it (internal/counting, its metrics on the agent's
 // registry), with one real proxy-server, and its metrics served over
 // HTTP. holdDown is the agent's.
 func dnsAgent(t *testing.T, dnsAddr string, holdDown time.Duration) string {
 	env := proxytest.NewEnv(t, "explain")
 	srv := proxytest.StartServer(t, env, proxytest.ServerOptions{ID: "s1"})
 	reg := prometheus.NewRegistry()
-	o := dnscount.NewOptions()
+	o := counting.NewDNSOptions()
 	o.Name, o.Servers = "proxy-server.example.", []string{dnsAddr}
 	o.CacheTTL, o.CacheTTLMin = 50*time.Millisecond, 10*time.Millisecond
 	cache, err := o.Build(reg, "agent", 1)

@@ -39,7 +39,7 @@ var (
 	agentFrames = []string{
 		"servercount/pkg/agent.",
 		"servercount/pkg/servercounter.",
-		"servercount/internal/dnscount.",
+		"servercount/internal/counting.",
 		"grpc/internal/transport.(*http2Client)",
 		"grpc/internal/transport.NewHTTP2Client",
 		"grpc/internal/transport.newHTTP2Client",

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/servercount/servercount/internal/balancer"
-	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/proxytest"
 	"github.com/servercount/servercount/internal/tokenreview"
@@ -127,7 +127,7 @@ type Agent struct {
 	cfg agent.Config
 	reg *prometheus.Registry
 	// dns are the agent's --server-count-dns flags.
-	dns *dnscount.Options
+	dns *counting.DNSOptions
 	// cache is the agent's DNS counter, as cmd/proxy-agent builds it from
 	// dns; set by StartAgents.
 	cache atomic.Pointer[servercounter.CachedServerCounter]
@@ -209,7 +209,7 @@ func New(tb testing.TB, cfg Config) *Fleet {
 // its TLS flags: its own client certificate, token file and DNS counter.
 func (f *Fleet) newAgent(i int, tokenDir string) *Agent {
 	a := &Agent{ID: "agent-" + strconv.Itoa(i), reg: prometheus.NewRegistry()}
-	a.dns = dnscount.NewOptions()
+	a.dns = counting.NewDNSOptions()
 	a.dns.Name, a.dns.Servers = SRVName, []string{f.dns.Addr()}
 
 	token := filepath.Join(tokenDir, a.ID)

@@ -55,7 +55,7 @@ func DNSCounter(tb testing.TB, dnsAddr, name string, edit ...func(*servercounter
 		MinExpiry:  DNSCacheMinExpiry,
 		Fallback:   1,
 		Background: true,
-		Spread:     true, // as the binaries: see internal/dnscount
+		Spread:     true, // as the binaries: see internal/counting
 	})
 	require.NoError(tb, err, "create cached server counter")
 	tb.Cleanup(func() { _ = cache.Close() }) // Close does not fail

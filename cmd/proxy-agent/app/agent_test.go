@@ -31,8 +31,8 @@ func testOptions(t *testing.T, health, admin int) *options.Options {
 	o.ProxyServerHost, o.ProxyServerPort = "127.0.0.1", 1
 	o.HealthServerHost, o.HealthServerPort = "127.0.0.1", health
 	o.AdminBindAddress, o.AdminServerPort = "127.0.0.1", admin
-	o.DNS.Name = "proxy-server.example."
-	o.DNS.Servers = []string{"127.0.0.1:1"}
+	o.Count.DNS.Name = "proxy-server.example."
+	o.Count.DNS.Servers = []string{"127.0.0.1:1"}
 	require.Empty(t, o.Validate())
 	return o
 }

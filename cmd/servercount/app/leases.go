@@ -7,14 +7,10 @@ import (
 	"io"
 	"time"
 
+	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/kubeclient"
-	"github.com/servercount/servercount/internal/leaseopts"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
-
-// leasePoll is how often countLeases asks the counter whether its first
-// list has ended.
-const leasePoll = 20 * time.Millisecond
 
 // countLeases counts the valid Leases as an agent with
 // --count-server-leases does: one list through the same informer, the
@@ -27,7 +23,7 @@ func countLeases(ctx context.Context, o *Options, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "servercount: --kubeconfig: %v\n", err)
 		return ExitUsage
 	}
-	lo := leaseopts.CountOptions{Enabled: true, Namespace: o.LeaseNamespace, LabelSelector: o.LeaseSelector}
+	lo := counting.LeaseOptions{Enabled: true, Namespace: o.LeaseNamespace, LabelSelector: o.LeaseSelector}
 	c, err := lo.Build(rc, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "servercount: %v\n", err)
@@ -37,7 +33,12 @@ func countLeases(ctx context.Context, o *Options, stdout, stderr io.Writer) int 
 	wait := o.Timeout * time.Duration(o.Attempts)
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	count, err := firstCount(ctx, c)
+	count, err := 0, c.WaitSynced(ctx)
+	if err == nil {
+		var res servercounter.Result
+		res, err = c.Count(ctx)
+		count = res.Count
+	}
 	if err != nil {
 		err = fmt.Errorf("no list of the Leases in %s within %s: %w", o.LeaseNamespace, wait, err)
 	}
@@ -71,22 +72,4 @@ func printLeases(stdout, stderr io.Writer, o *Options, count int, err error) {
 	}
 	fmt.Fprintf(stdout, ";; LEASES in namespace %s matching %q, valid as agents judge them\n", o.LeaseNamespace, o.LeaseSelector)
 	fmt.Fprintf(stdout, ";; COUNT: %d, source: leases\n", count)
-}
-
-// firstCount waits for c's first count, which it has once its first list
-// has ended.
-func firstCount(ctx context.Context, c servercounter.Counter) (int, error) {
-	tick := time.NewTicker(leasePoll)
-	defer tick.Stop()
-	for {
-		res, err := c.Count(ctx)
-		if err == nil {
-			return res.Count, nil
-		}
-		select {
-		case <-ctx.Done():
-			return 0, fmt.Errorf("%w (last: %v)", ctx.Err(), err)
-		case <-tick.C:
-		}
-	}
 }

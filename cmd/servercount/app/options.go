@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/servercount/servercount/internal/leaseopts"
+	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -138,7 +138,7 @@ func (o *Options) Validate() []error {
 	case o.Leases && o.Watch:
 		errs = append(errs, errors.New("--watch works with a DNS name, not with --leases"))
 	case o.Leases:
-		lo := leaseopts.CountOptions{Enabled: true, Namespace: o.LeaseNamespace, LabelSelector: o.LeaseSelector}
+		lo := counting.LeaseOptions{Enabled: true, Namespace: o.LeaseNamespace, LabelSelector: o.LeaseSelector}
 		errs = append(errs, lo.Validate()...)
 	case o.Name == "":
 		errs = append(errs, errors.New("missing NAME: give the DNS name to count, e.g. proxy-server.kube-system.svc.cluster.local, or --leases"))

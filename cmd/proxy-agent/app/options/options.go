@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"time"
 
@@ -22,14 +21,12 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/klog/v2"
 
-	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/kubeclient"
-	"github.com/servercount/servercount/internal/leaseopts"
 	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/pkg/agent"
-	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -53,12 +50,10 @@ type Options struct {
 	SyncIntervalCap         time.Duration
 	ProbeInterval           time.Duration
 	SyncForever             bool
-	// CountSourceMax is --server-count-source=max: aim for the largest
-	// of the counts known, rather than the one the default picks.
-	CountSourceMax bool
 
-	// DNS counts servers through their headless Service (--server-count-dns).
-	DNS *dnscount.Options
+	// Count are the count-source flags: DNS, leases, the cap, the
+	// fallback and how to combine them.
+	Count *counting.AgentOptions
 	// ServerCountHoldDown is how long a lower count must persist before
 	// the agent aims for it.
 	ServerCountHoldDown time.Duration
@@ -86,10 +81,8 @@ type Options struct {
 	EnableProfiling          bool
 	EnableContentionProfiler bool
 
-	// Leases counts servers by their Kubernetes Leases
-	// (--count-server-leases), through the API client of Kube.
-	Leases *leaseopts.CountOptions
-	Kube   kubeclient.Options
+	// Kube is the API client of --count-server-leases.
+	Kube kubeclient.Options
 
 	// Accepted for compatibility with upstream manifests; they tune what
 	// this agent does otherwise, and are ignored.
@@ -110,10 +103,9 @@ func NewOptions() *Options {
 		HealthServerPort:     8093,
 		AdminBindAddress:     "127.0.0.1",
 		AdminServerPort:      8094,
-		Leases:               leaseopts.NewCountOptions(),
+		Count:                counting.NewAgentOptions(),
 		Kube:                 kubeclient.Options{ContentType: kubeclient.DefaultContentType},
 		XfrChannelSize:       150,
-		DNS:                  dnscount.NewOptions(),
 		ServerCountHoldDown:  agent.DefaultHoldDown,
 		ServerDialMode:       agent.DialLoadBalancer,
 		MaxConcurrentDials:   agent.DefaultMaxConcurrentDials,
@@ -152,8 +144,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.SyncIntervalCap, "sync-interval-cap", o.SyncIntervalCap, "longest time between attempts after failures")
 	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "time between health checks of server connections")
 	fs.BoolVar(&o.SyncForever, "sync-forever", o.SyncForever, "keep opening connections even when connected to every server")
-	serve.ParsedVar(fs, &o.CountSourceMax, "server-count-source", countSourceText(o.CountSourceMax), parseCountSource, "how to combine server counts: default (DNS when --server-count-dns is set, else what servers report) or max (the larger of the two)")
-	o.DNS.AddFlags(fs, true)
+	o.Count.AddFlags(fs)
 	fs.DurationVar(&o.ServerCountHoldDown, "server-count-hold-down", o.ServerCountHoldDown, "how long a lower server count must persist before the agent aims for it (increases apply at once)")
 	serve.ParsedVar(fs, &o.ServerDialMode, "server-dial-mode", string(o.ServerDialMode), agent.ParseDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "most endpoint dials in flight at once, across every proxy-server; a dial request over it is refused at once")
@@ -168,7 +159,6 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.IntVar(&o.AdminServerPort, "admin-server-port", o.AdminServerPort, "port for /metrics and, with --enable-profiling, /debug/pprof")
 	fs.BoolVar(&o.EnableProfiling, "enable-profiling", o.EnableProfiling, "serve pprof on the admin port")
 	fs.BoolVar(&o.EnableContentionProfiler, "enable-contention-profiling", o.EnableContentionProfiler, "accepted for compatibility; ignored")
-	o.Leases.AddFlags(fs)
 	fs.StringVar(&o.Kube.Kubeconfig, "kubeconfig", o.Kube.Kubeconfig, "kubeconfig to reach the API server with --count-server-leases (empty: in-cluster)")
 	fs.StringVar(&o.Kube.ContentType, "kube-api-content-type", o.Kube.ContentType, "content type of requests to the API server")
 	fs.BoolVar(&o.WarnOnChannelLimit, "warn-on-channel-limit", o.WarnOnChannelLimit, "accepted for compatibility; ignored")
@@ -206,11 +196,11 @@ func (o *Options) Validate() []error {
 	if o.SyncIntervalCap < o.SyncInterval {
 		errs = append(errs, fmt.Errorf("--sync-interval-cap %v must be at least --sync-interval %v", o.SyncIntervalCap, o.SyncInterval))
 	}
-	errs = append(errs, o.DNS.Validate()...)
+	errs = append(errs, o.Count.Validate()...)
 	if o.ServerCountHoldDown < 0 {
 		errs = append(errs, fmt.Errorf("invalid --server-count-hold-down %v: must not be negative", o.ServerCountHoldDown))
 	}
-	if o.ServerDialMode == agent.DialResolved && !o.DNS.Enabled() {
+	if o.ServerDialMode == agent.DialResolved && !o.Count.DNS.Enabled() {
 		errs = append(errs, errors.New("--server-dial-mode=resolved needs --server-count-dns: the addresses to dial come from it"))
 	}
 	if o.DrainTimeout < 0 {
@@ -231,26 +221,7 @@ func (o *Options) Validate() []error {
 	if err := wire.CheckTunnelWindow(o.TunnelWindow); err != nil {
 		errs = append(errs, fmt.Errorf("invalid --tunnel-window %w", err))
 	}
-	errs = append(errs, o.Leases.Validate()...)
 	return errs
-}
-
-// parseCountSource parses --server-count-source: true for "max".
-func parseCountSource(s string) (bool, error) {
-	switch s {
-	case "default":
-		return false, nil
-	case "max":
-		return true, nil
-	}
-	return false, errors.New("use default or max")
-}
-
-func countSourceText(max bool) string {
-	if max {
-		return "max"
-	}
-	return "default"
 }
 
 // Config turns the options into the agent's configuration, once: it reads
@@ -270,7 +241,7 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 	// Every count is capped, received ones included and whatever the
 	// source: a server's serverCount header is not to be trusted more
 	// than DNS is.
-	cfg.ServerCountMax = o.DNS.Max
+	cfg.ServerCountMax = o.Count.DNS.Max
 	cfg.MaxConcurrentDials, cfg.MaxTunnelsPerServer = o.MaxConcurrentDials, o.MaxTunnelsPerServer
 	cfg.EndpointWriteTimeout, cfg.TunnelWindow = o.EndpointWriteTimeout, o.TunnelWindow
 	cfg.StreamStallTimeout = o.StreamStallTimeout
@@ -302,54 +273,18 @@ func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func
 		cfg.DialOptions = append(cfg.DialOptions, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	}
 
-	// Upstream's default: the counts servers report. A count of our own
-	// (DNS, leases, or the larger of the two) replaces them, unless
-	// --server-count-source=max weighs them all.
-	cfg.TargetPolicy = agent.TargetReceived
-	// A source counts servers, signals changes, and is closed at the end.
-	type source interface {
-		servercounter.Counter
-		servercounter.Notifier
-		Close() error
+	counter, policy, err := o.Count.Build(o.Kube, reg)
+	if err != nil {
+		return cfg, nil, err
 	}
-	var sources []source
-	stop = func() {
-		for _, s := range slices.Backward(sources) {
-			_ = s.Close() // the counters' Close does not fail
+	cfg.TargetPolicy = policy
+	stop = func() { stopTLS() } // stopTLS is set below
+	if counter != nil {
+		cfg.Counter, cfg.CountChanged = counter, counter
+		stop = func() {
+			_ = counter.Close() // the counters' Close does not fail
+			stopTLS()
 		}
-		stopTLS()
-	}
-	if o.DNS.Enabled() {
-		cache, err := o.DNS.Build(reg, "agent", o.DNS.Fallback)
-		if err != nil {
-			return cfg, nil, err
-		}
-		sources = append(sources, cache)
-	}
-	if o.Leases.Enabled {
-		rc, err := kubeclient.Config(o.Kube)
-		if err != nil {
-			stop()
-			return cfg, nil, fmt.Errorf("--count-server-leases: %w", err)
-		}
-		leases, err := o.Leases.Build(rc, reg)
-		if err != nil {
-			stop()
-			return cfg, nil, err
-		}
-		sources = append(sources, leases)
-	}
-	switch len(sources) {
-	case 0:
-	case 1:
-		cfg.Counter, cfg.CountChanged, cfg.TargetPolicy = sources[0], sources[0], agent.TargetCounted
-	default:
-		both := servercounter.NewMaxCounter(sources[0], sources[1])
-		sources = append(sources, both)
-		cfg.Counter, cfg.CountChanged, cfg.TargetPolicy = both, both, agent.TargetCounted
-	}
-	if o.CountSourceMax {
-		cfg.TargetPolicy = agent.TargetMax
 	}
 	if tlsFiles != nil {
 		ctx, cancel := context.WithCancel(context.Background())

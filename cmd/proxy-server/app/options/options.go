@@ -14,9 +14,8 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
 
-	"github.com/servercount/servercount/internal/dnscount"
+	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/kubeclient"
-	"github.com/servercount/servercount/internal/leaseopts"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tokenreview"
 	"github.com/servercount/servercount/pkg/lease"
@@ -83,7 +82,7 @@ type Options struct {
 
 	// DNS counts servers through their headless Service
 	// (--server-count-dns); --server-count is then the fallback.
-	DNS *dnscount.Options
+	DNS *counting.DNSOptions
 
 	// Token authentication of agents through TokenReviews, as upstream.
 	AgentNamespace         string
@@ -91,7 +90,7 @@ type Options struct {
 	AuthenticationAudience string
 
 	// Leases publishes this server's Lease (--enable-lease-controller).
-	Leases *leaseopts.PublishOptions
+	Leases *counting.PublishOptions
 	// Kube is the API client of TokenReviews and leases.
 	Kube kubeclient.Options
 
@@ -125,8 +124,8 @@ func NewOptions() *Options {
 		KeepaliveTime:           time.Hour,
 		FrontendKeepaliveTime:   time.Hour,
 		GracefulShutdownTimeout: 15 * time.Second,
-		DNS:                     dnscount.NewOptions(),
-		Leases:                  leaseopts.NewPublishOptions(),
+		DNS:                     counting.NewDNSOptions(),
+		Leases:                  counting.NewPublishOptions(),
 		Kube:                    kubeclient.Options{ContentType: kubeclient.DefaultContentType},
 	}
 }
@@ -407,7 +406,7 @@ func (o *Options) config(reg prometheus.Registerer) (st Setup, err error) {
 			return st, err
 		}
 	}
-	leaseMetrics, err := leaseopts.NewPublishMetrics(reg)
+	leaseMetrics, err := counting.NewPublishMetrics(reg)
 	if err != nil {
 		return st, err
 	}
