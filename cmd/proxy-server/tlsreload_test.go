@@ -62,25 +62,6 @@ func (v *secretVolume) update(cas []*pki.CA, leaf *pki.Pair) {
 	require.NoError(v.t, os.Rename(tmp, filepath.Join(v.dir, "..data")))
 }
 
-// echoTarget echoes every connection until the test ends.
-func echoTarget(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
-	t.Cleanup(func() { l.Close(); <-done })
-	return l.Addr().String()
-}
-
 // roundTrip writes a byte through c and reads it back.
 func roundTrip(c net.Conn, b byte) error {
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -106,7 +87,7 @@ func roundTrip(c net.Conn, b byte) error {
 // with its new certificate, which is the only one the server still takes.
 func TestTLSFilesRotateUnderLiveTunnels(t *testing.T) {
 	serverBin, agentBin := proctest.Build(t, "cmd/proxy-server"), proctest.Build(t, "cmd/proxy-agent")
-	target := echoTarget(t)
+	target := nettest.Echo(t)
 	for _, mode := range []string{"http-connect", "grpc"} {
 		t.Run(mode, func(t *testing.T) {
 			oldCA, err := pki.NewCA("old")

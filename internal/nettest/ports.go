@@ -3,10 +3,12 @@ package nettest
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -63,4 +65,41 @@ func FreeTCPUDPPortOn(ip string) (int, error) {
 		return port, nil
 	}
 	return 0, errors.New("find a free port: no port free for both TCP and UDP after 50 tries")
+}
+
+// RequireReleased fails tb unless every one of ports on 127.0.0.1 can be
+// listened on again: whatever held them has let them go.
+func RequireReleased(tb testing.TB, ports ...int) {
+	tb.Helper()
+	for _, p := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if !assert.NoError(tb, err, "port %d is still held", p) {
+			continue
+		}
+		_ = l.Close()
+	}
+}
+
+// Echo runs a TCP server on 127.0.0.1 that writes back what it reads on
+// every connection, until the test ends, and returns its address.
+func Echo(tb testing.TB) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(tb, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	tb.Cleanup(func() { _ = l.Close(); <-done })
+	return l.Addr().String()
 }

@@ -37,17 +37,6 @@ func testOptions(t *testing.T, ports []int) *options.Options {
 	return o
 }
 
-// listenable fails t unless every port can be listened on again.
-func listenable(t *testing.T, ports ...int) {
-	t.Helper()
-	for _, p := range ports {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if assert.NoError(t, err, "port %d is still held", p) {
-			l.Close()
-		}
-	}
-}
-
 // New fails at its last step (the admin port is taken) after it has
 // listened on three ports and started the DNS counter: it releases them
 // all, and leaves no goroutine.
@@ -62,7 +51,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 	require.Error(t, err)
 	assert.Nil(t, s)
 	assert.Contains(t, err.Error(), "admin")
-	listenable(t, free...)
+	nettest.RequireReleased(t, free...)
 	goleak.VerifyNone(t)
 }
 
@@ -89,6 +78,6 @@ func TestRunServesThenReleasesEverything(t *testing.T) {
 		t.Fatal("Run did not return after its context ended")
 	}
 	s.Close()
-	listenable(t, ports...)
+	nettest.RequireReleased(t, ports...)
 	goleak.VerifyNone(t)
 }

@@ -1,6 +1,7 @@
 package options_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,6 +176,9 @@ func TestIgnoredFlagsAreReported(t *testing.T) {
 
 // Config turns the flags into the agent's configuration once, with the
 // target policy the flags mean.
+// bothSources stands for the counter of DNS and leases together.
+var bothSources servercounter.Counter = servercounter.StaticServerCounter(-1)
+
 func TestConfig(t *testing.T) {
 	t.Parallel()
 	// An API server that is not there: the lease counter starts and keeps
@@ -204,7 +208,7 @@ current-context: x
 		{name: "leases", args: []string{"--count-server-leases", "--kubeconfig=" + kubeconfig},
 			wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantCounter: &lease.Counter{}},
 		{name: "dns and leases", args: []string{"--count-server-leases", "--kubeconfig=" + kubeconfig, "--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"},
-			wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantCounter: &servercounter.MaxCounter{}},
+			wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantCounter: bothSources},
 		{name: "max caps received counts", args: []string{"--server-count-source=max", "--server-count-max=7"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer, wantMax: 7},
 	}
 	for _, tc := range tests {
@@ -228,12 +232,18 @@ current-context: x
 			assert.Equal(t, wantMax, cfg.ServerCountMax, "--server-count-max caps every source")
 			assert.Equal(t, agent.DefaultMaxConcurrentDials, cfg.MaxConcurrentDials)
 			assert.Equal(t, agent.DefaultMaxTunnelsPerServer, cfg.MaxTunnelsPerServer)
-			if tc.wantCounter != nil {
-				assert.NotNil(t, cfg.CountChanged, "a count of our own wakes the agent on changes")
-				assert.IsType(t, tc.wantCounter, cfg.Counter)
-			} else {
+			switch tc.wantCounter {
+			case nil:
 				assert.Nil(t, cfg.CountChanged)
 				assert.Equal(t, servercounter.StaticServerCounter(1), cfg.Counter)
+			case bothSources:
+				// The larger of the two: neither source alone.
+				assert.NotNil(t, cfg.CountChanged, "a count of our own wakes the agent on changes")
+				assert.NotEqual(t, fmt.Sprintf("%T", &servercounter.CachedServerCounter{}), fmt.Sprintf("%T", cfg.Counter))
+				assert.NotEqual(t, fmt.Sprintf("%T", &lease.Counter{}), fmt.Sprintf("%T", cfg.Counter))
+			default:
+				assert.NotNil(t, cfg.CountChanged, "a count of our own wakes the agent on changes")
+				assert.IsType(t, tc.wantCounter, cfg.Counter)
 			}
 		})
 	}
