@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: docs dashboard all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream upstream-suite parity cross images push image-test rules-test
+.PHONY: docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream upstream-suite parity cross images push image-test rules-test
 
 all: lint test build
 
@@ -198,7 +198,16 @@ bench-fleet:
 ## connection in the same run (BENCH_TUNNEL_FLAGS=-tunnelbench.profile=/abs/dir
 ## also writes CPU profiles of both)
 bench-tunnel:
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./internal/tunnelbench/ $(BENCH_TUNNEL_FLAGS)
+	$(GO) test -run '^$$' -bench Tunnel -benchtime 1x -count 1 -timeout 30m ./internal/tunnelbench/ $(BENCH_TUNNEL_FLAGS)
+
+## bench-upstream: our binaries and upstream's (built from ../shared/upstream)
+## side by side in one run: new tunnels to first byte and throughput in both
+## frontend modes, ratios to upstream and to a direct connection, the load
+## of each run, CPU per GB; the table goes to bench-upstream.md.
+## BENCH_PROFILE=dir also writes CPU profiles of our server and agent.
+bench-upstream:
+	$(GO) test -run '^$$' -bench Upstream -benchtime 1x -count 1 -timeout 60m ./internal/tunnelbench/ \
+		-tunnelbench.out=$(CURDIR)/bench-upstream.md $(if $(BENCH_PROFILE),-tunnelbench.profile=$(abspath $(BENCH_PROFILE)))
 
 ## demo: an agent following proxy-servers as they scale 3 -> 5 -> 2, through DNS
 demo:

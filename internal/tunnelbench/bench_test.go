@@ -58,22 +58,7 @@ func BenchmarkTunnel(b *testing.B) {
 // With -tunnelbench.profile, it then profiles each server and agent
 // during more tunnel downloads.
 func benchThroughput(b *testing.B, f *fixture) {
-	buf := make([]byte, chunk)
-	download := func(dial dialFunc) float64 {
-		b.Helper()
-		ctx, cancel := context.WithTimeout(b.Context(), opTimeout)
-		defer cancel()
-		c, err := dial(ctx, f.target)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		start := time.Now()
-		if _, _, err := fetch(ctx, c, bulkPath, buf); err != nil {
-			b.Fatal(err)
-		}
-		return bulkSize / time.Since(start).Seconds() / 1e6
-	}
+	download := func(dial dialFunc) float64 { return download(b, f, dial) }
 	// Warm up each path: the first tunnel starts pools and grows windows.
 	download(dialDirect)
 	for _, p := range f.pairs {
@@ -141,23 +126,7 @@ func benchThroughput(b *testing.B, f *fixture) {
 // dial to the first byte of the response, as ratios to the direct
 // connections' (x-direct-median-<mode>, x-direct-p99-<mode>).
 func benchFirstByte(b *testing.B, f *fixture) {
-	buf := make([]byte, chunk)
-	firstByte := func(dial dialFunc) time.Duration {
-		b.Helper()
-		ctx, cancel := context.WithTimeout(b.Context(), opTimeout)
-		defer cancel()
-		start := time.Now()
-		c, err := dial(ctx, f.target)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		first, _, err := fetch(ctx, c, tinyPath, buf)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return first.Sub(start)
-	}
+	firstByte := func(dial dialFunc) time.Duration { return firstByte(b, f, dial) }
 	for _, p := range f.pairs {
 		firstByte(dialDirect)
 		firstByte(p.dial())

@@ -60,13 +60,17 @@ type dialFunc func(ctx context.Context, addr string) (net.Conn, error)
 // fixture is what every benchmark of the package runs against: an HTTP
 // target, and a proxy-server with its proxy-agent for each frontend mode.
 type fixture struct {
-	target string  // the HTTP target's host:port
-	pairs  []*pair // one per frontend mode: http-connect, then grpc
+	target    string  // the HTTP target's host:port
+	pairs     []*pair // ours, one per frontend mode: http-connect, then grpc
+	upstream  []*pair // upstream's, the same way, for BenchmarkUpstream
+	certs     certs
+	profiling bool
 }
 
 // pair is a proxy-server process and the proxy-agent process connected to
 // it.
 type pair struct {
+	impl   string // whose binaries: ours or upstream
 	mode   string // the server's --mode: http-connect or grpc
 	name   string // mode's short name, for metric units: connect or grpc
 	socket string // the server's frontend Unix socket
@@ -85,35 +89,42 @@ type pair struct {
 func startFixture(b *testing.B, profiling bool) *fixture {
 	b.Helper()
 	serverBin, agentBin := build(b)
+	f := &fixture{target: startTarget(b), certs: writeCerts(b), profiling: profiling}
+	f.pairs = f.startPairs(b, "ours", serverBin, agentBin)
+	return f
+}
+
+// certs are the PEM files every pair uses: one CA, a server certificate
+// for localhost, an agent's client certificate.
+type certs struct {
+	ca, serverCert, serverKey, agentCert, agentKey string
+}
+
+func writeCerts(b *testing.B) certs {
+	b.Helper()
 	dir := b.TempDir()
 	ca, err := pki.NewCA("tunnelbench-ca")
 	if err != nil {
 		b.Fatal(err)
 	}
-	caFile, err := ca.WriteFile(dir, "ca")
+	files, err := ca.WriteFiles(dir)
 	if err != nil {
 		b.Fatal(err)
 	}
-	issue := func(name string, p *pki.Pair, err error) (certFile, keyFile string) {
-		b.Helper()
-		if err != nil {
-			b.Fatal(err)
-		}
-		certFile, keyFile, err = p.WriteFiles(dir, name)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return certFile, keyFile
-	}
-	sp, err := ca.Server("proxy-server")
-	serverCert, serverKey := issue("server", sp, err)
-	ap, err := ca.Client("proxy-agent")
-	agentCert, agentKey := issue("agent", ap, err)
+	return certs{ca: files.CA, serverCert: files.ServerCert, serverKey: files.ServerKey, agentCert: files.AgentCert, agentKey: files.AgentKey}
+}
 
-	f := &fixture{target: startTarget(b)}
+// startPairs starts a proxy-server and its agent from serverBin and
+// agentBin in each frontend mode, with the same flags whoever built them
+// (impl names them: ours or upstream).
+func (f *fixture) startPairs(b *testing.B, impl, serverBin, agentBin string) []*pair {
+	b.Helper()
+	dir := b.TempDir()
+	var pairs []*pair
 	for _, mode := range []struct{ mode, name string }{{"http-connect", "connect"}, {"grpc", "grpc"}} {
 		ports := nettest.FreePorts(b, 5)
 		p := &pair{
+			impl:        impl,
 			mode:        mode.mode,
 			name:        mode.name,
 			socket:      filepath.Join(dir, mode.name+".sock"),
@@ -121,38 +132,43 @@ func startFixture(b *testing.B, profiling bool) *fixture {
 			agentAdmin:  fmt.Sprintf("http://127.0.0.1:%d", ports[4]),
 			tunnelCtx:   b.Context(),
 		}
+		id := "tunnelbench-" + impl + "-" + mode.name
 		serverArgs := []string{
-			"--mode=" + mode.mode, "--uds-name=" + p.socket, "--server-id=tunnelbench-" + mode.name,
+			// --server-port=0: upstream's server refuses a socket and a
+			// port together.
+			"--mode=" + mode.mode, "--uds-name=" + p.socket, "--server-port=0", "--server-id=" + id,
 			"--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
 			"--agent-port=" + strconv.Itoa(ports[0]), "--health-port=" + strconv.Itoa(ports[1]),
 			"--admin-port=" + strconv.Itoa(ports[2]),
-			"--cluster-cert=" + serverCert, "--cluster-key=" + serverKey, "--cluster-ca-cert=" + caFile,
+			"--cluster-cert=" + f.certs.serverCert, "--cluster-key=" + f.certs.serverKey, "--cluster-ca-cert=" + f.certs.ca,
 		}
 		agentArgs := []string{
-			"--agent-id=tunnelbench-" + mode.name,
+			"--agent-id=" + id,
 			"--proxy-server-host=localhost", "--proxy-server-port=" + strconv.Itoa(ports[0]),
-			"--ca-cert=" + caFile, "--agent-cert=" + agentCert, "--agent-key=" + agentKey,
+			"--ca-cert=" + f.certs.ca, "--agent-cert=" + f.certs.agentCert, "--agent-key=" + f.certs.agentKey,
 			"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ports[3]),
 			"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(ports[4]),
 		}
-		if profiling {
+		if f.profiling {
 			serverArgs = append(serverArgs, "--enable-profiling")
 			agentArgs = append(agentArgs, "--enable-profiling")
 		}
-		serverArgs = append(serverArgs, strings.Fields(*extraArgs)...)
-		agentArgs = append(agentArgs, strings.Fields(*extraArgs)...)
+		if impl == "ours" {
+			serverArgs = append(serverArgs, strings.Fields(*extraArgs)...)
+			agentArgs = append(agentArgs, strings.Fields(*extraArgs)...)
+		}
 		// proctest.Start kills and waits for each process in b.Cleanup.
 		server := proctest.Start(b, serverBin, serverArgs...)
 		agent := proctest.Start(b, agentBin, agentArgs...)
 		serverReady := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1])
 		agentReady := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[3])
 		if err := waitReady(b.Context(), serverReady, agentReady); err != nil {
-			b.Fatalf("%s: %v\nproxy-server output:\n%s\nproxy-agent output:\n%s", mode.mode, err, server.Output(), agent.Output())
+			b.Fatalf("%s %s: %v\nproxy-server output:\n%s\nproxy-agent output:\n%s", impl, mode.mode, err, server.Output(), agent.Output())
 		}
 		p.serverPID, p.agentPID = server.Process.Pid, agent.Process.Pid
-		f.pairs = append(f.pairs, p)
+		pairs = append(pairs, p)
 	}
-	return f
+	return pairs
 }
 
 // build compiles the proxy-server and proxy-agent into a temporary

@@ -1,0 +1,268 @@
+package tunnelbench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/servercount/servercount/internal/upstream"
+)
+
+var (
+	sideRuns  = flag.Int("tunnelbench.runs", 5, "side-by-side runs of BenchmarkUpstream")
+	quietLoad = flag.Float64("tunnelbench.quiet-load", 1.5, "BenchmarkUpstream waits for the 1-minute load average to fall below this before it starts")
+	quietWait = flag.Duration("tunnelbench.quiet-wait", 3*time.Minute, "how long BenchmarkUpstream waits for a quiet machine before it runs anyway, and says so")
+	sideOut   = flag.String("tunnelbench.out", "", "also write BenchmarkUpstream's table to this file (an absolute path)")
+)
+
+// BenchmarkUpstream runs our binaries and upstream's (built from
+// ../shared/upstream) side by side in one run, as processes with the same
+// target, certificates and flags, in both frontend modes. Each of
+// -tunnelbench.runs runs measures, per mode, dials new tunnels to
+// first byte (direct, ours and upstream's taking turns, dials times) and
+// downloads bulkSize once through each (direct, ours, upstream). It
+// reports ours/upstream and each against a direct connection: the median
+// over runs, with the range, and the load average beside each run; and
+// the CPU each process spent per GB. Run it with make bench-upstream;
+// BENCH_PROFILE=dir also writes CPU profiles of our processes.
+func BenchmarkUpstream(b *testing.B) {
+	up := upstream.Require(b)
+	waitQuiet(b)
+	f := startFixture(b, *profileDir != "")
+	f.startUpstream(b, up)
+	var runs []sideRun
+	for b.Loop() {
+		for i := range *sideRuns {
+			r := runSideBySide(b, f)
+			b.Logf("run %d of %d, load %.2f", i+1, *sideRuns, r.load)
+			runs = append(runs, r)
+		}
+	}
+	table := sideTable(runs, up.Commit)
+	b.Logf("\n%s", table)
+	if *sideOut != "" {
+		if err := os.WriteFile(*sideOut, []byte(table), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, mode := range []string{"connect", "grpc"} {
+		b.ReportMetric(medianOf(runs, func(r sideRun) float64 { return r.modes[mode].dialMedian.ratio() }), "ours/upstream-dial-median-"+mode)
+		b.ReportMetric(medianOf(runs, func(r sideRun) float64 { return r.modes[mode].dialP99.ratio() }), "ours/upstream-dial-p99-"+mode)
+		b.ReportMetric(medianOf(runs, func(r sideRun) float64 { return r.modes[mode].rate.ratio() }), "ours/upstream-MB/s-"+mode)
+	}
+	if *profileDir != "" {
+		for _, p := range f.pairs {
+			profile(b, p, func() { download(b, f, p.dial()) })
+		}
+	}
+}
+
+// startUpstream adds upstream's pairs to f.upstream.
+func (f *fixture) startUpstream(b *testing.B, up upstream.Binaries) {
+	b.Helper()
+	f.upstream = f.startPairs(b, "upstream", up.Server, up.Agent)
+}
+
+// triple is one figure measured directly, through ours and through
+// upstream's.
+type triple struct{ direct, ours, upstream float64 }
+
+// ratio is ours over upstream's.
+func (t triple) ratio() float64 { return t.ours / t.upstream }
+
+// modeRun is one run's figures of one frontend mode.
+type modeRun struct {
+	dialMedian, dialP99 triple // seconds to first byte
+	rate                triple // MB/s
+	// cpu is the CPU seconds per GB of each process: ours and upstream's
+	// server and agent.
+	cpu map[string]float64
+}
+
+// sideRun is one run: its load average and each mode's figures.
+type sideRun struct {
+	load  float64
+	modes map[string]modeRun
+}
+
+func runSideBySide(b *testing.B, f *fixture) sideRun {
+	b.Helper()
+	r := sideRun{load: loadAverage(), modes: map[string]modeRun{}}
+	for i, ours := range f.pairs {
+		theirs := f.upstream[i]
+		var direct, o, u []time.Duration
+		paths := []struct {
+			dial dialFunc
+			into *[]time.Duration
+		}{{dialDirect, &direct}, {ours.dial(), &o}, {theirs.dial(), &u}}
+		for n := range dials {
+			// Take turns, starting with another path each time, so that
+			// no path always follows the same one.
+			for k := range paths {
+				p := paths[(n+k)%len(paths)]
+				*p.into = append(*p.into, firstByte(b, f, p.dial))
+			}
+		}
+		m := modeRun{
+			dialMedian: triple{median(seconds(direct)), median(seconds(o)), median(seconds(u))},
+			dialP99:    triple{percentile(seconds(direct), 0.99), percentile(seconds(o), 0.99), percentile(seconds(u), 0.99)},
+			cpu:        map[string]float64{},
+		}
+		m.rate.direct = download(b, f, dialDirect)
+		for _, p := range []*pair{ours, theirs} {
+			s0, a0 := cpuOrZero(p.serverPID), cpuOrZero(p.agentPID)
+			rate := download(b, f, p.dial())
+			gb := float64(bulkSize) / 1e9
+			m.cpu[p.impl+"-server"] = (cpuOrZero(p.serverPID) - s0).Seconds() / gb
+			m.cpu[p.impl+"-agent"] = (cpuOrZero(p.agentPID) - a0).Seconds() / gb
+			if p.impl == "ours" {
+				m.rate.ours = rate
+			} else {
+				m.rate.upstream = rate
+			}
+		}
+		r.modes[ours.name] = m
+	}
+	return r
+}
+
+// firstByte dials a new connection and returns the time to the first
+// byte of a tiny response.
+func firstByte(b *testing.B, f *fixture, dial dialFunc) time.Duration {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(b.Context(), opTimeout)
+	defer cancel()
+	start := time.Now()
+	c, err := dial(ctx, f.target)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	first, _, err := fetch(ctx, c, tinyPath, make([]byte, chunk))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return first.Sub(start)
+}
+
+// download fetches bulkSize bytes over a new connection and returns MB/s.
+func download(b *testing.B, f *fixture, dial dialFunc) float64 {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(b.Context(), opTimeout)
+	defer cancel()
+	c, err := dial(ctx, f.target)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if _, _, err := fetch(ctx, c, bulkPath, make([]byte, chunk)); err != nil {
+		b.Fatal(err)
+	}
+	return bulkSize / time.Since(start).Seconds() / 1e6
+}
+
+// cpuOrZero is pid's CPU time, or 0 where /proc cannot tell.
+func cpuOrZero(pid int) time.Duration {
+	d, err := cpuTime(pid)
+	if err != nil {
+		return 0
+	}
+	return d
+}
+
+// loadAverage is the 1-minute load average, or -1 where /proc cannot tell.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// waitQuiet waits for the load average to fall below -tunnelbench.quiet-load,
+// for at most -tunnelbench.quiet-wait, and says whether it did.
+func waitQuiet(b *testing.B) {
+	b.Helper()
+	deadline := time.Now().Add(*quietWait)
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		load := loadAverage()
+		if load < 0 || load < *quietLoad {
+			b.Logf("machine quiet: load %.2f", load)
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Logf("machine NOT quiet after %v: load %.2f (wanted < %.2f); the figures below are under load", *quietWait, load, *quietLoad)
+			return
+		}
+		select {
+		case <-b.Context().Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func medianOf(runs []sideRun, v func(sideRun) float64) float64 {
+	vs := make([]float64, 0, len(runs))
+	for _, r := range runs {
+		vs = append(vs, v(r))
+	}
+	return median(vs)
+}
+
+func rangeOf(runs []sideRun, v func(sideRun) float64) (lo, hi float64) {
+	vs := make([]float64, 0, len(runs))
+	for _, r := range runs {
+		vs = append(vs, v(r))
+	}
+	return slices.Min(vs), slices.Max(vs)
+}
+
+// sideTable is the side-by-side table in Markdown: medians over runs and,
+// for ratios, the range.
+func sideTable(runs []sideRun, commit string) string {
+	var s strings.Builder
+	loads := make([]string, 0, len(runs))
+	for _, r := range runs {
+		loads = append(loads, fmt.Sprintf("%.2f", r.load))
+	}
+	fmt.Fprintf(&s, "Side by side with upstream %s, %d runs (load at each: %s), medians over runs:\n\n", commit, len(runs), strings.Join(loads, ", "))
+	s.WriteString("| | direct | upstream | ours | ours / upstream [range] | upstream / direct | ours / direct |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	row := func(what, unit string, scale float64, get func(modeRun) triple, mode string) {
+		pick := func(f func(triple) float64) float64 {
+			return medianOf(runs, func(r sideRun) float64 { return f(get(r.modes[mode])) })
+		}
+		d, u, o := pick(func(t triple) float64 { return t.direct }), pick(func(t triple) float64 { return t.upstream }), pick(func(t triple) float64 { return t.ours })
+		lo, hi := rangeOf(runs, func(r sideRun) float64 { return get(r.modes[mode]).ratio() })
+		fmt.Fprintf(&s, "| %s | %.0f %s | %.0f %s | %.0f %s | %.2f [%.2f-%.2f] | %.2f | %.2f |\n",
+			what, d*scale, unit, u*scale, unit, o*scale, unit, medianOf(runs, func(r sideRun) float64 { return get(r.modes[mode]).ratio() }), lo, hi, u/d, o/d)
+	}
+	for _, m := range []struct{ name, title string }{{"connect", "HTTP CONNECT"}, {"grpc", "gRPC frontend"}} {
+		row("new tunnel to first byte, "+m.title+" (median)", "µs", 1e6, func(r modeRun) triple { return r.dialMedian }, m.name)
+		row("same, p99", "µs", 1e6, func(r modeRun) triple { return r.dialP99 }, m.name)
+		row("throughput, "+m.title, "MB/s", 1, func(r modeRun) triple { return r.rate }, m.name)
+	}
+	s.WriteString("\nCPU seconds per GB, median over runs:\n\n| mode | our server | our agent | upstream's server | upstream's agent |\n| --- | --- | --- | --- | --- |\n")
+	for _, m := range []string{"connect", "grpc"} {
+		c := func(k string) float64 { return medianOf(runs, func(r sideRun) float64 { return r.modes[m].cpu[k] }) }
+		fmt.Fprintf(&s, "| %s | %.2f | %.2f | %.2f | %.2f |\n", m, c("ours-server"), c("ours-agent"), c("upstream-server"), c("upstream-agent"))
+	}
+	return s.String()
+}
