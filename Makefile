@@ -203,15 +203,18 @@ bench-tunnel:
 ## bench-upstream: our binaries and upstream's (built from ../shared/upstream)
 ## side by side in one run: new tunnels to first byte and throughput in both
 ## frontend modes, ratios to upstream and to a direct connection, the load
-## of each run, CPU per GB; the table goes to bench-upstream.md.
+## of each run, CPU per GB; the table goes to bench-upstream.md and a chart
+## of the dial latencies to bench-upstream.png (or $$BENCH_CHART).
 ## BENCH_PROFILE=dir also writes CPU profiles of our server and agent.
 bench-upstream:
 	$(GO) test -run '^$$' -bench Upstream -benchtime 1x -count 1 -timeout 60m ./internal/tunnelbench/ \
-		-tunnelbench.out=$(CURDIR)/bench-upstream.md $(if $(BENCH_PROFILE),-tunnelbench.profile=$(abspath $(BENCH_PROFILE)))
+		-tunnelbench.out=$(CURDIR)/bench-upstream.md -tunnelbench.chart=$(abspath $(or $(BENCH_CHART),bench-upstream.png)) \
+		$(if $(BENCH_PROFILE),-tunnelbench.profile=$(abspath $(BENCH_PROFILE)))
 
-## demo: an agent following proxy-servers as they scale 3 -> 5 -> 2, through DNS
+## demo: an agent following proxy-servers as they scale 3 -> 5 -> 2, through DNS;
+## writes a chart of its counts to demo.png (or $$DEMO_CHART)
 demo:
-	$(GO) run ./examples/demo
+	$(GO) run ./examples/demo -chart $(or $(DEMO_CHART),demo.png)
 
 ## demo-probe: the servercount probe against an embedded DNS server while a Service scales
 demo-probe:

@@ -56,8 +56,11 @@ type runningServer struct {
 	done chan error
 }
 
-func run(ctx context.Context, out io.Writer) (err error) {
+// run runs the demo, writing its story to out and, with chartPath, a
+// PNG chart of the agent's counts over time.
+func run(ctx context.Context, out io.Writer, chartPath string) (err error) {
 	d := &demo{out: out, servers: map[string]*runningServer{}}
+	tl := &timeline{start: time.Now()}
 	if d.dir, err = os.MkdirTemp("", "servercount-demo-"); err != nil {
 		return err
 	}
@@ -89,20 +92,32 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	}
 	defer stopAgent()
 	d.agentHealth = agentHealth
+	stopSampling := tl.sample(ctx, agentHealth+"/metrics", 25*time.Millisecond)
+	defer stopSampling()
+	tl.mark("agent starts")
 	if err := d.step(ctx, "3 proxy-servers, one agent", agentHealth, 3); err != nil {
 		return err
 	}
+	tl.mark("scale to 5")
 	if err := d.scale(ctx, 5); err != nil {
 		return err
 	}
 	if err := d.step(ctx, "scaled up to 5: DNS lists 5 addresses", agentHealth, 5); err != nil {
 		return err
 	}
+	tl.mark("scale to 2")
 	if err := d.scale(ctx, 2); err != nil {
 		return err
 	}
 	if err := d.step(ctx, "scaled down to 2: DNS lists 2, three servers stopped (the target drops after the 2s hold-down)", agentHealth, 2); err != nil {
 		return err
+	}
+	stopSampling()
+	if chartPath != "" {
+		if err := tl.write(chartPath); err != nil {
+			return err
+		}
+		d.say("chart of the counts over time: %s\n", chartPath)
 	}
 	d.say("done: every server, the agent and the DNS server are stopped\n")
 	return nil

@@ -11,7 +11,7 @@
 // request proxied through each server. It ends by itself and stops
 // everything it started.
 //
-//	make demo   (or: go run ./examples/demo)
+//	make demo   (or: go run ./examples/demo [-chart demo.png])
 package main
 
 import (
@@ -33,9 +33,11 @@ func main() {
 	_ = fs.Set("logtostderr", "false")
 	klog.SetOutput(io.Discard)
 
+	chartPath := flag.String("chart", "", "also write a PNG chart of the agent's counts and connections over time to this file")
+	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := run(ctx, os.Stdout); err != nil {
+	if err := run(ctx, os.Stdout, *chartPath); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}

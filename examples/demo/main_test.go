@@ -1,6 +1,9 @@
 package main
 
 import (
+	"image/png"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -18,7 +21,13 @@ func TestMain(m *testing.M) {
 // pass through every server at each step.
 func TestDemoFollowsScaling(t *testing.T) {
 	var out strings.Builder
-	require.NoError(t, run(t.Context(), &out))
+	chartPath := filepath.Join(t.TempDir(), "demo.png")
+	require.NoError(t, run(t.Context(), &out, chartPath))
+	f, err := os.Open(chartPath)
+	require.NoError(t, err, "the chart")
+	defer f.Close()
+	_, err = png.DecodeConfig(f)
+	require.NoError(t, err, "the chart is a PNG")
 	got := out.String()
 	for _, want := range []string{
 		"agent: counts 3 servers (source dns), holds 3 connections, 3 dials so far (0 duplicates, 0 failed)",

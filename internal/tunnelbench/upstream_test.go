@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"gonum.org/v1/plot/vg"
+
+	"github.com/servercount/servercount/internal/chart"
 	"github.com/servercount/servercount/internal/upstream"
 )
 
@@ -19,6 +22,7 @@ var (
 	quietLoad = flag.Float64("tunnelbench.quiet-load", 1.5, "BenchmarkUpstream waits for the 1-minute load average to fall below this before it starts")
 	quietWait = flag.Duration("tunnelbench.quiet-wait", 3*time.Minute, "how long BenchmarkUpstream waits for a quiet machine before it runs anyway, and says so")
 	sideOut   = flag.String("tunnelbench.out", "", "also write BenchmarkUpstream's table to this file (an absolute path)")
+	sideChart = flag.String("tunnelbench.chart", "", "also write BenchmarkUpstream's PNG chart of the times to first byte to this file (an absolute path)")
 )
 
 // BenchmarkUpstream runs our binaries and upstream's (built from
@@ -48,6 +52,11 @@ func BenchmarkUpstream(b *testing.B) {
 	b.Logf("\n%s", table)
 	if *sideOut != "" {
 		if err := os.WriteFile(*sideOut, []byte(table), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if *sideChart != "" {
+		if err := writeSideChart(*sideChart, runs, up.Commit); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -89,11 +98,14 @@ type modeRun struct {
 type sideRun struct {
 	load  float64
 	modes map[string]modeRun
+	// firstBytes are the times to first byte, in seconds, by mode and
+	// path (direct, ours, upstream), for the chart.
+	firstBytes map[string]map[string][]float64
 }
 
 func runSideBySide(b *testing.B, f *fixture) sideRun {
 	b.Helper()
-	r := sideRun{load: loadAverage(), modes: map[string]modeRun{}}
+	r := sideRun{load: loadAverage(), modes: map[string]modeRun{}, firstBytes: map[string]map[string][]float64{}}
 	for i, ours := range f.pairs {
 		theirs := f.upstream[i]
 		var direct, o, u []time.Duration
@@ -109,6 +121,7 @@ func runSideBySide(b *testing.B, f *fixture) sideRun {
 				*p.into = append(*p.into, firstByte(b, f, p.dial))
 			}
 		}
+		r.firstBytes[ours.name] = map[string][]float64{"direct": seconds(direct), "ours": seconds(o), "upstream": seconds(u)}
 		m := modeRun{
 			dialMedian: triple{median(seconds(direct)), median(seconds(o)), median(seconds(u))},
 			dialP99:    triple{percentile(seconds(direct), 0.99), percentile(seconds(o), 0.99), percentile(seconds(u), 0.99)},
@@ -265,4 +278,27 @@ func sideTable(runs []sideRun, commit string) string {
 		fmt.Fprintf(&s, "| %s | %.2f | %.2f | %.2f | %.2f |\n", m, c("ours-server"), c("ours-agent"), c("upstream-server"), c("upstream-agent"))
 	}
 	return s.String()
+}
+
+// writeSideChart draws the distribution of the times to first byte over
+// every run, per frontend mode: direct, ours and upstream's.
+func writeSideChart(path string, runs []sideRun, commit string) error {
+	var panels []chart.Panel
+	for _, m := range []struct{ name, title string }{{"connect", "HTTP CONNECT"}, {"grpc", "gRPC frontend"}} {
+		pn := chart.Panel{
+			Title:  fmt.Sprintf("new tunnel to first byte, %s", m.title),
+			XLabel: "µs (log scale)", YLabel: "fraction of dials at or below", LogX: true,
+		}
+		for _, path := range []struct{ key, name string }{{"ours", "servercount"}, {"upstream", "upstream " + commit}, {"direct", "direct connection"}} {
+			var all []float64
+			for _, r := range runs {
+				for _, v := range r.firstBytes[m.name][path.key] {
+					all = append(all, v*1e6)
+				}
+			}
+			pn.Series = append(pn.Series, chart.Series{Name: path.name, Points: chart.CDF(all)})
+		}
+		panels = append(panels, pn)
+	}
+	return chart.WritePNG(path, 5*vg.Inch, 4*vg.Inch, panels...)
 }
