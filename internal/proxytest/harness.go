@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"k8s.io/klog/v2"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
@@ -190,10 +191,10 @@ func StartServer(tb testing.TB, env *Env, opts ServerOptions) *Server {
 	al, gl, cl, hl := ls[0], ls[1], ls[2], ls[3]
 	s.agentAddr, s.grpcAddr, s.connectAddr, s.healthAddr = al.Addr().String(), gl.Addr().String(), cl.Addr().String(), hl.Addr().String()
 
-	agentOpts := append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent")))
+	agentOpts := append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent", klog.Background())))
 	s.agentGRPC = grpc.NewServer(append(agentOpts, opts.AgentGRPCOptions...)...)
 	wire.RegisterAgentServiceServer(s.agentGRPC, core)
-	s.frontendGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "frontend")))...)
+	s.frontendGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "frontend", klog.Background())))...)
 	client.RegisterProxyServiceServer(s.frontendGRPC, core)
 	s.connectHTTP = &http.Server{Handler: core.HTTPConnect(), ReadHeaderTimeout: StopTimeout}
 	health := http.NewServeMux()

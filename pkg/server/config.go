@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
@@ -129,6 +130,9 @@ type Config struct {
 	// Zero means [DefaultStreamStallTimeout]; a negative value turns it
 	// off.
 	StreamStallTimeout time.Duration
+	// Logger receives the server's logs, named "proxy-server". The zero
+	// value is klog's global logger.
+	Logger klog.Logger
 	// Registerer receives the server's metrics. Nil means they are not
 	// registered anywhere.
 	Registerer prometheus.Registerer
@@ -143,6 +147,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.Counter == nil {
 		cfg.Counter = servercounter.StaticServerCounter(1)
+	}
+	if cfg.Logger.GetSink() == nil {
+		cfg.Logger = klog.Background()
 	}
 	if cfg.Strategies == nil {
 		cfg.Strategies = []Strategy{StrategyDefault}

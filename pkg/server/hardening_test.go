@@ -24,8 +24,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/logtest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -170,6 +172,28 @@ func TestRejectedAgentIDIsLoggedCapped(t *testing.T) {
 	assert.Contains(t, line, fmt.Sprintf("(%d bytes)", len(agentID)), "the cut value notes the length sent")
 }
 
+// A server logs through Config.Logger, not klog's global logger: a
+// program that embeds it chooses where its lines go.
+func TestServerLogsThroughItsLogger(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(path, []byte("s3cret\n"), 0o600))
+	auth, err := server.NewTokenFileAuthenticator(path)
+	require.NoError(t, err)
+	logger, buf := logtest.NewLogger(0)
+	e := startEnv(t, server.Config{Authenticator: auth, Logger: logger})
+	global := logs.Capture(t)
+
+	marker := "logger-agent-" + strconv.Itoa(int(time.Now().UnixNano()))
+	_, err = connectAgent(t, e, agentOpts{id: marker, token: "guess"})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "err: %v", err)
+	require.Eventually(t, func() bool {
+		return strings.Contains(buf.String(), "Rejected agent stream") && strings.Contains(buf.String(), marker)
+	}, waitFor, 5*time.Millisecond, "no rejection in the configured logger: %q", buf.String())
+	assert.Contains(t, buf.String(), `"proxy-server"`, "the logger is named")
+	assert.NotContains(t, global.String(), marker, "the line also went to klog's global logger")
+}
+
 // Issue 10, item 3: metadata beyond server.GRPCMaxHeaderListSize is
 // refused by the gRPC transport, before the handler runs, instead of
 // gRPC's 16 MiB default.
@@ -271,7 +295,7 @@ func TestTLSRefusedByPeerIsLoggedAsSuch(t *testing.T) {
 	cliCert, err := serverCA.Client("agent")
 	require.NoError(t, err)
 	serverTLS := &tls.Config{Certificates: []tls.Certificate{srvCert.TLS}, ClientCAs: serverCA.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
-	gs := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent")))...)
+	gs := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent", klog.Background())))...)
 	lis := listen(t)
 	served := make(chan struct{})
 	go func() { defer close(served); _ = gs.Serve(lis) }()

@@ -72,7 +72,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	return &Server{
 		cfg:         cfg,
-		log:         klog.Background().WithName("proxy-server"),
+		log:         cfg.Logger.WithName("proxy-server"),
 		metrics:     m,
 		quit:        make(chan struct{}),
 		tunnelEnded: make(chan struct{}, 1),

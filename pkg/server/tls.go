@@ -17,14 +17,15 @@ import (
 // nothing. A handshake the peer refused (it sent a TLS alert, e.g. it
 // does not trust the server's certificate) is logged as such. A peer that
 // closes before a handshake, as a TCP health check does, is logged only
-// at -v=2.
-func TLSCredentials(cfg *tls.Config, port string) credentials.TransportCredentials {
-	return loggedCredentials{TransportCredentials: credentials.NewTLS(cfg), port: port}
+// at -v=2. logger is the server's ([Config.Logger]).
+func TLSCredentials(cfg *tls.Config, port string, logger klog.Logger) credentials.TransportCredentials {
+	return loggedCredentials{TransportCredentials: credentials.NewTLS(cfg), port: port, log: logger}
 }
 
 type loggedCredentials struct {
 	credentials.TransportCredentials
 	port string
+	log  klog.Logger
 }
 
 func (c loggedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -33,20 +34,20 @@ func (c loggedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials
 	switch {
 	case err == nil:
 	case errors.Is(err, io.EOF):
-		klog.V(2).InfoS("Peer closed before the TLS handshake", "port", c.port, "remote", conn.RemoteAddr().String())
+		c.log.V(2).Info("Peer closed before the TLS handshake", "port", c.port, "remote", conn.RemoteAddr().String())
 	case errors.As(err, &op) && op.Op == "remote error":
 		// crypto/tls reports an alert the peer sent as a "remote error":
 		// the peer refused us, most often because it does not trust our
 		// certificate, and the fix is on its side (its CA file), not
 		// ours.
-		klog.ErrorS(errors.New(capPeer(err.Error())), "Peer refused the TLS handshake (does it trust this server's certificate?)", "port", c.port, "remote", conn.RemoteAddr().String())
+		c.log.Error(errors.New(capPeer(err.Error())), "Peer refused the TLS handshake (does it trust this server's certificate?)", "port", c.port, "remote", conn.RemoteAddr().String())
 	default:
 		// A certificate's names can be long, and the peer chose them.
-		klog.ErrorS(errors.New(capPeer(err.Error())), "Refused TLS connection", "port", c.port, "remote", conn.RemoteAddr().String())
+		c.log.Error(errors.New(capPeer(err.Error())), "Refused TLS connection", "port", c.port, "remote", conn.RemoteAddr().String())
 	}
 	return nc, info, err
 }
 
 func (c loggedCredentials) Clone() credentials.TransportCredentials {
-	return loggedCredentials{TransportCredentials: c.TransportCredentials.Clone(), port: c.port}
+	return loggedCredentials{TransportCredentials: c.TransportCredentials.Clone(), port: c.port, log: c.log}
 }

@@ -156,7 +156,7 @@ func (s *Server) Run(ctx context.Context) error {
 	// Agents.
 	agentOpts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.KeepaliveTime}))
 	if s.agentTLS != nil {
-		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(s.agentTLS, "agent")))
+		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(s.agentTLS, "agent", klog.Background())))
 	}
 	agentGRPC := grpc.NewServer(agentOpts...)
 	wire.RegisterAgentServiceServer(agentGRPC, srv)
@@ -170,7 +170,7 @@ func (s *Server) Run(ctx context.Context) error {
 	case options.ModeGRPC:
 		fopts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.FrontendKeepaliveTime}))
 		if s.frontendTLS != nil {
-			fopts = append(fopts, grpc.Creds(server.TLSCredentials(s.frontendTLS, "frontend")))
+			fopts = append(fopts, grpc.Creds(server.TLSCredentials(s.frontendTLS, "frontend", klog.Background())))
 		}
 		fg := grpc.NewServer(fopts...)
 		client.RegisterProxyServiceServer(fg, srv)
