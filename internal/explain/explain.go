@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"slices"
 	"strings"
 	"time"
@@ -54,9 +55,10 @@ const maxBody = 16 << 20
 // Read scrapes url (its /metrics when it has no path) and explains it. An
 // error means there is nothing to explain: the page could not be read, or
 // it is not a proxy-agent's or a proxy-server's.
-func Read(ctx context.Context, client *http.Client, url string) (*Report, error) {
-	if !strings.Contains(strings.TrimPrefix(strings.TrimPrefix(url, "http://"), "https://"), "/") {
-		url += "/metrics"
+func Read(ctx context.Context, client *http.Client, raw string) (*Report, error) {
+	url, err := MetricsURL(raw)
+	if err != nil {
+		return nil, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -80,6 +82,22 @@ func Read(ctx context.Context, client *http.Client, url string) (*Report, error)
 	}
 	r.URL = url
 	return r, nil
+}
+
+// MetricsURL is the /metrics URL of raw: a host:port, or a URL; http://
+// when it names no scheme, /metrics when it has no path.
+func MetricsURL(raw string) (string, error) {
+	if !strings.Contains(raw, "://") {
+		raw = "http://" + raw
+	}
+	u, err := neturl.Parse(raw)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return "", fmt.Errorf("invalid URL %q: give the health or admin address of a proxy-agent or proxy-server, e.g. 10.0.0.5:8093 or http://10.0.0.5:8093/metrics", raw)
+	}
+	if u.Path == "" || u.Path == "/" {
+		u.Path = "/metrics"
+	}
+	return u.String(), nil
 }
 
 // Metrics are the samples of one scrape.

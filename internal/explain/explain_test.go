@@ -180,3 +180,24 @@ func TestAgentWithTheHoldDownPending(t *testing.T) {
 	assert.Contains(t, strings.Join(r.Facts, "\n"), "Holds 1 of the 3")
 	assert.Contains(t, strings.Join(r.Problems, "\n"), "2 proxy-server(s) missing")
 }
+
+// The address an operator types becomes the metrics URL; what cannot be
+// one gets one error saying what to give.
+func TestMetricsURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.0.0.5:8093":                       "http://10.0.0.5:8093/metrics",
+		"http://10.0.0.5:8093":                "http://10.0.0.5:8093/metrics",
+		"https://agent.example:8093/":         "https://agent.example:8093/metrics",
+		"http://10.0.0.5:8095/custom/metrics": "http://10.0.0.5:8095/custom/metrics",
+	} {
+		got, err := explain.MetricsURL(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"ftp://10.0.0.5/metrics", "http://", "http://[::1"} {
+		_, err := explain.MetricsURL(bad)
+		if assert.Error(t, err, bad) {
+			assert.Contains(t, err.Error(), "give the health or admin address", bad)
+		}
+	}
+}

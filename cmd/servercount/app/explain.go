@@ -47,9 +47,10 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stderr, "servercount explain: give one URL, the health or admin address of a proxy-agent or proxy-server (see --help)")
 		return ExitUsage
 	}
-	url := fs.Arg(0)
-	if !hasScheme(url) {
-		url = "http://" + url
+	url, err := explain.MetricsURL(fs.Arg(0))
+	if err != nil {
+		fmt.Fprintf(stderr, "servercount explain: %v\n", err)
+		return ExitUsage
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -77,13 +78,4 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return ExitExplainProblems
 	}
 	return ExitExplainHealthy
-}
-
-func hasScheme(url string) bool {
-	for _, s := range []string{"http://", "https://"} {
-		if len(url) >= len(s) && url[:len(s)] == s {
-			return true
-		}
-	}
-	return false
 }

@@ -66,4 +66,8 @@ func TestExplainExitCodes(t *testing.T) {
 	code, _, errOut = runExplain(t)
 	assert.Equal(t, app.ExitUsage, code)
 	assert.Contains(t, errOut, "give one URL")
+
+	code, _, errOut = runExplain(t, "ftp://10.0.0.5/metrics")
+	assert.Equal(t, app.ExitUsage, code)
+	assert.Contains(t, errOut, "invalid URL")
 }
