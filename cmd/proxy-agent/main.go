@@ -41,7 +41,7 @@ func main() {
 		<-sigs
 		stop()
 	}()
-	if err := app.Run(ctx, drain, o); err != nil {
+	if err := app.Run(ctx, drain, o.Config()); err != nil {
 		klog.ErrorS(err, "Proxy-agent failed")
 		klog.Flush()
 		os.Exit(1)

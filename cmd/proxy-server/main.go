@@ -25,7 +25,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := app.Run(ctx, o); err != nil {
+	if err := app.Run(ctx, o.Config()); err != nil {
 		klog.ErrorS(err, "Proxy-server failed")
 		klog.Flush()
 		os.Exit(1)

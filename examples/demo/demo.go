@@ -182,7 +182,7 @@ func (d *demo) startServer(ctx context.Context, ip string) error {
 	}
 	sctx, stop := context.WithCancel(ctx)
 	s := &runningServer{ip: ip, stop: stop, done: make(chan error, 1)}
-	go func() { s.done <- serverapp.Run(sctx, o) }()
+	go func() { s.done <- serverapp.Run(sctx, o.Config()) }()
 	d.servers[ip] = s
 	// Ready to accept agents once its health port answers.
 	return waitUntil(ctx, func() bool {
@@ -209,7 +209,7 @@ func (d *demo) startAgent(ctx context.Context) (health string, stop func(), err 
 	}
 	actx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- app.Run(actx, context.Background(), o) }()
+	go func() { done <- app.Run(actx, context.Background(), o.Config()) }()
 	d.say("proxy-agent %s\n\n", strings.Join(args[len(args)-7:], " "))
 	return fmt.Sprintf("http://127.0.0.1:%d", d.ports.health), func() { cancel(); <-done }, nil
 }

@@ -106,20 +106,27 @@ func (o *AgentOptions) Build(kube kubeclient.Options, reg prometheus.Registerer)
 		}
 		sources = append(sources, leases)
 	}
-	policy := agent.TargetCounted
-	if o.SourceMax {
-		policy = agent.TargetMax
-	}
 	switch len(sources) {
 	case 0:
-		if !o.SourceMax {
-			policy = agent.TargetReceived
-		}
-		return nil, policy, nil
+		return nil, o.Policy(), nil
 	case 1:
-		return sources[0], policy, nil
+		return sources[0], o.Policy(), nil
 	}
-	return &maxOf{MaxCounter: servercounter.NewMaxCounter(sources[0], sources[1]), sources: sources}, policy, nil
+	return &maxOf{MaxCounter: servercounter.NewMaxCounter(sources[0], sources[1]), sources: sources}, o.Policy(), nil
+}
+
+// Policy is how the agent weighs the count Build builds against the
+// counts servers report: without a source of its own, upstream's way
+// (what servers report); with one, that source's. --server-count-source=max
+// takes the larger of the two either way.
+func (o *AgentOptions) Policy() agent.TargetPolicy {
+	switch {
+	case o.SourceMax:
+		return agent.TargetMax
+	case o.DNS.Enabled() || o.Leases.Enabled:
+		return agent.TargetCounted
+	}
+	return agent.TargetReceived
 }
 
 // maxOf is the larger of two sources, closing both.

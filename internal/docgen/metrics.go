@@ -82,7 +82,7 @@ func serverMetrics(kubeconfig string, certs pki.Files) ([]Metric, error) {
 	o.AgentNamespace, o.AgentServiceAccount = "kube-system", "konnectivity-agent"
 	o.Kube.Kubeconfig = kubeconfig
 	c := newCatalog()
-	s, err := serverapp.New(o, c)
+	s, err := serverapp.New(o.Config(), c)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func agentMetrics(kubeconfig string, certs pki.Files) ([]Metric, error) {
 	o.Count.Leases.Enabled = true
 	o.Kube.Kubeconfig = kubeconfig
 	c := newCatalog()
-	a, err := agentapp.New(o, c)
+	a, err := agentapp.New(o.Config(), c)
 	if err != nil {
 		return nil, err
 	}

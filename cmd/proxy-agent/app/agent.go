@@ -5,16 +5,23 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
+	"github.com/servercount/servercount/internal/counting"
+	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/internal/version"
 	"github.com/servercount/servercount/pkg/agent"
 )
@@ -26,8 +33,8 @@ const shutdownGrace = 5 * time.Second
 // ends first, the agent drains: it tells every server, stops opening
 // connections, and keeps serving until ctx ends or --drain-timeout has
 // passed.
-func Run(ctx, drain context.Context, o *options.Options) error {
-	a, err := New(o, prometheus.NewRegistry())
+func Run(ctx, drain context.Context, cfg options.Config) error {
+	a, err := New(cfg, prometheus.NewRegistry())
 	if err != nil {
 		return err
 	}
@@ -36,40 +43,58 @@ func Run(ctx, drain context.Context, o *options.Options) error {
 }
 
 // Agent is one proxy-agent process: the client set from pkg/agent, its
-// count sources and its health and admin ports. New does everything that
-// can fail and starts nothing that serves; Run serves; Close releases
-// what New made.
+// count sources, its TLS files and its health and admin ports. New does
+// everything that can fail and starts nothing that serves; Run serves;
+// Close releases what New made.
 type Agent struct {
-	o           *options.Options
-	reg         serve.Registry
-	cfg         agent.Config
-	stopCounter func()
-	cs          *agent.ClientSet
+	cfg      options.Config
+	reg      serve.Registry
+	counter  counting.Counter  // nil without a count source
+	tlsFiles *tlsfiles.Watcher // nil with --insecure-plaintext
+	cs       *agent.ClientSet
 
 	health, admin net.Listener
 	served        bool
 }
 
-// New builds the agent, registers its metrics on reg and listens on its
-// health and admin ports. On an error it releases what it made.
-func New(o *options.Options, reg serve.Registry) (_ *Agent, err error) {
-	a := &Agent{o: o, reg: reg}
+// New builds the agent from cfg, registers its metrics on reg and listens
+// on its health and admin ports. On an error it releases what it made: no
+// goroutine, listener or counter is left.
+func New(cfg options.Config, reg serve.Registry) (_ *Agent, err error) {
+	a := &Agent{cfg: cfg, reg: reg}
 	defer func() {
 		if err != nil {
 			a.Close()
 		}
 	}()
-	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
-	if a.cfg, a.stopCounter, err = o.Config(a.reg); err != nil {
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
+	ac := cfg.Agent
+	ac.Registerer = reg
+	if cfg.TLS != nil {
+		metrics := tlsfiles.NewMetrics("servercount", "agent")
+		if err := metric.Register(reg, "TLS file metrics", metrics.Collectors()...); err != nil {
+			return nil, err
+		}
+		if a.tlsFiles, err = tlsfiles.New("agent", *cfg.TLS, metrics, klog.Background()); err != nil {
+			return nil, fmt.Errorf("--agent-cert, --agent-key, --ca-cert: %w", err)
+		}
+		tlsCfg := a.tlsFiles.ClientConfig(cfg.ServerName)
+		tlsCfg.NextProtos = cfg.ALPN
+		ac.DialOptions = append(slices.Clip(ac.DialOptions), grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	}
+	if a.counter, _, err = cfg.Count.Build(cfg.Kube, reg); err != nil {
 		return nil, err
 	}
-	if a.cs, err = agent.NewClientSet(a.cfg); err != nil {
+	if a.counter != nil {
+		ac.Counter, ac.CountChanged = a.counter, a.counter
+	}
+	if a.cs, err = agent.NewClientSet(ac); err != nil {
 		return nil, err
 	}
-	if a.health, err = serve.Listen("health", o.HealthServerHost, o.HealthServerPort); err != nil {
+	if a.health, err = cfg.Health.Listen("health"); err != nil {
 		return nil, err
 	}
-	if a.admin, err = serve.Listen("admin", o.AdminBindAddress, o.AdminServerPort); err != nil {
+	if a.admin, err = cfg.Admin.Listen("admin"); err != nil {
 		return nil, err
 	}
 	return a, nil
@@ -85,22 +110,30 @@ func (a *Agent) Close() {
 			}
 		}
 	}
-	if a.stopCounter != nil {
-		a.stopCounter()
+	if a.counter != nil {
+		_ = a.counter.Close() // the counters' Close does not fail
 	}
 }
 
 // Run serves until ctx ends or a server fails; when drain ends first, the
 // agent drains (see the package's Run). It is called once.
 func (a *Agent) Run(ctx, drain context.Context) error {
-	o, cs, reg := a.o, a.cs, a.reg
+	cfg, cs, reg := a.cfg, a.cs, a.reg
 	a.served = true
 	g := serve.NewGroup()
+	if a.tlsFiles != nil {
+		// Watched until the agent has stopped, drain included, so that
+		// every new connection takes the newest files.
+		watchCtx, stopWatching := context.WithCancel(context.WithoutCancel(ctx))
+		watched := make(chan struct{})
+		go func() { defer close(watched); a.tlsFiles.Run(watchCtx) }()
+		defer func() { stopWatching(); <-watched }()
+	}
 	health := http.NewServeMux()
 	health.Handle("/metrics", serve.MetricsHandler(reg))
 	health.Handle("/", cs.Health())
 	g.HTTP("health server", a.health, health)
-	g.HTTP("admin server", a.admin, serve.AdminMux(reg, o.EnableProfiling))
+	g.HTTP("admin server", a.admin, serve.AdminMux(reg, cfg.EnableProfiling))
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -110,12 +143,12 @@ func (a *Agent) Run(ctx, drain context.Context) error {
 		defer close(drained)
 		select {
 		case <-drain.Done():
-			drainThenStop(runCtx, cs, o.DrainTimeout, cancel)
+			drainThenStop(runCtx, cs, cfg.DrainTimeout, cancel)
 		case <-runCtx.Done():
 		}
 	}()
 
-	klog.InfoS("Proxy-agent started", "agentID", o.AgentID, "proxyServer", a.cfg.ServerAddress,
+	klog.InfoS("Proxy-agent started", "agentID", cfg.Agent.AgentID, "proxyServer", cfg.Agent.ServerAddress,
 		"healthAddress", a.health.Addr().String(), "adminAddress", a.admin.Addr().String())
 	err := g.Wait(ctx, shutdownGrace)
 	cancel()

@@ -21,10 +21,10 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// testOptions are a plaintext agent with loopback health and admin ports,
+// testConfig is a plaintext agent with loopback health and admin ports,
 // counting servers through DNS (a counter with goroutines of its own) at
 // a nameserver that never answers, and a proxy-server that refuses.
-func testOptions(t *testing.T, health, admin int) *options.Options {
+func testConfig(t *testing.T, health, admin int) options.Config {
 	o := options.NewOptions()
 	o.InsecurePlaintext = true
 	o.AgentID = "test"
@@ -34,7 +34,7 @@ func testOptions(t *testing.T, health, admin int) *options.Options {
 	o.Count.DNS.Name = "proxy-server.example."
 	o.Count.DNS.Servers = []string{"127.0.0.1:1"}
 	require.Empty(t, o.Validate())
-	return o
+	return o.Config()
 }
 
 // New fails at its last step (the admin port is taken) after it has
@@ -46,7 +46,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 	defer taken.Close()
 	health := nettest.FreePorts(t, 1)[0]
 
-	a, err := app.New(testOptions(t, health, taken.Addr().(*net.TCPAddr).Port), prometheus.NewRegistry())
+	a, err := app.New(testConfig(t, health, taken.Addr().(*net.TCPAddr).Port), prometheus.NewRegistry())
 	require.Error(t, err)
 	assert.Nil(t, a)
 	assert.Contains(t, err.Error(), "admin")
@@ -58,7 +58,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 // while it drains; Close then leaves nothing.
 func TestRunServesThenReleasesEverything(t *testing.T) {
 	ports := nettest.FreePorts(t, 2)
-	a, err := app.New(testOptions(t, ports[0], ports[1]), prometheus.NewRegistry())
+	a, err := app.New(testConfig(t, ports[0], ports[1]), prometheus.NewRegistry())
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(t.Context())

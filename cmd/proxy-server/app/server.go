@@ -16,22 +16,28 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
+	"github.com/servercount/servercount/internal/counting"
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
+	"github.com/servercount/servercount/internal/tokenreview"
 	"github.com/servercount/servercount/internal/version"
+	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/server"
+	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
 // Run builds the server with New, serves until ctx ends and shuts down
 // within the grace period.
-func Run(ctx context.Context, o *options.Options) error {
-	s, err := New(o, prometheus.NewRegistry())
+func Run(ctx context.Context, cfg options.Config) error {
+	s, err := New(cfg, prometheus.NewRegistry())
 	if err != nil {
 		return err
 	}
@@ -39,15 +45,16 @@ func Run(ctx context.Context, o *options.Options) error {
 	return s.Run(ctx)
 }
 
-// Server is one proxy-server process: the core from pkg/server, its four
-// ports and the lease publisher. New does everything that can fail
-// (certificates, listeners) and starts nothing that serves; Run serves;
-// Close releases what New made.
+// Server is one proxy-server process: the core from pkg/server, its count
+// source, its four ports and the lease publisher. New does everything
+// that can fail (certificates, listeners) and starts nothing that serves;
+// Run serves; Close releases what New made.
 type Server struct {
-	o         *options.Options
+	cfg       options.Config
 	reg       serve.Registry
 	httpConns *prometheus.GaugeVec
-	setup     options.Setup
+	counter   *servercounter.CachedServerCounter // nil without --server-count-dns
+	leases    *lease.Publisher                   // nil without --enable-lease-controller
 	srv       *server.Server
 
 	agentTLS, frontendTLS *tls.Config
@@ -59,51 +66,99 @@ type Server struct {
 	served                           bool
 }
 
-// New builds the server, registers its metrics on reg and listens on its
-// ports. On an error it releases what it made: no goroutine, listener or
-// counter is left.
-func New(o *options.Options, reg serve.Registry) (_ *Server, err error) {
-	s := &Server{o: o, reg: reg}
+// New builds the server from cfg, registers its metrics on reg and
+// listens on its ports. On an error it releases what it made: no
+// goroutine, listener or counter is left.
+func New(cfg options.Config, reg serve.Registry) (_ *Server, err error) {
+	s := &Server{cfg: cfg, reg: reg}
 	defer func() {
 		if err != nil {
 			s.Close()
 		}
 	}()
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
-	if s.setup, err = o.Config(s.reg); err != nil {
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
+	sc := cfg.Server
+	sc.Registerer = reg
+	if sc.Authenticator, s.leases, err = s.buildKube(); err != nil {
 		return nil, err
 	}
-	if s.srv, err = server.New(s.setup.Server); err != nil {
+	if cfg.DNS != nil {
+		if s.counter, err = cfg.DNS.Build(reg, "server", cfg.ServerCount); err != nil {
+			return nil, err
+		}
+		sc.Counter = s.counter
+	}
+	if s.srv, err = server.New(sc); err != nil {
 		return nil, err
 	}
 	s.httpConns = serve.NewHTTPConnectionsGauge("servercount", "server")
 	s.tlsMetrics = tlsfiles.NewMetrics("servercount", "server")
-	if err := metric.Register(s.reg, "HTTP connection and TLS file metrics", append(s.tlsMetrics.Collectors(), s.httpConns)...); err != nil {
+	if err := metric.Register(reg, "HTTP connection and TLS file metrics", append(s.tlsMetrics.Collectors(), s.httpConns)...); err != nil {
 		return nil, err
 	}
-	if !o.InsecurePlaintext {
-		if s.agentTLS, err = s.watchTLS("cluster", tlsfiles.Files{Cert: o.ClusterCert, Key: o.ClusterKey, CA: o.ClusterCACert}); err != nil {
+	if cfg.AgentTLS != nil {
+		if s.agentTLS, err = s.watchTLS("cluster", *cfg.AgentTLS); err != nil {
 			return nil, fmt.Errorf("agent port (--cluster-cert, --cluster-key, --cluster-ca-cert): %w", err)
 		}
-		if o.UDSName == "" {
-			if s.frontendTLS, err = s.watchTLS("server", tlsfiles.Files{Cert: o.ServerCert, Key: o.ServerKey, CA: o.ServerCACert}); err != nil {
-				return nil, fmt.Errorf("frontend port (--server-cert, --server-key, --server-ca-cert): %w", err)
-			}
+	}
+	if cfg.FrontendTLS != nil {
+		if s.frontendTLS, err = s.watchTLS("server", *cfg.FrontendTLS); err != nil {
+			return nil, fmt.Errorf("frontend port (--server-cert, --server-key, --server-ca-cert): %w", err)
 		}
 	}
-	if s.agents, err = serve.Listen("agents", o.AgentListenHost(), o.AgentPort); err != nil {
+	if s.agents, err = cfg.Agents.Listen("agents"); err != nil {
 		return nil, err
 	}
-	if s.frontends, err = frontendListener(o); err != nil {
+	if s.frontends, err = frontendListener(cfg); err != nil {
 		return nil, err
 	}
-	if s.health, err = serve.Listen("health", o.HealthBindAddress, o.HealthPort); err != nil {
+	if s.health, err = cfg.Health.Listen("health"); err != nil {
 		return nil, err
 	}
-	if s.admin, err = serve.Listen("admin", o.AdminBindAddress, o.AdminPort); err != nil {
+	if s.admin, err = cfg.Admin.Listen("admin"); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// buildKube builds what talks to the API server: the agents'
+// authenticator (a token file or TokenReviews) and the lease publisher.
+// Both are idle until used or run.
+func (s *Server) buildKube() (server.TokenAuthenticator, *lease.Publisher, error) {
+	cfg := s.cfg
+	if cfg.AgentTokenFile != "" {
+		auth, err := server.NewTokenFileAuthenticator(cfg.AgentTokenFile)
+		return auth, nil, err
+	}
+	var rc *rest.Config
+	if cfg.TokenReview != nil || cfg.Leases != nil {
+		var err error
+		if rc, err = kubeclient.Config(cfg.Kube); err != nil {
+			return nil, nil, err
+		}
+	}
+	var auth server.TokenAuthenticator
+	if cfg.TokenReview != nil {
+		client, err := kubeclient.NewTokenReviews(rc)
+		if err != nil {
+			return nil, nil, err
+		}
+		tc := *cfg.TokenReview
+		tc.Client, tc.Registerer = client, s.reg
+		if auth, err = tokenreview.New(tc); err != nil {
+			return nil, nil, err
+		}
+	}
+	// Registered with or without leases, as upstream's metrics are.
+	leaseMetrics, err := counting.NewPublishMetrics(s.reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if cfg.Leases == nil {
+		return auth, nil, nil
+	}
+	leases, err := cfg.Leases.Build(rc, cfg.Server.ServerID, leaseMetrics)
+	return auth, leases, err
 }
 
 // watchTLS reads the TLS files of one port and returns its configuration,
@@ -115,12 +170,12 @@ func (s *Server) watchTLS(identity string, files tlsfiles.Files) (*tls.Config, e
 	}
 	s.tlsFiles = append(s.tlsFiles, w)
 	cfg := w.ServerConfig()
-	s.o.TLS.Apply(cfg)
+	s.cfg.TLS.Apply(cfg)
 	return cfg, nil
 }
 
 // Close releases what New made and Run did not: listeners never served,
-// the core's tunnels, the count sources. It is safe after Run.
+// the core's tunnels, the count source. It is safe after Run.
 func (s *Server) Close() {
 	if !s.served {
 		for _, l := range []net.Listener{s.agents, s.frontends, s.health, s.admin} {
@@ -132,8 +187,8 @@ func (s *Server) Close() {
 	if s.srv != nil {
 		s.srv.Close()
 	}
-	if s.setup.Stop != nil {
-		s.setup.Stop()
+	if s.counter != nil {
+		_ = s.counter.Close() // Close does not fail
 	}
 }
 
@@ -142,7 +197,7 @@ func (s *Server) Close() {
 // --shutdown-delay-duration, then open tunnels given
 // --graceful-shutdown-timeout to end. It is called once.
 func (s *Server) Run(ctx context.Context) error {
-	o, srv, reg := s.o, s.srv, s.reg
+	cfg, srv, reg := s.cfg, s.srv, s.reg
 	s.served = true
 	g := serve.NewGroup()
 	g.CountHTTPConnections(s.httpConns)
@@ -154,7 +209,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer func() { stopWatching(); watching.Wait() }()
 
 	// Agents.
-	agentOpts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.KeepaliveTime}))
+	agentOpts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime}))
 	if s.agentTLS != nil {
 		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(s.agentTLS, "agent", klog.Background())))
 	}
@@ -166,9 +221,9 @@ func (s *Server) Run(ctx context.Context) error {
 	fl := s.frontends
 	// stopFrontends stops taking new frontends, leaving open tunnels be.
 	var stopFrontends func(context.Context)
-	switch o.Mode {
+	switch cfg.Mode {
 	case options.ModeGRPC:
-		fopts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: o.FrontendKeepaliveTime}))
+		fopts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.FrontendKeepaliveTime}))
 		if s.frontendTLS != nil {
 			fopts = append(fopts, grpc.Creds(server.TLSCredentials(s.frontendTLS, "frontend", klog.Background())))
 		}
@@ -190,16 +245,16 @@ func (s *Server) Run(ctx context.Context) error {
 	health.Handle("/metrics", serve.MetricsHandler(reg))
 	health.Handle("/", srv.Health())
 	g.HTTP("health server", s.health, health)
-	g.HTTP("admin server", s.admin, serve.AdminMux(reg, o.EnableProfiling))
+	g.HTTP("admin server", s.admin, serve.AdminMux(reg, cfg.EnableProfiling))
 
 	// The lease: published once the ports serve, deleted at the start of
 	// a shutdown so that agents drop this server at once.
 	stopLeases := func() {}
-	if s.setup.Leases != nil {
+	if s.leases != nil {
 		var lctx context.Context
 		lctx, stopLeases = context.WithCancel(context.WithoutCancel(ctx))
 		g.Go("lease publisher", func() error {
-			_ = s.setup.Leases.Run(lctx) // it logs its own failures
+			_ = s.leases.Run(lctx) // it logs its own failures
 			return nil
 		}, func(context.Context) { stopLeases() })
 	}
@@ -209,9 +264,9 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Defer(func(ctx context.Context) {
 		srv.StopReadiness()
 		stopLeases()
-		if o.ShutdownDelay > 0 {
-			klog.InfoS("Shutting down: not ready, still taking new frontends", "shutdownDelay", o.ShutdownDelay)
-			t := time.NewTimer(o.ShutdownDelay)
+		if cfg.ShutdownDelay > 0 {
+			klog.InfoS("Shutting down: not ready, still taking new frontends", "shutdownDelay", cfg.ShutdownDelay)
+			t := time.NewTimer(cfg.ShutdownDelay)
 			select {
 			case <-t.C:
 			case <-ctx.Done():
@@ -220,22 +275,22 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		stopFrontends(ctx)
 		go agentGRPC.GracefulStop() // no new agent stream; GOAWAY to agents
-		tctx, cancel := context.WithTimeout(ctx, o.GracefulShutdownTimeout)
+		tctx, cancel := context.WithTimeout(ctx, cfg.GracefulShutdownTimeout)
 		defer cancel()
-		klog.InfoS("Shutting down: taking no new frontends, letting open tunnels finish", "gracefulShutdownTimeout", o.GracefulShutdownTimeout)
+		klog.InfoS("Shutting down: taking no new frontends, letting open tunnels finish", "gracefulShutdownTimeout", cfg.GracefulShutdownTimeout)
 		if cut := srv.Shutdown(tctx); cut > 0 {
-			klog.InfoS("Cut the tunnels still open after the grace period", "tunnels", cut, "gracefulShutdownTimeout", o.GracefulShutdownTimeout)
+			klog.InfoS("Cut the tunnels still open after the grace period", "tunnels", cut, "gracefulShutdownTimeout", cfg.GracefulShutdownTimeout)
 		} else {
 			klog.InfoS("Every tunnel has ended")
 		}
 	})
 
-	klog.InfoS("Proxy-server started", "serverID", o.ServerID, "serverCount", o.ServerCount, "mode", o.Mode,
+	klog.InfoS("Proxy-server started", "serverID", cfg.Server.ServerID, "serverCount", cfg.ServerCount, "mode", cfg.Mode,
 		"agentAddress", s.agents.Addr().String(), "frontendAddress", s.frontends.Addr().String(),
 		"healthAddress", s.health.Addr().String(), "adminAddress", s.admin.Addr().String())
 	// The servers' own stops after the tunnels have ended or been cut:
 	// a few seconds on top of the delay and the grace period.
-	err := g.Wait(ctx, o.ShutdownDelay+o.GracefulShutdownTimeout+shutdownGrace)
+	err := g.Wait(ctx, cfg.ShutdownDelay+cfg.GracefulShutdownTimeout+shutdownGrace)
 	klog.InfoS("Proxy-server stopped")
 	return err
 }
@@ -249,26 +304,26 @@ const shutdownGrace = 5 * time.Second
 const udsMode = 0o770
 
 // frontendListener listens on the Unix socket or the TCP port.
-func frontendListener(o *options.Options) (net.Listener, error) {
-	if o.UDSName != "" {
-		if o.DeleteExistingUDSFile {
-			if err := os.Remove(o.UDSName); err != nil && !os.IsNotExist(err) {
-				return nil, fmt.Errorf("remove existing --uds-name %s: %w", o.UDSName, err)
+func frontendListener(cfg options.Config) (net.Listener, error) {
+	if cfg.UDSName != "" {
+		if cfg.DeleteExistingUDSFile {
+			if err := os.Remove(cfg.UDSName); err != nil && !os.IsNotExist(err) {
+				return nil, fmt.Errorf("remove existing --uds-name %s: %w", cfg.UDSName, err)
 			}
 		}
-		l, err := net.Listen("unix", o.UDSName)
+		l, err := net.Listen("unix", cfg.UDSName)
 		if err != nil {
-			return nil, fmt.Errorf("listen for frontends on unix socket %s: %w", o.UDSName, err)
+			return nil, fmt.Errorf("listen for frontends on unix socket %s: %w", cfg.UDSName, err)
 		}
 		// As upstream's (created under umask 0007): a kube-apiserver in
 		// the socket's group may connect, others may not. Until the
 		// chmod the socket is 0755 or stricter under the usual umask:
 		// connecting needs write permission, so nobody else gets in.
-		if err := os.Chmod(o.UDSName, udsMode); err != nil {
+		if err := os.Chmod(cfg.UDSName, udsMode); err != nil {
 			_ = l.Close()
-			return nil, fmt.Errorf("set the mode of unix socket %s: %w", o.UDSName, err)
+			return nil, fmt.Errorf("set the mode of unix socket %s: %w", cfg.UDSName, err)
 		}
 		return l, nil
 	}
-	return serve.Listen("frontends", o.ServerListenHost(), o.ServerPort)
+	return cfg.Frontends.Listen("frontends")
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -23,7 +25,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // testOptions are a plaintext HTTP CONNECT server on loopback ports,
 // counting servers through DNS (a counter with goroutines of its own) at
-// a nameserver that never answers.
+// a nameserver that never answers, and publishing its lease to an API
+// server that is not there.
 func testOptions(t *testing.T, ports []int) *options.Options {
 	o := options.NewOptions()
 	o.Mode = options.ModeHTTPConnect
@@ -33,13 +36,21 @@ func testOptions(t *testing.T, ports []int) *options.Options {
 	o.HealthBindAddress = "127.0.0.1"
 	o.DNS.Name = "proxy-server.example."
 	o.DNS.Servers = []string{"127.0.0.1:1"}
+	o.Leases.Enabled = true
+	o.Kube.Kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(o.Kube.Kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+contexts: [{name: x, context: {cluster: c}}]
+current-context: x
+`), 0o600))
 	require.Empty(t, o.Validate())
 	return o
 }
 
 // New fails at its last step (the admin port is taken) after it has
-// listened on three ports and started the DNS counter: it releases them
-// all, and leaves no goroutine.
+// listened on three ports, started the DNS counter and made the lease
+// publisher: it releases them all, and leaves no goroutine.
 func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -47,7 +58,7 @@ func TestNewReleasesWhatItMadeOnError(t *testing.T) {
 	free := nettest.FreePorts(t, 3)
 	o := testOptions(t, append(free, taken.Addr().(*net.TCPAddr).Port))
 
-	s, err := app.New(o, prometheus.NewRegistry())
+	s, err := app.New(o.Config(), prometheus.NewRegistry())
 	require.Error(t, err)
 	assert.Nil(t, s)
 	assert.Contains(t, err.Error(), "admin")
@@ -61,7 +72,7 @@ func TestRunServesThenReleasesEverything(t *testing.T) {
 	ports := nettest.FreePorts(t, 4)
 	o := testOptions(t, ports)
 	o.GracefulShutdownTimeout = 0
-	s, err := app.New(o, prometheus.NewRegistry())
+	s, err := app.New(o.Config(), prometheus.NewRegistry())
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(t.Context())

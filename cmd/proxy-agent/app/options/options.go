@@ -5,7 +5,6 @@
 package options
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -14,16 +13,12 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/kubeclient"
-	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/pkg/agent"
@@ -224,75 +219,72 @@ func (o *Options) Validate() []error {
 	return errs
 }
 
-// Config turns the options into the agent's configuration, once: it reads
-// the TLS files and, with --server-count-dns, builds the DNS counter
-// (its metrics registered on reg). Call stop once the agent has stopped:
-// it stops the DNS counter.
-func (o *Options) Config(reg prometheus.Registerer) (cfg agent.Config, stop func(), err error) {
-	cfg = agent.DefaultConfig()
-	cfg.AgentID = o.AgentID
-	cfg.Identifiers = o.AgentIdentifiers
-	cfg.ServerAddress = net.JoinHostPort(o.ProxyServerHost, strconv.Itoa(o.ProxyServerPort))
-	cfg.TokenPath = o.ServiceAccountTokenPath
-	cfg.SyncInterval, cfg.SyncIntervalCap, cfg.ProbeInterval = o.SyncInterval, o.SyncIntervalCap, o.ProbeInterval
-	cfg.SyncForever = o.SyncForever
-	cfg.HoldDown = o.ServerCountHoldDown
-	cfg.DialMode = o.ServerDialMode
+// Config is what the flags decide, as data. Building it reads no file,
+// dials nothing and starts nothing: app.New builds the agent from it, and
+// releases what it built when a later step fails.
+type Config struct {
+	// Agent is the client set's configuration but for what app.New adds:
+	// the count (from Count), the TLS credentials (from TLS) and the
+	// metrics registry.
+	Agent agent.Config
+	// TLS names the files of the agent's certificate, key and CA; nil
+	// with --insecure-plaintext. ServerName and ALPN complete the TLS
+	// configuration.
+	TLS        *tlsfiles.Files
+	ServerName string
+	ALPN       []string
+	// Count are the count sources, and Kube the API server that
+	// --count-server-leases reads.
+	Count *counting.AgentOptions
+	Kube  kubeclient.Options
+	// Health and Admin are the ports to listen on.
+	Health, Admin serve.Address
+	// EnableProfiling serves pprof on the admin port.
+	EnableProfiling bool
+	// DrainTimeout bounds a drain (0: no bound).
+	DrainTimeout time.Duration
+}
+
+// Config turns the options into the agent's configuration. Call it once
+// Validate has found no problem.
+func (o *Options) Config() Config {
+	a := agent.DefaultConfig()
+	a.AgentID = o.AgentID
+	a.Identifiers = o.AgentIdentifiers
+	a.ServerAddress = net.JoinHostPort(o.ProxyServerHost, strconv.Itoa(o.ProxyServerPort))
+	a.TokenPath = o.ServiceAccountTokenPath
+	a.SyncInterval, a.SyncIntervalCap, a.ProbeInterval = o.SyncInterval, o.SyncIntervalCap, o.ProbeInterval
+	a.SyncForever = o.SyncForever
+	a.HoldDown = o.ServerCountHoldDown
+	a.DialMode = o.ServerDialMode
+	a.TargetPolicy = o.Count.Policy()
 	// Every count is capped, received ones included and whatever the
 	// source: a server's serverCount header is not to be trusted more
 	// than DNS is.
-	cfg.ServerCountMax = o.Count.DNS.Max
-	cfg.MaxConcurrentDials, cfg.MaxTunnelsPerServer = o.MaxConcurrentDials, o.MaxTunnelsPerServer
-	cfg.EndpointWriteTimeout, cfg.TunnelWindow = o.EndpointWriteTimeout, o.TunnelWindow
-	cfg.StreamStallTimeout = o.StreamStallTimeout
-	if cfg.StreamStallTimeout == 0 {
-		cfg.StreamStallTimeout = -1 // the flag's 0 is "never"; the Config's is the default
+	a.ServerCountMax = o.Count.DNS.Max
+	a.MaxConcurrentDials, a.MaxTunnelsPerServer = o.MaxConcurrentDials, o.MaxTunnelsPerServer
+	a.EndpointWriteTimeout, a.TunnelWindow = o.EndpointWriteTimeout, o.TunnelWindow
+	a.StreamStallTimeout = o.StreamStallTimeout
+	if a.StreamStallTimeout == 0 {
+		a.StreamStallTimeout = -1 // the flag's 0 is "never"; the Config's is the default
 	}
-	cfg.Registerer = reg
-	cfg.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
-	// The TLS files are watched once nothing below can fail.
-	var tlsFiles *tlsfiles.Watcher
-	stopTLS := func() {}
-	if o.InsecurePlaintext {
-		cfg.Insecure = true
-	} else {
-		// The files are checked with the flags' names first; the
-		// watcher then keeps them current while the agent runs.
-		if _, errs := o.clientTLS(); len(errs) > 0 {
-			return cfg, nil, errors.Join(errs...)
-		}
-		metrics := tlsfiles.NewMetrics("servercount", "agent")
-		if err := metric.Register(reg, "TLS file metrics", metrics.Collectors()...); err != nil {
-			return cfg, nil, err
-		}
-		if tlsFiles, err = tlsfiles.New("agent", tlsfiles.Files{Cert: o.AgentCert, Key: o.AgentKey, CA: o.CACert}, metrics, klog.Background()); err != nil {
-			return cfg, nil, fmt.Errorf("--agent-cert, --agent-key, --ca-cert: %w", err)
-		}
-		tlsCfg := tlsFiles.ClientConfig(o.ProxyServerHost)
-		tlsCfg.NextProtos = o.ALPN()
-		cfg.DialOptions = append(cfg.DialOptions, grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
+	a.Insecure = o.InsecurePlaintext
+	a.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
+	cfg := Config{
+		Agent:           a,
+		ServerName:      o.ProxyServerHost,
+		ALPN:            o.ALPN(),
+		Count:           o.Count,
+		Kube:            o.Kube,
+		Health:          serve.Address{Host: o.HealthServerHost, Port: o.HealthServerPort},
+		Admin:           serve.Address{Host: o.AdminBindAddress, Port: o.AdminServerPort},
+		EnableProfiling: o.EnableProfiling,
+		DrainTimeout:    o.DrainTimeout,
 	}
-
-	counter, policy, err := o.Count.Build(o.Kube, reg)
-	if err != nil {
-		return cfg, nil, err
+	if !o.InsecurePlaintext {
+		cfg.TLS = &tlsfiles.Files{Cert: o.AgentCert, Key: o.AgentKey, CA: o.CACert}
 	}
-	cfg.TargetPolicy = policy
-	stop = func() { stopTLS() } // stopTLS is set below
-	if counter != nil {
-		cfg.Counter, cfg.CountChanged = counter, counter
-		stop = func() {
-			_ = counter.Close() // the counters' Close does not fail
-			stopTLS()
-		}
-	}
-	if tlsFiles != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { tlsFiles.Run(ctx); close(done) }()
-		stopTLS = func() { cancel(); <-done }
-	}
-	return cfg, stop, nil
+	return cfg
 }
 
 // clientTLS reads --ca-cert, --agent-cert and --agent-key into the TLS

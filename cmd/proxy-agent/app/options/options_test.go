@@ -1,13 +1,11 @@
 package options_test
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -15,7 +13,6 @@ import (
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/pkg/agent"
-	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -177,12 +174,13 @@ func TestIgnoredFlagsAreReported(t *testing.T) {
 // Config turns the flags into the agent's configuration once, with the
 // target policy the flags mean.
 // bothSources stands for the counter of DNS and leases together.
-var bothSources servercounter.Counter = servercounter.StaticServerCounter(-1)
-
+// Config is data: whatever the flags ask for (DNS, leases at an API
+// server that is not there, TLS files), it starts nothing and reaches
+// nothing, so that a failure after it leaves nothing to stop.
+//
+// It runs alone (not in parallel), so that any goroutine it finds is
+// Config's.
 func TestConfig(t *testing.T) {
-	t.Parallel()
-	// An API server that is not there: the lease counter starts and keeps
-	// trying, which is all Config needs.
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
 kind: Config
@@ -195,56 +193,45 @@ current-context: x
 		args       []string
 		wantPolicy agent.TargetPolicy
 		wantMode   agent.DialMode
-		// wantCounter is the type of the Counter; nil means the static 1.
-		wantCounter servercounter.Counter
 		// wantMax is the cap on every count; 0 means the default.
 		wantMax int
 	}{
 		{name: "upstream default", args: nil, wantPolicy: agent.TargetReceived, wantMode: agent.DialLoadBalancer},
 		{name: "max without dns", args: []string{"--server-count-source=max"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer},
-		{name: "dns", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"}, wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantCounter: &servercounter.CachedServerCounter{}},
+		{name: "dns", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"}, wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer},
 		{name: "dns resolved max", args: []string{"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1", "--server-dial-mode=resolved", "--server-count-source=max"},
-			wantPolicy: agent.TargetMax, wantMode: agent.DialResolved, wantCounter: &servercounter.CachedServerCounter{}},
+			wantPolicy: agent.TargetMax, wantMode: agent.DialResolved},
 		{name: "leases", args: []string{"--count-server-leases", "--kubeconfig=" + kubeconfig},
-			wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantCounter: &lease.Counter{}},
+			wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer},
 		{name: "dns and leases", args: []string{"--count-server-leases", "--kubeconfig=" + kubeconfig, "--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1"},
-			wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer, wantCounter: bothSources},
+			wantPolicy: agent.TargetCounted, wantMode: agent.DialLoadBalancer},
 		{name: "max caps received counts", args: []string{"--server-count-source=max", "--server-count-max=7"}, wantPolicy: agent.TargetMax, wantMode: agent.DialLoadBalancer, wantMax: 7},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
 			o := options.NewOptions()
 			require.NoError(t, o.Flags().Parse(append([]string{"--insecure-plaintext", "--agent-identifiers=host=node-1"}, tc.args...)))
 			require.Empty(t, o.Validate())
-			cfg, stop, err := o.Config(prometheus.NewRegistry())
-			require.NoError(t, err)
-			defer stop()
-			assert.Equal(t, tc.wantPolicy, cfg.TargetPolicy)
-			assert.Equal(t, tc.wantMode, cfg.DialMode)
-			assert.Equal(t, "127.0.0.1:8091", cfg.ServerAddress)
-			assert.Equal(t, "host=node-1", cfg.Identifiers.String())
-			assert.True(t, cfg.Insecure)
+			before := goleak.IgnoreCurrent()
+			cfg := o.Config()
+			goleak.VerifyNone(t, before)
+			a := cfg.Agent
+			assert.Equal(t, tc.wantPolicy, a.TargetPolicy)
+			assert.Equal(t, tc.wantMode, a.DialMode)
+			assert.Equal(t, "127.0.0.1:8091", a.ServerAddress)
+			assert.Equal(t, "host=node-1", a.Identifiers.String())
+			assert.True(t, a.Insecure)
+			assert.Nil(t, cfg.TLS, "no TLS files with --insecure-plaintext")
 			wantMax := tc.wantMax
 			if wantMax == 0 {
 				wantMax = agent.DefaultServerCountMax
 			}
-			assert.Equal(t, wantMax, cfg.ServerCountMax, "--server-count-max caps every source")
-			assert.Equal(t, agent.DefaultMaxConcurrentDials, cfg.MaxConcurrentDials)
-			assert.Equal(t, agent.DefaultMaxTunnelsPerServer, cfg.MaxTunnelsPerServer)
-			switch tc.wantCounter {
-			case nil:
-				assert.Nil(t, cfg.CountChanged)
-				assert.Equal(t, servercounter.StaticServerCounter(1), cfg.Counter)
-			case bothSources:
-				// The larger of the two: neither source alone.
-				assert.NotNil(t, cfg.CountChanged, "a count of our own wakes the agent on changes")
-				assert.NotEqual(t, fmt.Sprintf("%T", &servercounter.CachedServerCounter{}), fmt.Sprintf("%T", cfg.Counter))
-				assert.NotEqual(t, fmt.Sprintf("%T", &lease.Counter{}), fmt.Sprintf("%T", cfg.Counter))
-			default:
-				assert.NotNil(t, cfg.CountChanged, "a count of our own wakes the agent on changes")
-				assert.IsType(t, tc.wantCounter, cfg.Counter)
-			}
+			assert.Equal(t, wantMax, a.ServerCountMax, "--server-count-max caps every source")
+			assert.Equal(t, agent.DefaultMaxConcurrentDials, a.MaxConcurrentDials)
+			assert.Equal(t, agent.DefaultMaxTunnelsPerServer, a.MaxTunnelsPerServer)
+			assert.Equal(t, servercounter.StaticServerCounter(1), a.Counter, "app.New builds the count, not Config")
+			assert.Nil(t, a.CountChanged)
+			assert.Same(t, o.Count, cfg.Count)
 		})
 	}
 }

@@ -10,15 +10,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/rest"
 
 	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/serve"
+	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/internal/tokenreview"
-	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
@@ -321,20 +319,9 @@ func pronoun(n int) string {
 	return "them"
 }
 
-// AgentListenHost is the host the agent port listens on:
-// --agent-bind-address, or loopback for --insecure-plaintext when it is
-// empty, since a port without TLS is for local use only.
-func (o *Options) AgentListenHost() string {
-	return o.listenHost(o.AgentBindAddress)
-}
-
-// ServerListenHost is the host the frontend port listens on:
-// --server-bind-address, or loopback for --insecure-plaintext when it is
-// empty.
-func (o *Options) ServerListenHost() string {
-	return o.listenHost(o.ServerBindAddress)
-}
-
+// listenHost is the host a port listens on: its bind-address flag, or
+// loopback for --insecure-plaintext when that is empty, since a port
+// without TLS is for local use only.
 func (o *Options) listenHost(flagValue string) string {
 	if flagValue == "" && o.InsecurePlaintext {
 		return "127.0.0.1"
@@ -342,86 +329,99 @@ func (o *Options) listenHost(flagValue string) string {
 	return flagValue
 }
 
-// Setup is what the flags make: the server's configuration and what runs
-// beside it.
-type Setup struct {
+// Config is what the flags decide, as data. Building it reads no file,
+// dials nothing and starts nothing: app.New builds the server from it,
+// and releases what it built when a later step fails.
+type Config struct {
+	// Server is the core's configuration but for what app.New adds: the
+	// DNS count, the agents' authenticator and the metrics registry. Its
+	// Counter is --server-count.
 	Server server.Config
-	// Leases publishes and renews this server's lease; nil without
+	// ServerCount is --server-count: the count, or the DNS count's
+	// fallback.
+	ServerCount int
+	// DNS counts the servers; nil without --server-count-dns.
+	DNS *counting.DNSOptions
+	// AgentTokenFile holds the tokens agents must present; empty for
+	// none. TokenReview checks their service-account tokens instead; nil
+	// without --agent-namespace (app.New adds its client and registry).
+	AgentTokenFile string
+	TokenReview    *tokenreview.Config
+	// Leases publishes this server's lease; nil without
 	// --enable-lease-controller.
-	Leases *lease.Publisher
-	// Stop releases what Config built (the DNS counter); call it once the
-	// server has stopped.
-	Stop func()
+	Leases *counting.PublishOptions
+	// Kube is the API server of TokenReviews and leases.
+	Kube kubeclient.Options
+	// AgentTLS and FrontendTLS name the TLS files of the agent and the
+	// frontend port; nil for a port without TLS (--insecure-plaintext, a
+	// frontend on --uds-name). TLS applies to both.
+	AgentTLS, FrontendTLS *tlsfiles.Files
+	TLS                   serve.TLSPolicy
+	// Mode is the frontend's protocol: ModeGRPC or ModeHTTPConnect.
+	Mode string
+	// The ports to listen on. With UDSName the frontend listens on that
+	// Unix socket instead, removing a file there first with
+	// DeleteExistingUDSFile.
+	Agents, Frontends, Health, Admin serve.Address
+	UDSName                          string
+	DeleteExistingUDSFile            bool
+	// KeepaliveTime and FrontendKeepaliveTime space the pings to agents
+	// and frontends.
+	KeepaliveTime, FrontendKeepaliveTime time.Duration
+	// ShutdownDelay and GracefulShutdownTimeout are the steps of a
+	// shutdown: new frontends still taken, then open tunnels let finish.
+	ShutdownDelay, GracefulShutdownTimeout time.Duration
+	// EnableProfiling serves pprof on the admin port.
+	EnableProfiling bool
 }
 
-// Config turns the options into the server's setup, once: with
-// --server-count-dns it builds the DNS counter (its metrics registered on
-// reg, --server-count its fallback), it reads the agent token file or
-// sets up TokenReviews, and with --enable-lease-controller it makes the
-// lease publisher.
-func (o *Options) Config(reg prometheus.Registerer) (Setup, error) {
-	st, err := o.config(reg)
-	if err != nil && st.Stop != nil {
-		st.Stop()
+// Config turns the options into the server's configuration. Call it once
+// Validate has found no problem.
+func (o *Options) Config() Config {
+	cfg := Config{
+		Server: server.Config{
+			ServerID:             o.ServerID,
+			Counter:              servercounter.StaticServerCounter(o.ServerCount),
+			Strategies:           o.ProxyStrategies,
+			BackendDialTimeout:   o.BackendDialTimeout,
+			FrontendWriteTimeout: o.FrontendWriteTimeout,
+			TunnelWindow:         o.TunnelWindow,
+			StreamStallTimeout:   o.StreamStallTimeout,
+		},
+		ServerCount:             o.ServerCount,
+		AgentTokenFile:          o.AgentTokenFile,
+		Kube:                    o.Kube,
+		TLS:                     o.TLS,
+		Mode:                    o.Mode,
+		Agents:                  serve.Address{Host: o.listenHost(o.AgentBindAddress), Port: o.AgentPort},
+		Frontends:               serve.Address{Host: o.listenHost(o.ServerBindAddress), Port: o.ServerPort},
+		Health:                  serve.Address{Host: o.HealthBindAddress, Port: o.HealthPort},
+		Admin:                   serve.Address{Host: o.AdminBindAddress, Port: o.AdminPort},
+		UDSName:                 o.UDSName,
+		DeleteExistingUDSFile:   o.DeleteExistingUDSFile,
+		KeepaliveTime:           o.KeepaliveTime,
+		FrontendKeepaliveTime:   o.FrontendKeepaliveTime,
+		ShutdownDelay:           o.ShutdownDelay,
+		GracefulShutdownTimeout: o.GracefulShutdownTimeout,
+		EnableProfiling:         o.EnableProfiling,
 	}
-	return st, err
-}
-
-func (o *Options) config(reg prometheus.Registerer) (st Setup, err error) {
-	st.Stop = func() {}
-	var rc *rest.Config
-	if o.AgentNamespace != "" || o.Leases.Enabled {
-		if rc, err = kubeclient.Config(o.Kube); err != nil {
-			return st, err
-		}
-	}
-	cfg := server.Config{
-		ServerID:             o.ServerID,
-		Counter:              servercounter.StaticServerCounter(o.ServerCount),
-		Strategies:           o.ProxyStrategies,
-		BackendDialTimeout:   o.BackendDialTimeout,
-		FrontendWriteTimeout: o.FrontendWriteTimeout,
-		TunnelWindow:         o.TunnelWindow,
-		StreamStallTimeout:   o.StreamStallTimeout,
-		Registerer:           reg,
-	}
-	if cfg.StreamStallTimeout == 0 {
-		cfg.StreamStallTimeout = -1 // the flag's 0 is "never"; the Config's is the default
-	}
-	switch {
-	case o.AgentTokenFile != "":
-		if cfg.Authenticator, err = server.NewTokenFileAuthenticator(o.AgentTokenFile); err != nil {
-			return st, err
-		}
-	case o.AgentNamespace != "":
-		client, err := kubeclient.NewTokenReviews(rc)
-		if err != nil {
-			return st, err
-		}
-		if cfg.Authenticator, err = tokenreview.New(tokenreview.Config{
-			Client: client, Audience: o.AuthenticationAudience,
-			Namespace: o.AgentNamespace, ServiceAccount: o.AgentServiceAccount,
-			Registerer: reg,
-		}); err != nil {
-			return st, err
-		}
-	}
-	leaseMetrics, err := counting.NewPublishMetrics(reg)
-	if err != nil {
-		return st, err
-	}
-	if o.Leases.Enabled {
-		if st.Leases, err = o.Leases.Build(rc, o.ServerID, leaseMetrics); err != nil {
-			return st, err
-		}
+	if cfg.Server.StreamStallTimeout == 0 {
+		cfg.Server.StreamStallTimeout = -1 // the flag's 0 is "never"; the Config's is the default
 	}
 	if o.DNS.Enabled() {
-		cache, err := o.DNS.Build(reg, "server", o.ServerCount)
-		if err != nil {
-			return st, err
-		}
-		cfg.Counter, st.Stop = cache, func() { _ = cache.Close() } // Close does not fail
+		cfg.DNS = o.DNS
 	}
-	st.Server = cfg
-	return st, nil
+	if o.AgentNamespace != "" {
+		cfg.TokenReview = &tokenreview.Config{Audience: o.AuthenticationAudience, Namespace: o.AgentNamespace, ServiceAccount: o.AgentServiceAccount}
+	}
+	if o.Leases.Enabled {
+		cfg.Leases = o.Leases
+	}
+	if !o.InsecurePlaintext {
+		cfg.AgentTLS = &tlsfiles.Files{Cert: o.ClusterCert, Key: o.ClusterKey, CA: o.ClusterCACert}
+		if o.UDSName == "" {
+			cfg.FrontendTLS = &tlsfiles.Files{Cert: o.ServerCert, Key: o.ServerKey, CA: o.ServerCACert}
+		}
+	}
+	return cfg
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -138,10 +139,45 @@ func TestListenHosts(t *testing.T) {
 			o := options.NewOptions()
 			require.NoError(t, o.Flags().Parse(tc.args))
 			require.Empty(t, o.Validate())
-			assert.Equal(t, tc.wantAgent, o.AgentListenHost(), "agent port")
-			assert.Equal(t, tc.wantFrontend, o.ServerListenHost(), "frontend port")
+			cfg := o.Config()
+			assert.Equal(t, tc.wantAgent, cfg.Agents.Host, "agent port")
+			assert.Equal(t, tc.wantFrontend, cfg.Frontends.Host, "frontend port")
 		})
 	}
+}
+
+// Config is data: whatever the flags ask for (DNS, TokenReviews and
+// leases at an API server that is not there, TLS files), it starts
+// nothing and reaches nothing, so that a failure after it leaves nothing
+// to stop. It runs alone (not in parallel), so that any goroutine it
+// finds is Config's.
+func TestConfig(t *testing.T) {
+	o := options.NewOptions()
+	require.NoError(t, o.Flags().Parse(append([]string{
+		"--server-id=s1", "--server-count=3", "--stream-stall-timeout=0",
+		"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1",
+		"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=aud",
+		"--enable-lease-controller", "--kubeconfig=" + tlsFile("s.key"),
+	}, tlsFlags...)))
+	require.Empty(t, o.Validate())
+
+	before := goleak.IgnoreCurrent()
+	cfg := o.Config()
+	goleak.VerifyNone(t, before)
+
+	assert.Equal(t, "s1", cfg.Server.ServerID)
+	assert.Equal(t, 3, cfg.Server.Counter.CountServers(), "--server-count until app.New adds DNS")
+	assert.Equal(t, time.Duration(-1), cfg.Server.StreamStallTimeout, "the flag's 0 is never")
+	assert.Nil(t, cfg.Server.Authenticator, "app.New builds the authenticator")
+	assert.Same(t, o.DNS, cfg.DNS)
+	assert.Same(t, o.Leases, cfg.Leases)
+	require.NotNil(t, cfg.TokenReview)
+	assert.Equal(t, "aud", cfg.TokenReview.Audience)
+	assert.Nil(t, cfg.TokenReview.Client, "app.New builds the client")
+	require.NotNil(t, cfg.AgentTLS)
+	require.NotNil(t, cfg.FrontendTLS)
+	assert.Equal(t, tlsFile("ca.crt"), cfg.FrontendTLS.CA)
+	assert.Equal(t, 8091, cfg.Agents.Port)
 }
 
 // Issue 10, item 13: --help shows one default for --server-id, not the
