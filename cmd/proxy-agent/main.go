@@ -15,8 +15,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"k8s.io/klog/v2"
-
 	"github.com/servercount/servercount/cmd/proxy-agent/app"
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
 	"github.com/servercount/servercount/internal/serve"
@@ -24,27 +22,18 @@ import (
 
 func main() {
 	o := options.NewOptions()
-	fs := o.Flags()
-	serve.ParseFlags("proxy-agent", fs, os.Args[1:], o.Validate)
-	if ignored := o.Ignored(fs); len(ignored) > 0 {
-		klog.InfoS("Ignored flags that have no effect in this agent", "flags", ignored)
-	}
-
-	// First signal: drain. Second: stop.
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
-	drain, startDrain := context.WithCancel(context.Background())
-	ctx, stop := context.WithCancel(context.Background())
-	go func() {
-		<-sigs
-		startDrain()
-		<-sigs
-		stop()
-	}()
-	if err := app.Run(ctx, drain, o.Config()); err != nil {
-		klog.ErrorS(err, "Proxy-agent failed")
-		klog.Flush()
-		os.Exit(1)
-	}
-	klog.Flush()
+	serve.Main("proxy-agent", o.Flags(), os.Args[1:], o.Validate, func() error {
+		// First signal: drain. Second: stop.
+		sigs := make(chan os.Signal, 2)
+		signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+		drain, startDrain := context.WithCancel(context.Background())
+		ctx, stop := context.WithCancel(context.Background())
+		go func() {
+			<-sigs
+			startDrain()
+			<-sigs
+			stop()
+		}()
+		return app.Run(ctx, drain, o.Config())
+	})
 }

@@ -9,8 +9,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"k8s.io/klog/v2"
-
 	"github.com/servercount/servercount/cmd/proxy-server/app"
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/serve"
@@ -18,17 +16,9 @@ import (
 
 func main() {
 	o := options.NewOptions()
-	fs := o.Flags()
-	serve.ParseFlags("proxy-server", fs, os.Args[1:], o.Validate)
-	if ignored := o.Ignored(fs); len(ignored) > 0 {
-		klog.InfoS("Ignored flags that have no effect in this server", "flags", ignored)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	if err := app.Run(ctx, o.Config()); err != nil {
-		klog.ErrorS(err, "Proxy-server failed")
-		klog.Flush()
-		os.Exit(1)
-	}
-	klog.Flush()
+	serve.Main("proxy-server", o.Flags(), os.Args[1:], o.Validate, func() error {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		defer stop()
+		return app.Run(ctx, o.Config())
+	})
 }

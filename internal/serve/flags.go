@@ -46,17 +46,40 @@ func AddCommonFlags(fs *pflag.FlagSet) (showVersion *bool) {
 	return fs.Bool("version", false, "print the version and exit")
 }
 
-// IgnoredFlags returns, as --name, those of names that were set on fs:
-// flags accepted for compatibility that have no effect, for a log line at
-// start-up.
-func IgnoredFlags(fs *pflag.FlagSet, names ...string) []string {
+// compatibilityFlags are upstream's flags that both binaries take, so
+// that an upstream manifest starts them, and ignore: what they tune has
+// bounds of its own here.
+var compatibilityFlags = []string{"enable-contention-profiling", "warn-on-channel-limit", "xfr-channel-size"}
+
+// IgnoredFlags returns the compatibility flags set in fs, which have no
+// effect, for a log line at start-up.
+func IgnoredFlags(fs *pflag.FlagSet) []string {
 	var set []string
-	for _, n := range names {
+	for _, n := range compatibilityFlags {
 		if fs.Changed(n) {
 			set = append(set, "--"+n)
 		}
 	}
 	return set
+}
+
+// Main is a binary's main after its flags are made: it parses args into
+// fs and validates them (see ParseFlags), logs the compatibility flags
+// set to no effect, and runs run. When run fails it logs why and exits
+// with status 1. The log is flushed either way.
+func Main(name string, fs *pflag.FlagSet, args []string, validate func() []error, run func() error) {
+	ParseFlags(name, fs, args, validate)
+	if ignored := IgnoredFlags(fs); len(ignored) > 0 {
+		klog.InfoS("Ignored flags that have no effect", "program", name, "flags", ignored)
+	}
+	err := run()
+	if err != nil {
+		klog.ErrorS(err, "Stopped on an error", "program", name)
+	}
+	klog.Flush()
+	if err != nil {
+		os.Exit(1)
+	}
 }
 
 // IDFromEnv returns the value of the environment variable env, or a new

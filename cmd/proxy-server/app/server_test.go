@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-server/app"
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
 )
@@ -38,12 +38,7 @@ func testOptions(t *testing.T, ports []int) *options.Options {
 	o.DNS.Servers = []string{"127.0.0.1:1"}
 	o.Leases.Enabled = true
 	o.Kube.Kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(o.Kube.Kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
-contexts: [{name: x, context: {cluster: c}}]
-current-context: x
-`), 0o600))
+	require.NoError(t, kubeclient.WriteKubeconfig(o.Kube.Kubeconfig, "https://127.0.0.1:1", "t"))
 	require.Empty(t, o.Validate())
 	return o
 }

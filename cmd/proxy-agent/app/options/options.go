@@ -337,9 +337,3 @@ func (o *Options) ALPN() []string {
 	}
 	return protos
 }
-
-// Ignored lists the compatibility flags that were set and have no effect,
-// for a log line at start-up.
-func (o *Options) Ignored(fs *pflag.FlagSet) []string {
-	return serve.IgnoredFlags(fs, "enable-contention-profiling", "warn-on-channel-limit", "xfr-channel-size")
-}

@@ -1,7 +1,6 @@
 package options_test
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,7 +10,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
+	"github.com/servercount/servercount/internal/flagtest"
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -71,62 +73,30 @@ func TestAcceptsEveryUpstreamFlag(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name    string
-		args    []string
-		wantErr []string
-		// wantParseErr is the error of a value refused by the flag
-		// itself, before Validate.
-		wantParseErr string
-	}{
-		{name: "defaults", args: nil},
-		{name: "insecure", args: []string{"--insecure-plaintext"}},
-		{name: "leases", args: []string{"--count-server-leases", "--lease-namespace=ns", "--lease-label-selector=app=proxy"}},
-		{name: "leases with a bad selector", args: []string{"--count-server-leases", "--lease-label-selector=a b"}, wantErr: []string{`invalid --lease-label-selector "a b"`}},
-		{name: "cert without key", args: []string{"--agent-cert=/c/a.crt"}, wantErr: []string{"--agent-cert and --agent-key go together"}},
-		{name: "cap below interval", args: []string{"--sync-interval=5s", "--sync-interval-cap=1s"}, wantErr: []string{"--sync-interval-cap 1s must be at least --sync-interval 5s"}},
-		{name: "bad source", args: []string{"--server-count-source=leases"}, wantParseErr: `invalid argument "leases" for "--server-count-source" flag: use default or max`},
-		{name: "bad identifiers", args: []string{"--agent-identifiers=default-route=maybe"}, wantParseErr: `invalid argument "default-route=maybe" for "--agent-identifiers" flag`},
-		{name: "bad port", args: []string{"--health-server-port=70000"}, wantErr: []string{"invalid --health-server-port 70000"}},
-		{name: "dns counting", args: []string{"--server-count-dns=proxy.kube-system.svc.cluster.local", "--server-dial-mode=resolved", "--server-count-source=max"}},
-		{name: "resolved needs dns", args: []string{"--server-dial-mode=resolved"}, wantErr: []string{"--server-dial-mode=resolved needs --server-count-dns"}},
-		{name: "bad dial mode", args: []string{"--server-dial-mode=nearest"}, wantParseErr: `invalid argument "nearest" for "--server-dial-mode" flag: unknown server dial mode`},
-		{name: "bad dns type", args: []string{"--server-count-dns=x.example", "--server-count-dns-type=mx"}, wantParseErr: `invalid argument "mx" for "--server-count-dns-type" flag: use auto, srv, a, aaaa or ip`},
-		{name: "dial bounds", args: []string{"--max-concurrent-dials=0", "--max-tunnels-per-server=-1"},
-			wantErr: []string{"invalid --max-concurrent-dials 0: must be at least 1", "invalid --max-tunnels-per-server -1: must be at least 1"}},
-		{name: "negative drain timeout", args: []string{"--drain-timeout=-1s"}, wantErr: []string{"invalid --drain-timeout -1s"}},
-		{name: "flow control off", args: []string{"--tunnel-window=-1", "--endpoint-write-timeout=1m"}},
-		{name: "bad flow control", args: []string{"--tunnel-window=0", "--endpoint-write-timeout=0"},
-			wantErr: []string{"invalid --tunnel-window 0: want 1 to 1073741824 bytes, or -1 for no flow control", "invalid --endpoint-write-timeout 0s: must be positive"}},
-		{name: "negative hold-down", args: []string{"--server-count-hold-down=-1s"}, wantErr: []string{"invalid --server-count-hold-down"}},
-		{name: "every problem at once", args: []string{"--agent-id=", "--proxy-server-host=", "--probe-interval=0s"},
-			wantErr: []string{"--agent-id must not be empty", "--proxy-server-host must not be empty", "must be positive"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			o := options.NewOptions()
-			if err := o.Flags().Parse(tc.args); tc.wantParseErr != "" {
-				require.ErrorContains(t, err, tc.wantParseErr)
-				return
-			} else {
-				require.NoError(t, err)
-			}
-			errs := o.Validate()
-			var msgs []string
-			for _, err := range errs {
-				msgs = append(msgs, err.Error())
-			}
-			all := strings.Join(msgs, "\n")
-			if len(tc.wantErr) == 0 {
-				assert.Empty(t, errs)
-			}
-			for _, w := range tc.wantErr {
-				assert.Contains(t, all, w)
-			}
-			assert.Len(t, errs, len(tc.wantErr))
-		})
-	}
+	flagtest.Validate(t, options.NewOptions, []flagtest.Case{
+		{Name: "defaults", Args: nil},
+		{Name: "insecure", Args: []string{"--insecure-plaintext"}},
+		{Name: "leases", Args: []string{"--count-server-leases", "--lease-namespace=ns", "--lease-label-selector=app=proxy"}},
+		{Name: "leases with a bad selector", Args: []string{"--count-server-leases", "--lease-label-selector=a b"}, WantErr: []string{`invalid --lease-label-selector "a b"`}},
+		{Name: "cert without key", Args: []string{"--agent-cert=/c/a.crt"}, WantErr: []string{"--agent-cert and --agent-key go together"}},
+		{Name: "cap below interval", Args: []string{"--sync-interval=5s", "--sync-interval-cap=1s"}, WantErr: []string{"--sync-interval-cap 1s must be at least --sync-interval 5s"}},
+		{Name: "bad source", Args: []string{"--server-count-source=leases"}, WantParseErr: `invalid argument "leases" for "--server-count-source" flag: use default or max`},
+		{Name: "bad identifiers", Args: []string{"--agent-identifiers=default-route=maybe"}, WantParseErr: `invalid argument "default-route=maybe" for "--agent-identifiers" flag`},
+		{Name: "bad port", Args: []string{"--health-server-port=70000"}, WantErr: []string{"invalid --health-server-port 70000"}},
+		{Name: "dns counting", Args: []string{"--server-count-dns=proxy.kube-system.svc.cluster.local", "--server-dial-mode=resolved", "--server-count-source=max"}},
+		{Name: "resolved needs dns", Args: []string{"--server-dial-mode=resolved"}, WantErr: []string{"--server-dial-mode=resolved needs --server-count-dns"}},
+		{Name: "bad dial mode", Args: []string{"--server-dial-mode=nearest"}, WantParseErr: `invalid argument "nearest" for "--server-dial-mode" flag: unknown server dial mode`},
+		{Name: "bad dns type", Args: []string{"--server-count-dns=x.example", "--server-count-dns-type=mx"}, WantParseErr: `invalid argument "mx" for "--server-count-dns-type" flag: use auto, srv, a, aaaa or ip`},
+		{Name: "dial bounds", Args: []string{"--max-concurrent-dials=0", "--max-tunnels-per-server=-1"},
+			WantErr: []string{"invalid --max-concurrent-dials 0: must be at least 1", "invalid --max-tunnels-per-server -1: must be at least 1"}},
+		{Name: "negative drain timeout", Args: []string{"--drain-timeout=-1s"}, WantErr: []string{"invalid --drain-timeout -1s"}},
+		{Name: "flow control off", Args: []string{"--tunnel-window=-1", "--endpoint-write-timeout=1m"}},
+		{Name: "bad flow control", Args: []string{"--tunnel-window=0", "--endpoint-write-timeout=0"},
+			WantErr: []string{"invalid --tunnel-window 0: want 1 to 1073741824 bytes, or -1 for no flow control", "invalid --endpoint-write-timeout 0s: must be positive"}},
+		{Name: "negative hold-down", Args: []string{"--server-count-hold-down=-1s"}, WantErr: []string{"invalid --server-count-hold-down"}},
+		{Name: "every problem at once", Args: []string{"--agent-id=", "--proxy-server-host=", "--probe-interval=0s"},
+			WantErr: []string{"--agent-id must not be empty", "--proxy-server-host must not be empty", "must be positive"}},
+	})
 }
 
 // A missing certificate file is refused by Validate, naming its flag
@@ -153,12 +123,7 @@ func TestHelpShowsOneDefaultForAgentID(t *testing.T) {
 	t.Parallel()
 	o := options.NewOptions()
 	require.NotEmpty(t, o.AgentID, "the default ID is random")
-	var line string
-	for _, l := range strings.Split(o.Flags().FlagUsages(), "\n") {
-		if strings.Contains(l, "--agent-id ") {
-			line = l
-		}
-	}
+	line := flagtest.Usage(t, o.Flags(), "--agent-id")
 	assert.Equal(t, 1, strings.Count(line, "default"), line)
 	assert.NotContains(t, line, o.AgentID)
 }
@@ -168,7 +133,7 @@ func TestIgnoredFlagsAreReported(t *testing.T) {
 	o := options.NewOptions()
 	fs := o.Flags()
 	require.NoError(t, fs.Parse([]string{"--kubeconfig=/k", "--warn-on-channel-limit", "--xfr-channel-size=10"}))
-	assert.Equal(t, []string{"--warn-on-channel-limit", "--xfr-channel-size"}, o.Ignored(fs))
+	assert.Equal(t, []string{"--warn-on-channel-limit", "--xfr-channel-size"}, serve.IgnoredFlags(fs))
 }
 
 // Config turns the flags into the agent's configuration once, with the
@@ -182,12 +147,7 @@ func TestIgnoredFlagsAreReported(t *testing.T) {
 // Config's.
 func TestConfig(t *testing.T) {
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
-contexts: [{name: x, context: {cluster: c}}]
-current-context: x
-`), 0o600))
+	require.NoError(t, kubeclient.WriteKubeconfig(kubeconfig, "https://127.0.0.1:1", "t"))
 	tests := []struct {
 		name       string
 		args       []string

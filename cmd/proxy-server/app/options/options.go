@@ -184,12 +184,6 @@ func (o *Options) Flags() *pflag.FlagSet {
 	return fs
 }
 
-// Ignored lists the compatibility flags that were set and have no effect,
-// for a log line at start-up.
-func (o *Options) Ignored(fs *pflag.FlagSet) []string {
-	return serve.IgnoredFlags(fs, "enable-contention-profiling", "warn-on-channel-limit", "xfr-channel-size")
-}
-
 // Validate returns every problem with o, each naming its flag.
 func (o *Options) Validate() []error {
 	var errs []error

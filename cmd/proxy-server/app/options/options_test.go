@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
+	"github.com/servercount/servercount/internal/flagtest"
 	"github.com/servercount/servercount/pkg/server"
 )
 
@@ -44,66 +45,37 @@ var tlsFlags = []string{
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name    string
-		args    []string
-		wantErr []string
-		// wantParseErr is the error of a value refused by the flag
-		// itself, before Validate.
-		wantParseErr string
-	}{
-		{name: "tls", args: tlsFlags},
-		{name: "insecure local", args: []string{"--insecure-plaintext"}},
-		{name: "uds frontend needs no server certs", args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key")}},
-		{name: "http-connect", args: append([]string{"--mode=http-connect"}, tlsFlags...)},
-		{name: "flow control off", args: append([]string{"--tunnel-window=-1", "--frontend-write-timeout=1m"}, tlsFlags...)},
-		{name: "bad flow control", args: append([]string{"--tunnel-window=-2", "--frontend-write-timeout=0"}, tlsFlags...),
-			wantErr: []string{"invalid --frontend-write-timeout 0s: must be positive", "invalid --tunnel-window -2: want 1 to 1073741824 bytes, or -1 for no flow control"}},
-		{name: "no tls", args: nil, wantErr: []string{"agents need TLS: set --cluster-cert and --cluster-key (", "the frontend port needs mTLS: set --server-cert, --server-key and --server-ca-cert, or"}},
+	flagtest.Validate(t, options.NewOptions, []flagtest.Case{
+		{Name: "tls", Args: tlsFlags},
+		{Name: "insecure local", Args: []string{"--insecure-plaintext"}},
+		{Name: "uds frontend needs no server certs", Args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key")}},
+		{Name: "http-connect", Args: append([]string{"--mode=http-connect"}, tlsFlags...)},
+		{Name: "flow control off", Args: append([]string{"--tunnel-window=-1", "--frontend-write-timeout=1m"}, tlsFlags...)},
+		{Name: "bad flow control", Args: append([]string{"--tunnel-window=-2", "--frontend-write-timeout=0"}, tlsFlags...),
+			WantErr: []string{"invalid --frontend-write-timeout 0s: must be positive", "invalid --tunnel-window -2: want 1 to 1073741824 bytes, or -1 for no flow control"}},
+		{Name: "no tls", Args: nil, WantErr: []string{"agents need TLS: set --cluster-cert and --cluster-key (", "the frontend port needs mTLS: set --server-cert, --server-key and --server-ca-cert, or"}},
 		// Issue 10, item 13: each error names what is missing, and only that.
-		{name: "cluster key missing", args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=" + tlsFile("s.crt")}, wantErr: []string{"agents need TLS: set --cluster-key (or --insecure-plaintext"}},
-		{name: "server CA missing", args: []string{"--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key"), "--server-cert=" + tlsFile("s.crt"), "--server-key=" + tlsFile("s.key")}, wantErr: []string{"the frontend port needs mTLS: set --server-ca-cert, or"}},
-		{name: "missing files name their flags", args: append(append([]string(nil), tlsFlags...), "--server-cert=/nonexistent/s.crt", "--cluster-ca-cert=/nonexistent/ca.crt"),
-			wantErr: []string{"--server-cert: stat /nonexistent/s.crt: no such file or directory", "--cluster-ca-cert: stat /nonexistent/ca.crt: no such file or directory"}},
-		{name: "insecure with tls files", args: []string{"--insecure-plaintext", "--server-cert=/nonexistent/s.crt"}, wantErr: []string{"--insecure-plaintext serves without TLS, so --server-cert would be ignored: drop it or --insecure-plaintext"}},
-		{name: "bad mode", args: append([]string{"--mode=socks"}, tlsFlags...), wantErr: []string{`invalid --mode "socks": use grpc or http-connect`}},
-		{name: "zero servers", args: append([]string{"--server-count=0"}, tlsFlags...), wantErr: []string{"invalid --server-count 0: must be at least 1"}},
-		{name: "bad strategy", args: append([]string{"--proxy-strategies=destHost,nearest"}, tlsFlags...), wantParseErr: `invalid argument "destHost,nearest" for "--proxy-strategies" flag: unknown proxy strategy "nearest"`},
-		{name: "token review", args: append([]string{"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=system:konnectivity-server"}, tlsFlags...)},
-		{name: "service account alone", args: append([]string{"--agent-service-account=konnectivity-agent"}, tlsFlags...), wantErr: []string{"--agent-namespace and --agent-service-account go together"}},
-		{name: "two token checks", args: append([]string{"--agent-namespace=a", "--agent-service-account=b", "--agent-token-file=" + tlsFile("s.key")}, tlsFlags...), wantErr: []string{"--agent-token-file and --agent-service-account exclude each other"}},
-		{name: "missing token file", args: append([]string{"--agent-token-file=/nonexistent/tokens"}, tlsFlags...), wantErr: []string{"--agent-token-file: stat /nonexistent/tokens: no such file or directory"}},
-		{name: "audience without service account", args: append([]string{"--authentication-audience=x"}, tlsFlags...), wantErr: []string{"--authentication-audience needs --agent-namespace"}},
-		{name: "kubeconfig for nothing", args: append([]string{"--kubeconfig=" + tlsFile("s.key")}, tlsFlags...), wantErr: []string{"--kubeconfig needs --agent-namespace and --agent-service-account, or --enable-lease-controller"}},
-		{name: "leases", args: append([]string{"--enable-lease-controller", "--kubeconfig=" + tlsFile("s.key"), "--lease-namespace=ns", "--lease-label=app=proxy,tier=cp"}, tlsFlags...)},
-		{name: "bad lease label", args: append([]string{"--enable-lease-controller", "--lease-label=app"}, tlsFlags...), wantErr: []string{`invalid --lease-label "app"`}},
-		{name: "tls policy", args: append([]string{"--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "--tls-min-version=VersionTLS13"}, tlsFlags...)},
-		{name: "bad cipher suite", args: append([]string{"--cipher-suites=TLS_NULL"}, tlsFlags...), wantParseErr: `invalid argument "TLS_NULL" for "--cipher-suites" flag: unknown cipher suite "TLS_NULL"`},
-		{name: "bad tls version", args: append([]string{"--tls-min-version=1.3"}, tlsFlags...), wantParseErr: `invalid argument "1.3" for "--tls-min-version" flag: unknown TLS version "1.3"`},
-		{name: "bad port", args: append([]string{"--agent-port=99999"}, tlsFlags...), wantErr: []string{"invalid --agent-port 99999"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			o := options.NewOptions()
-			err := o.Flags().Parse(tc.args)
-			if tc.wantParseErr != "" {
-				require.ErrorContains(t, err, tc.wantParseErr)
-				return
-			}
-			require.NoError(t, err)
-			errs := o.Validate()
-			var msgs []string
-			for _, err := range errs {
-				msgs = append(msgs, err.Error())
-			}
-			all := strings.Join(msgs, "\n")
-			for _, w := range tc.wantErr {
-				assert.Contains(t, all, w)
-			}
-			assert.Len(t, errs, len(tc.wantErr), all)
-		})
-	}
+		{Name: "cluster key missing", Args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=" + tlsFile("s.crt")}, WantErr: []string{"agents need TLS: set --cluster-key (or --insecure-plaintext"}},
+		{Name: "server CA missing", Args: []string{"--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key"), "--server-cert=" + tlsFile("s.crt"), "--server-key=" + tlsFile("s.key")}, WantErr: []string{"the frontend port needs mTLS: set --server-ca-cert, or"}},
+		{Name: "missing files name their flags", Args: append(append([]string(nil), tlsFlags...), "--server-cert=/nonexistent/s.crt", "--cluster-ca-cert=/nonexistent/ca.crt"),
+			WantErr: []string{"--server-cert: stat /nonexistent/s.crt: no such file or directory", "--cluster-ca-cert: stat /nonexistent/ca.crt: no such file or directory"}},
+		{Name: "insecure with tls files", Args: []string{"--insecure-plaintext", "--server-cert=/nonexistent/s.crt"}, WantErr: []string{"--insecure-plaintext serves without TLS, so --server-cert would be ignored: drop it or --insecure-plaintext"}},
+		{Name: "bad mode", Args: append([]string{"--mode=socks"}, tlsFlags...), WantErr: []string{`invalid --mode "socks": use grpc or http-connect`}},
+		{Name: "zero servers", Args: append([]string{"--server-count=0"}, tlsFlags...), WantErr: []string{"invalid --server-count 0: must be at least 1"}},
+		{Name: "bad strategy", Args: append([]string{"--proxy-strategies=destHost,nearest"}, tlsFlags...), WantParseErr: `invalid argument "destHost,nearest" for "--proxy-strategies" flag: unknown proxy strategy "nearest"`},
+		{Name: "token review", Args: append([]string{"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=system:konnectivity-server"}, tlsFlags...)},
+		{Name: "service account alone", Args: append([]string{"--agent-service-account=konnectivity-agent"}, tlsFlags...), WantErr: []string{"--agent-namespace and --agent-service-account go together"}},
+		{Name: "two token checks", Args: append([]string{"--agent-namespace=a", "--agent-service-account=b", "--agent-token-file=" + tlsFile("s.key")}, tlsFlags...), WantErr: []string{"--agent-token-file and --agent-service-account exclude each other"}},
+		{Name: "missing token file", Args: append([]string{"--agent-token-file=/nonexistent/tokens"}, tlsFlags...), WantErr: []string{"--agent-token-file: stat /nonexistent/tokens: no such file or directory"}},
+		{Name: "audience without service account", Args: append([]string{"--authentication-audience=x"}, tlsFlags...), WantErr: []string{"--authentication-audience needs --agent-namespace"}},
+		{Name: "kubeconfig for nothing", Args: append([]string{"--kubeconfig=" + tlsFile("s.key")}, tlsFlags...), WantErr: []string{"--kubeconfig needs --agent-namespace and --agent-service-account, or --enable-lease-controller"}},
+		{Name: "leases", Args: append([]string{"--enable-lease-controller", "--kubeconfig=" + tlsFile("s.key"), "--lease-namespace=ns", "--lease-label=app=proxy,tier=cp"}, tlsFlags...)},
+		{Name: "bad lease label", Args: append([]string{"--enable-lease-controller", "--lease-label=app"}, tlsFlags...), WantErr: []string{`invalid --lease-label "app"`}},
+		{Name: "tls policy", Args: append([]string{"--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "--tls-min-version=VersionTLS13"}, tlsFlags...)},
+		{Name: "bad cipher suite", Args: append([]string{"--cipher-suites=TLS_NULL"}, tlsFlags...), WantParseErr: `invalid argument "TLS_NULL" for "--cipher-suites" flag: unknown cipher suite "TLS_NULL"`},
+		{Name: "bad tls version", Args: append([]string{"--tls-min-version=1.3"}, tlsFlags...), WantParseErr: `invalid argument "1.3" for "--tls-min-version" flag: unknown TLS version "1.3"`},
+		{Name: "bad port", Args: append([]string{"--agent-port=99999"}, tlsFlags...), WantErr: []string{"invalid --agent-port 99999"}},
+	})
 }
 
 func TestDefaultsAreUpstreams(t *testing.T) {
@@ -184,12 +156,7 @@ func TestConfig(t *testing.T) {
 // usage's "random" and this process's draw.
 func TestHelpShowsOneServerIDDefault(t *testing.T) {
 	t.Parallel()
-	var line string
-	for _, l := range strings.Split(options.NewOptions().Flags().FlagUsages(), "\n") {
-		if strings.Contains(l, "--server-id") {
-			line = l
-		}
-	}
+	line := flagtest.Usage(t, options.NewOptions().Flags(), "--server-id")
 	require.NotEmpty(t, line)
 	assert.Equal(t, 1, strings.Count(line, "default"), line)
 }
