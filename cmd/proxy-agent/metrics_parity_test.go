@@ -11,13 +11,11 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/internal/churn"
+	"github.com/servercount/servercount/internal/explain"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/internal/upstream"
@@ -133,13 +131,10 @@ func checkStartUp(t *testing.T, binary, url string) {
 	}
 }
 
-func scrapeFamilies(t *testing.T, url string) map[string]*dto.MetricFamily {
+// scrapeFamilies reads the metric families at url.
+func scrapeFamilies(t *testing.T, url string) explain.Metrics {
 	t.Helper()
-	resp, err := http.Get(url)
+	m, err := explain.Parse(strings.NewReader(get(t, url)))
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	return mfs
+	return m
 }
