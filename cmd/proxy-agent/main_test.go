@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/servercount/servercount/internal/churn"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
@@ -31,84 +33,37 @@ func TestMain(m *testing.M) {
 // as processes with TLS from files, as the README shows, and sends an HTTP
 // request through an HTTP CONNECT tunnel.
 func TestBinariesTunnelARequest(t *testing.T) {
-	dir := t.TempDir()
-	serverBin, agentBin := proctest.Build(t, "cmd/proxy-server"), proctest.Build(t, "cmd/proxy-agent")
-
-	ca, err := pki.NewCA("test-ca")
-	require.NoError(t, err)
-	caFile, err := ca.WriteFile(dir, "ca")
-	require.NoError(t, err)
-	write := func(name string, issue func() (*pki.Pair, error)) (string, string) {
-		p, err := issue()
-		require.NoError(t, err)
-		c, k, err := p.WriteFiles(dir, name)
-		require.NoError(t, err)
-		return c, k
-	}
-	srvCert, srvKey := write("server", func() (*pki.Pair, error) { return ca.Server("proxy-server") })
-	agentCert, agentKey := write("agent", func() (*pki.Pair, error) { return ca.Client("proxy-agent") })
-	client, err := ca.Client("kube-apiserver")
-	require.NoError(t, err)
-
+	certs, apiserver := newCredentials(t)
 	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "hello through the tunnel") }))
 	defer target.Close()
 
-	ports := nettest.FreePorts(t, 7)
-	server := proctest.Start(t, serverBin,
-		"--mode=http-connect", "--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
-		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]),
-		"--cluster-cert="+srvCert, "--cluster-key="+srvKey, "--cluster-ca-cert="+caFile,
-		"--server-cert="+srvCert, "--server-key="+srvKey, "--server-ca-cert="+caFile, "--server-count=1")
-	agent := proctest.Start(t, agentBin,
-		"--proxy-server-host=localhost", port("proxy-server-port", ports[1]),
-		"--ca-cert="+caFile, "--agent-cert="+agentCert, "--agent-key="+agentKey,
-		"--health-server-host=127.0.0.1", port("health-server-port", ports[4]), port("admin-server-port", ports[5]),
-		"--sync-interval=50ms")
-
-	readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2])
-	require.Eventually(t, func() bool { return proctest.Status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "server ready")
-	require.Eventually(t, func() bool {
-		return proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[4])) == http.StatusOK
-	}, 20*time.Second, 20*time.Millisecond, "agent ready")
+	server, sp := startServer(t, append(serverTLS(certs), "--server-count=1")...)
+	agent, healthPort := startAgent(t, append([]string{"--proxy-server-host=localhost", port("proxy-server-port", sp[1]), "--sync-interval=50ms"},
+		agentTLS(certs)...)...)
+	waitReady(t, sp[2], "server ready")
+	waitReady(t, healthPort, "agent ready")
 
 	// The request, through CONNECT over mTLS, as kube-apiserver would.
-	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]), &tls.Config{
-		RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost",
-	})
+	frontend := churn.ConnectOverTLS(fmt.Sprintf("127.0.0.1:%d", sp[0]), apiserver)
+	host := strings.TrimPrefix(target.URL, "http://")
+	conn, err := frontend(t.Context(), host)
 	require.NoError(t, err)
 	defer conn.Close()
-	host := strings.TrimPrefix(target.URL, "http://")
-	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", host, host)
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
-	resp, err = http.ReadResponse(br, nil)
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	assert.Equal(t, "hello through the tunnel", string(body))
+	assert.Equal(t, "hello through the tunnel", getThrough(t, conn, host))
 
-	metrics := get(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[4]))
+	metrics := get(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", healthPort))
 	assert.Contains(t, metrics, "konnectivity_network_proxy_agent_open_server_connections 1")
 
 	// A tunnel held open, with no request in it, gives the drain
 	// something to wait for.
-	hold, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]), &tls.Config{
-		RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost",
-	})
+	hold, err := frontend(t.Context(), host)
 	require.NoError(t, err)
 	defer hold.Close()
-	fmt.Fprintf(hold, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", host, host)
-	resp, err = http.ReadResponse(bufio.NewReader(hold), nil)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
 
 	// First SIGTERM drains and keeps serving; the second stops, cleanly.
 	require.NoError(t, agent.Process.Signal(syscall.SIGTERM))
 	require.Eventually(t, func() bool { return strings.Contains(agent.Output(), "Draining") }, 10*time.Second, 10*time.Millisecond)
-	assert.Equal(t, http.StatusOK, proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[4])), "a draining agent is alive")
+	assert.Equal(t, http.StatusOK, proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/healthz", healthPort)), "a draining agent is alive")
 	require.NoError(t, agent.Process.Signal(syscall.SIGTERM))
 	assert.NoError(t, agent.Wait(t), agent.Output())
 	require.NoError(t, server.Process.Signal(syscall.SIGTERM))
@@ -136,28 +91,70 @@ func TestBinariesRejectBadFlagsWithOneLine(t *testing.T) {
 	}
 }
 
-// plainServer runs an insecure proxy-server on loopback and returns its
-// agent port.
-func plainServer(t *testing.T) int {
+// startServer runs proxy-server in http-connect mode on loopback with
+// args (its credentials, or --insecure-plaintext). It returns the server
+// and its ports: the frontend, the agent, the health and the admin port.
+func startServer(t *testing.T, args ...string) (*proctest.Process, []int) {
 	t.Helper()
 	ports := nettest.FreePorts(t, 4)
-	proctest.Start(t, proctest.Build(t, "cmd/proxy-server"), "--insecure-plaintext", "--mode=http-connect",
+	s := proctest.Start(t, proctest.Build(t, "cmd/proxy-server"), slices.Concat([]string{"--mode=http-connect",
 		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
-		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
-	return ports[1]
+		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3])}, args)...)
+	return s, ports
 }
 
-// startPlainAgent runs an insecure proxy-agent against agentPort with
-// extra args and waits until its health port answers.
-func startPlainAgent(t *testing.T, agentPort int, args ...string) (*proctest.Process, int) {
+// startAgent runs proxy-agent with args (the server to reach and how),
+// serving its health and admin ports on loopback, and waits until its
+// /healthz answers. It returns the agent and its health port.
+func startAgent(t *testing.T, args ...string) (*proctest.Process, int) {
 	t.Helper()
 	ports := nettest.FreePorts(t, 2)
-	a := proctest.Start(t, proctest.Build(t, "cmd/proxy-agent"), append([]string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1",
-		port("proxy-server-port", agentPort), "--health-server-host=127.0.0.1",
-		port("health-server-port", ports[0]), port("admin-server-port", ports[1]), "--sync-interval=50ms"}, args...)...)
+	a := proctest.Start(t, proctest.Build(t, "cmd/proxy-agent"), slices.Concat(args, []string{"--health-server-host=127.0.0.1",
+		port("health-server-port", ports[0]), port("admin-server-port", ports[1])})...)
 	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0])
 	require.Eventually(t, func() bool { return proctest.Status(healthz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent up")
 	return a, ports[0]
+}
+
+// startPlainAgent runs an insecure proxy-agent against agentPort with
+// extra args; see startAgent.
+func startPlainAgent(t *testing.T, agentPort int, args ...string) (*proctest.Process, int) {
+	t.Helper()
+	return startAgent(t, append([]string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1",
+		port("proxy-server-port", agentPort), "--sync-interval=50ms"}, args...)...)
+}
+
+// newCredentials makes a CA and writes the processes' credentials into a
+// temporary directory. It returns them, and the TLS config with which
+// kube-apiserver reaches the proxy-server's frontend.
+func newCredentials(t *testing.T) (pki.Files, *tls.Config) {
+	t.Helper()
+	ca, err := pki.NewCA("test-ca")
+	require.NoError(t, err)
+	certs, err := ca.WriteFiles(t.TempDir())
+	require.NoError(t, err)
+	client, err := ca.Client("kube-apiserver")
+	require.NoError(t, err)
+	return certs, &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost"}
+}
+
+// serverTLS are the flags that give a proxy-server the credentials in
+// certs, on its frontend and on its agent port.
+func serverTLS(certs pki.Files) []string {
+	return []string{"--cluster-cert=" + certs.ServerCert, "--cluster-key=" + certs.ServerKey, "--cluster-ca-cert=" + certs.CA,
+		"--server-cert=" + certs.ServerCert, "--server-key=" + certs.ServerKey, "--server-ca-cert=" + certs.CA}
+}
+
+// agentTLS are the flags that give a proxy-agent the credentials in certs.
+func agentTLS(certs pki.Files) []string {
+	return []string{"--ca-cert=" + certs.CA, "--agent-cert=" + certs.AgentCert, "--agent-key=" + certs.AgentKey}
+}
+
+// waitReady waits until the /readyz on port answers 200.
+func waitReady(t *testing.T, port int, msg string) {
+	t.Helper()
+	readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
+	require.Eventually(t, func() bool { return proctest.Status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, msg)
 }
 
 // Two SIGTERMs sent back to back, as `kill PID; kill PID` does, stop the
@@ -165,11 +162,10 @@ func startPlainAgent(t *testing.T, agentPort int, args ...string) (*proctest.Pro
 // runtime merged the second into the first (issue 10, item 15). Several
 // rounds, since the merge does not happen every time.
 func TestAgentStopsOnBackToBackSignals(t *testing.T) {
-	agentPort := plainServer(t)
+	_, sp := startServer(t, "--insecure-plaintext")
 	for round := range 3 {
-		a, healthPort := startPlainAgent(t, agentPort, "--drain-timeout=2s")
-		readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)
-		require.Eventually(t, func() bool { return proctest.Status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent connected")
+		a, healthPort := startPlainAgent(t, sp[1], "--drain-timeout=2s")
+		waitReady(t, healthPort, "agent connected")
 		require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 		require.NoError(t, a.Process.Signal(syscall.SIGTERM))
 		assert.NoError(t, a.Wait(t), "round %d", round)
@@ -222,21 +218,16 @@ func TestAgentDrainIsBounded(t *testing.T) {
 // another tunnel, returning the client's and the endpoint's end.
 func agentWithOpenTunnel(t *testing.T, args ...string) (*proctest.Process, net.Conn, func() (net.Conn, net.Conn)) {
 	t.Helper()
-	ports := nettest.FreePorts(t, 4)
-	proctest.Start(t, proctest.Build(t, "cmd/proxy-server"), "--insecure-plaintext", "--mode=http-connect",
-		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
-		port("server-port", ports[0]), port("agent-port", ports[1]), port("health-port", ports[2]), port("admin-port", ports[3]))
-	a, healthPort := startPlainAgent(t, ports[1], args...)
-	require.Eventually(t, func() bool {
-		return proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort)) == http.StatusOK
-	}, 20*time.Second, 20*time.Millisecond)
+	_, sp := startServer(t, "--insecure-plaintext")
+	a, healthPort := startPlainAgent(t, sp[1], args...)
+	waitReady(t, healthPort, "agent connected")
 
 	target, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { target.Close() })
 	dial := func() (net.Conn, net.Conn) {
 		t.Helper()
-		conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]))
+		conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", sp[0]))
 		require.NoError(t, err)
 		t.Cleanup(func() { conn.Close() })
 		fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target.Addr(), target.Addr())
@@ -255,6 +246,19 @@ func agentWithOpenTunnel(t *testing.T, args ...string) (*proctest.Process, net.C
 }
 
 func port(flag string, p int) string { return fmt.Sprintf("--%s=%d", flag, p) }
+
+// getThrough sends GET / for host over conn, a tunnel to it, and returns
+// the body of the answer.
+func getThrough(t *testing.T, conn net.Conn, host string) string {
+	t.Helper()
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
 
 func get(t *testing.T, url string) string {
 	t.Helper()

@@ -1,26 +1,22 @@
 package main
 
 import (
-	"bufio"
-	"crypto/tls"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/churn"
+	"github.com/servercount/servercount/internal/explain"
 	"github.com/servercount/servercount/internal/nettest"
-	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/internal/upstream"
 )
@@ -31,77 +27,40 @@ import (
 // do. The binaries run as processes, carry a tunnel and see a failed dial,
 // so that the labelled series exist to be checked.
 func TestMetricsMatchUpstream(t *testing.T) {
-	dir := t.TempDir()
-	serverBin, agentBin := proctest.Build(t, "cmd/proxy-server"), proctest.Build(t, "cmd/proxy-agent")
-	ca, err := pki.NewCA("metrics-ca")
-	require.NoError(t, err)
-	caFile, err := ca.WriteFile(dir, "ca")
-	require.NoError(t, err)
-	sp, err := ca.Server("proxy-server")
-	require.NoError(t, err)
-	srvCert, srvKey, err := sp.WriteFiles(dir, "server")
-	require.NoError(t, err)
-	ap, err := ca.Client("proxy-agent")
-	require.NoError(t, err)
-	agentCert, agentKey, err := ap.WriteFiles(dir, "agent")
-	require.NoError(t, err)
-	client, err := ca.Client("kube-apiserver")
-	require.NoError(t, err)
-
-	ports := nettest.FreePorts(t, 6)
-	proctest.Start(t, serverBin, "--mode=http-connect",
-		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1",
-		fmt.Sprintf("--server-port=%d", ports[0]), fmt.Sprintf("--agent-port=%d", ports[1]),
-		fmt.Sprintf("--health-port=%d", ports[2]), fmt.Sprintf("--admin-port=%d", ports[3]),
-		"--cluster-cert="+srvCert, "--cluster-key="+srvKey, "--cluster-ca-cert="+caFile,
-		"--server-cert="+srvCert, "--server-key="+srvKey, "--server-ca-cert="+caFile)
-	serverMetrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2])
-	agentHealth := fmt.Sprintf("http://127.0.0.1:%d", ports[4])
+	certs, apiserver := newCredentials(t)
+	_, sp := startServer(t, serverTLS(certs)...)
+	serverMetrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", sp[2])
 	// Before the agent: every unlabelled series upstream has exists at
 	// start-up, and no labelled one.
 	require.Eventually(t, func() bool { return proctest.Status(serverMetrics) == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
 	checkStartUp(t, "server", serverMetrics)
 
-	proctest.Start(t, agentBin, "--proxy-server-host=localhost", fmt.Sprintf("--proxy-server-port=%d", ports[1]),
-		"--ca-cert="+caFile, "--agent-cert="+agentCert, "--agent-key="+agentKey,
-		"--health-server-host=127.0.0.1", fmt.Sprintf("--health-server-port=%d", ports[4]), fmt.Sprintf("--admin-server-port=%d", ports[5]))
-	require.Eventually(t, func() bool { return proctest.Status(agentHealth+"/metrics") == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
-	checkStartUp(t, "agent", agentHealth+"/metrics")
-	require.Eventually(t, func() bool { return proctest.Status(agentHealth+"/readyz") == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
+	_, healthPort := startAgent(t, append([]string{"--proxy-server-host=localhost", port("proxy-server-port", sp[1])}, agentTLS(certs)...)...)
+	agentMetrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", healthPort)
+	checkStartUp(t, "agent", agentMetrics)
+	waitReady(t, healthPort, "agent ready")
 
 	// A tunnel, and a dial that fails.
 	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }))
 	defer target.Close()
-	connect := func(addr string) (int, string) {
-		conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0]), &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost"})
-		require.NoError(t, err)
-		defer conn.Close()
-		fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", addr, addr)
-		br := bufio.NewReader(conn)
-		resp, err := http.ReadResponse(br, nil)
-		require.NoError(t, err)
-		if resp.StatusCode != http.StatusOK {
-			return resp.StatusCode, ""
-		}
-		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", addr)
-		resp, err = http.ReadResponse(br, nil)
-		require.NoError(t, err)
-		b, _ := io.ReadAll(resp.Body)
-		return http.StatusOK, string(b)
-	}
-	code, body := connect(strings.TrimPrefix(target.URL, "http://"))
-	require.Equal(t, http.StatusOK, code)
-	require.Equal(t, "ok", body)
-	closed := nettest.FreePorts(t, 1)[0]
-	code, _ = connect(fmt.Sprintf("127.0.0.1:%d", closed))
-	require.NotEqual(t, http.StatusOK, code)
+	frontend := churn.ConnectOverTLS(fmt.Sprintf("127.0.0.1:%d", sp[0]), apiserver)
+	host := strings.TrimPrefix(target.URL, "http://")
+	conn, err := frontend(t.Context(), host)
+	require.NoError(t, err)
+	require.Equal(t, "ok", getThrough(t, conn, host))
+	conn.Close()
+	closed := fmt.Sprintf("127.0.0.1:%d", nettest.FreePorts(t, 1)[0])
+	_, err = frontend(t.Context(), closed)
+	// The server answers the CONNECT, with a status other than 200.
+	require.Error(t, err)
+	require.Regexp(t, `^CONNECT `+regexp.QuoteMeta(closed)+`: [0-9]{3} `, err.Error())
 
 	happened := []string{
 		"konnectivity_network_proxy_server_grpc_connections", "konnectivity_network_proxy_server_ready_backends",
 		"konnectivity_network_proxy_server_dial_failure_count", "konnectivity_network_proxy_server_stream_packets_total",
 		"konnectivity_network_proxy_agent_endpoint_dial_failure_total", "konnectivity_network_proxy_agent_stream_packets_total",
 	}
-	for _, b := range []struct{ name, url string }{{"server", serverMetrics}, {"agent", agentHealth + "/metrics"}} {
+	for _, b := range []struct{ name, url string }{{"server", serverMetrics}, {"agent", agentMetrics}} {
 		families := scrapeFamilies(t, b.url)
 		for _, m := range upstream.Metrics {
 			if m.Binary != b.name {
@@ -172,13 +131,10 @@ func checkStartUp(t *testing.T, binary, url string) {
 	}
 }
 
-func scrapeFamilies(t *testing.T, url string) map[string]*dto.MetricFamily {
+// scrapeFamilies reads the metric families at url.
+func scrapeFamilies(t *testing.T, url string) explain.Metrics {
 	t.Helper()
-	resp, err := http.Get(url)
+	m, err := explain.Parse(strings.NewReader(get(t, url)))
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	return mfs
+	return m
 }

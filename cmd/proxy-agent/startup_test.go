@@ -6,13 +6,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/churn"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
@@ -28,7 +28,9 @@ import (
 // what the agent takes (milliseconds) and far below the waits it used to
 // make; they are the issue's.
 func TestAgentStartsAndStopsWhateverItsDependenciesDo(t *testing.T) {
-	silentTCP := silentTCPListener(t)
+	// The API server and the proxy-server that never answer: a sink takes
+	// connections and never writes a byte.
+	silentTCP := churn.StartTargets(t).Sink
 	silentUDP := silentUDPSocket(t)
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -54,8 +56,8 @@ current-context: x
 			"--count-server-leases", "--kubeconfig=" + kubeconfig}},
 		{"nameserver that never answers", []string{"--insecure-plaintext", "--proxy-server-host=127.0.0.1", port("proxy-server-port", refused),
 			"--server-count-dns=proxy-server.example.test", "--server-count-dns-server=" + silentUDP}},
-		{"proxy-server that never completes TLS", []string{"--proxy-server-host=127.0.0.1", "--proxy-server-port=" + silentPort,
-			"--ca-cert=" + certs.CA, "--agent-cert=" + certs.AgentCert, "--agent-key=" + certs.AgentKey}},
+		{"proxy-server that never completes TLS", append([]string{"--proxy-server-host=127.0.0.1", "--proxy-server-port=" + silentPort},
+			agentTLS(certs)...)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ports := nettest.FreePorts(t, 2)
@@ -76,39 +78,6 @@ current-context: x
 			}
 		})
 	}
-}
-
-// silentTCPListener accepts connections and never writes a byte, until
-// the test ends; it returns its address.
-func silentTCPListener(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return l.Addr().String()
 }
 
 // silentUDPSocket is a UDP socket that reads nothing and answers nothing:

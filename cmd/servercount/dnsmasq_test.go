@@ -36,10 +36,7 @@ func TestProbeAgainstDnsmasq(t *testing.T) {
 		}
 		t.Skip("dnsmasq not installed (apt-get install dnsmasq-base)")
 	}
-	bin := filepath.Join(t.TempDir(), "servercount")
-	build := exec.CommandContext(t.Context(), "go", "build", "-o", bin, ".")
-	buildOut, err := build.CombinedOutput()
-	require.NoError(t, err, "go build: %s", buildOut)
+	bin := proctest.Build(t, "cmd/servercount")
 
 	addr := startDnsmasq(t, dnsmasq, `
 127.0.0.11 proxy.test.svc.cluster.local

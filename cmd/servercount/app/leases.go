@@ -7,7 +7,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -23,8 +22,7 @@ func countLeases(ctx context.Context, o *Options, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "servercount: --kubeconfig: %v\n", err)
 		return ExitUsage
 	}
-	lo := counting.LeaseOptions{Enabled: true, Namespace: o.LeaseNamespace, LabelSelector: o.LeaseSelector}
-	c, err := lo.Build(rc, nil)
+	c, err := o.leaseOptions().Build(rc, nil)
 	if err != nil {
 		fmt.Fprintf(stderr, "servercount: %v\n", err)
 		return ExitUsage
@@ -43,13 +41,7 @@ func countLeases(ctx context.Context, o *Options, stdout, stderr io.Writer) int 
 		err = fmt.Errorf("no list of the Leases in %s within %s: %w", o.LeaseNamespace, wait, err)
 	}
 	printLeases(stdout, stderr, o, count, err)
-	switch {
-	case err != nil:
-		return ExitError
-	case count == 0:
-		return ExitZero
-	}
-	return ExitOK
+	return exitCode(count, err)
 }
 
 func printLeases(stdout, stderr io.Writer, o *Options, count int, err error) {

@@ -69,25 +69,19 @@ current-context: c
 	return kubeconfig
 }
 
-func probe(t *testing.T, args ...string) (int, string, string) {
-	var out, errOut strings.Builder
-	code := app.Run(t.Context(), args, &out, &errOut)
-	return code, out.String(), errOut.String()
-}
-
 // --leases counts what an agent with --count-server-leases counts: the
 // renewed leases with a duration, not the expired one.
 func TestLeasesCountsValidLeases(t *testing.T) {
 	kubeconfig := leaseAPI(t, 0)
-	code, out, errOut := probe(t, "--leases", "--kubeconfig", kubeconfig)
+	code, out, errOut := run(t, "--leases", "--kubeconfig", kubeconfig)
 	assert.Equal(t, app.ExitOK, code, errOut)
 	assert.Contains(t, out, ";; COUNT: 2, source: leases")
 
-	code, out, _ = probe(t, "--leases", "--kubeconfig", kubeconfig, "--short")
+	code, out, _ = run(t, "--leases", "--kubeconfig", kubeconfig, "--short")
 	assert.Equal(t, app.ExitOK, code)
 	assert.Equal(t, "2\n", out)
 
-	code, out, _ = probe(t, "--leases", "--kubeconfig", kubeconfig, "--json")
+	code, out, _ = run(t, "--leases", "--kubeconfig", kubeconfig, "--json")
 	assert.Equal(t, app.ExitOK, code)
 	var r struct {
 		Source string
@@ -103,11 +97,11 @@ func TestLeasesCountsValidLeases(t *testing.T) {
 // within the bound, with the reason; --json says count null.
 func TestLeasesUnknownWhenTheAPIRefuses(t *testing.T) {
 	kubeconfig := leaseAPI(t, http.StatusForbidden)
-	code, _, errOut := probe(t, "--leases", "--kubeconfig", kubeconfig, "--timeout=500ms", "--attempts=1")
+	code, _, errOut := run(t, "--leases", "--kubeconfig", kubeconfig, "--timeout=500ms", "--attempts=1")
 	assert.Equal(t, app.ExitError, code)
 	assert.Contains(t, errOut, "no list of the Leases in kube-system")
 
-	code, out, _ := probe(t, "--leases", "--kubeconfig", kubeconfig, "--timeout=500ms", "--attempts=1", "--json")
+	code, out, _ := run(t, "--leases", "--kubeconfig", kubeconfig, "--timeout=500ms", "--attempts=1", "--json")
 	assert.Equal(t, app.ExitError, code)
 	assert.Contains(t, out, `"count":null`)
 }
@@ -120,7 +114,7 @@ func TestLeasesUsage(t *testing.T) {
 		{"--leases", "--watch"},
 		{"--leases", "--lease-label-selector", "a in (b"},
 	} {
-		code, _, errOut := probe(t, args...)
+		code, _, errOut := run(t, args...)
 		assert.Equal(t, app.ExitUsage, code, "%v: %s", args, errOut)
 	}
 }

@@ -138,8 +138,7 @@ func (o *Options) Validate() []error {
 	case o.Leases && o.Watch:
 		errs = append(errs, errors.New("--watch works with a DNS name, not with --leases"))
 	case o.Leases:
-		lo := counting.LeaseOptions{Enabled: true, Namespace: o.LeaseNamespace, LabelSelector: o.LeaseSelector}
-		errs = append(errs, lo.Validate()...)
+		errs = append(errs, o.leaseOptions().Validate()...)
 	case o.Name == "":
 		errs = append(errs, errors.New("missing NAME: give the DNS name to count, e.g. proxy-server.kube-system.svc.cluster.local, or --leases"))
 	}
@@ -164,6 +163,12 @@ func (o *Options) Validate() []error {
 		}
 	}
 	return errs
+}
+
+// leaseOptions are --leases and its flags as an agent's lease flags, so
+// that the probe validates and counts as agents do.
+func (o *Options) leaseOptions() *counting.LeaseOptions {
+	return &counting.LeaseOptions{Enabled: true, Namespace: o.LeaseNamespace, LabelSelector: o.LeaseSelector}
 }
 
 // Config returns the counter configuration for o.

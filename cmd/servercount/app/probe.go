@@ -58,7 +58,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "servercount: %v\n", err)
 	}
 	p.print(res, err)
-	return exitCode(res, err)
+	return exitCode(res.Count, err)
 }
 
 // watch counts every --interval and prints a line whenever the count or the
@@ -80,7 +80,7 @@ func watch(ctx context.Context, o *Options, c *servercounter.DNSServerCounter, p
 			p.printWatch(time.Now(), res, err)
 			last = state
 		}
-		lastCode = exitCode(res, err)
+		lastCode = exitCode(res.Count, err)
 		select {
 		case <-ctx.Done():
 			return lastCode
@@ -102,11 +102,13 @@ func watchState(res servercounter.Result, err error) string {
 	return fmt.Sprint(res.Count)
 }
 
-func exitCode(res servercounter.Result, err error) int {
+// exitCode is the exit status for a count and its error, whatever the
+// source.
+func exitCode(count int, err error) int {
 	switch {
 	case err != nil:
 		return ExitError
-	case res.Count == 0:
+	case count == 0:
 		return ExitZero
 	}
 	return ExitOK

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/servercount/app"
 	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/internal/nettest"
 )
 
 func TestMain(m *testing.M) {
@@ -65,7 +67,10 @@ func TestRunExitCodes(t *testing.T) {
 	srv := headlessServer(t, "10.0.0.1", "10.0.0.2", "10.0.0.3")
 	failing := dnstest.NewServer(t)
 	failing.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
-	down := closedPort(t)
+	// Nothing listens on down's port.
+	downPort, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
+	require.NoError(t, err)
+	down := net.JoinHostPort("127.0.0.1", strconv.Itoa(downPort))
 
 	tests := []struct {
 		name       string
@@ -229,14 +234,4 @@ func TestRunWatchPrintsChanges(t *testing.T) {
 		}
 	}()
 	assert.Equal(t, app.ExitOK, <-done)
-}
-
-// closedPort returns a loopback address where nothing listens.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := pc.LocalAddr().String()
-	require.NoError(t, pc.Close())
-	return addr
 }
