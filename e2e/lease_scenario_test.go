@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/servercount/servercount/e2e/harness"
+	"github.com/servercount/servercount/internal/balancer"
 	"github.com/servercount/servercount/pkg/lease"
 )
 
@@ -28,26 +29,24 @@ func (e *env) leaseFlags(role string) []string {
 	return append(flags, "--count-server-leases")
 }
 
+// startLeaseAgents starts n agents that count leases and dial the servers
+// through lb.
+func (e *env) startLeaseAgents(n int, lb *balancer.Balancer) []*harness.Agent {
+	e.t.Helper()
+	var agents []*harness.Agent
+	for i := range n {
+		agents = append(agents, e.fleet.StartAgent(e.t, harness.AgentConfig{
+			Name: fmt.Sprintf("agent-%s-%d", e.ns, i), ServerAddr: lb.Addr(), Extra: e.leaseFlags("agent"),
+		}))
+	}
+	return agents
+}
+
 // waitLeaseTarget waits until every agent holds want connections and
 // targets want from leases, and returns how long that took.
 func waitLeaseTarget(t *testing.T, agents []*harness.Agent, want int, within time.Duration) time.Duration {
 	t.Helper()
-	return waitLeases(t, agents, want, want, within)
-}
-
-// waitLeases waits until every agent holds conns connections and targets
-// target from leases, and returns how long that took.
-func waitLeases(t *testing.T, agents []*harness.Agent, conns, target int, within time.Duration) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for _, a := range agents {
-		var c, tg int
-		require.Eventually(t, func() bool {
-			c, tg = a.Connections(), a.Target("leases")
-			return c == conns && tg == target
-		}, within, 50*time.Millisecond, "%s: want %d connections and lease target %d; has %d connections, target %d", a.Name, conns, target, c, tg)
-	}
-	return time.Since(start)
+	return waitAgents(t, agents, "leases", want, want, within)
 }
 
 // Leases, with the binaries: servers publish them, agents count them and
@@ -56,29 +55,15 @@ func waitLeases(t *testing.T, agents []*harness.Agent, conns, target int, within
 // after it expires, and the other servers collect it.
 func TestLeaseScaling(t *testing.T) {
 	e := newEnv(t, false)
-	start := func(from, to int) []string {
-		var ips []string
-		for i := from; i < to; i++ {
-			ip := e.ip(i)
-			e.servers[ip] = e.fleet.StartServer(t, ip, e.leaseFlags("server")...)
-			ips = append(ips, ip)
-		}
-		return ips
-	}
-	ips := start(0, 3)
+	ips := e.startServers(0, 3, e.leaseFlags("server")...)
 	lb := e.newLB(ips...)
-	var agents []*harness.Agent
-	for i := range 2 {
-		agents = append(agents, e.fleet.StartAgent(t, harness.AgentConfig{
-			Name: fmt.Sprintf("agent-%s-%d", e.ns, i), ServerAddr: lb.Addr(), Extra: e.leaseFlags("agent"),
-		}))
-	}
+	agents := e.startLeaseAgents(2, lb)
 	d := waitLeaseTarget(t, agents, 3, 30*time.Second)
 	t.Logf("3 servers: every agent holds 3, %.2fs after the last agent's start", d.Seconds())
 	e.requestThroughEach(ips...)
 
 	// Up to 5: counted from the new servers' first leases.
-	grown := start(3, 5)
+	grown := e.startServers(3, 5, e.leaseFlags("server")...)
 	began := time.Now()
 	lb.SetBackends(e.agentAddrs(append(ips, grown...)...)...)
 	waitLeaseTarget(t, agents, 5, 30*time.Second)
@@ -103,7 +88,7 @@ func TestLeaseScaling(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond, "a graceful stop deletes the server's lease")
 	// The killed server's lease still counts until it expires; nobody
 	// answers there.
-	waitLeases(t, agents, 2, 3, 20*time.Second)
+	waitAgents(t, agents, "leases", 2, 3, 20*time.Second)
 
 	expiry := l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
 	waitLeaseTarget(t, agents, 2, time.Until(expiry)+30*time.Second)
@@ -136,22 +121,15 @@ func TestLeaseScaling(t *testing.T) {
 // migration from one to the other loses no server.
 func TestLeasesAndDNSTakeTheMax(t *testing.T) {
 	e := newEnv(t, false)
-	var ips []string
-	for i := range 3 {
-		ip := e.ip(i)
-		e.servers[ip] = e.fleet.StartServer(t, ip, e.leaseFlags("server")...)
-		ips = append(ips, ip)
-	}
-	e.setReady(ips[:2]...) // DNS knows 2 of the 3
-	e.waitCount(e.svc.SRVName("agent"), 2)
+	ips := e.startServers(0, 3, e.leaseFlags("server")...)
+	e.publishReady(ips[:2]...) // DNS knows 2 of the 3
 	lb := e.newLB(ips...)
 	a := e.fleet.StartAgent(t, harness.AgentConfig{
 		Name: "agent-" + e.ns, ServerAddr: lb.Addr(), DNSName: e.svc.SRVName("agent"), DNSServer: the.cluster.DNS.Addr,
 		Extra: e.leaseFlags("agent"),
 	})
 	waitLeaseTarget(t, []*harness.Agent{a}, 3, 30*time.Second)
-	e.setReady(ips...)
-	e.waitCount(e.svc.SRVName("agent"), 3)
+	e.publishReady(ips...)
 	assert.Never(t, func() bool { return a.Connections() != 3 }, 2*time.Second, 100*time.Millisecond, "both sources agree on 3")
 }
 
@@ -171,9 +149,7 @@ func TestUpstreamServerManifestFlags(t *testing.T) {
 		"--enable-lease-controller", "--lease-namespace="+e.ns, "--lease-label=k8s-app=konnectivity-server",
 		"--kubeconfig="+the.cluster.Kubeconfig,
 	)
-	lb := e.newLB(ip)
-	a := e.fleet.StartAgent(t, harness.AgentConfig{Name: "agent-" + e.ns, ServerAddr: lb.Addr(), Extra: e.leaseFlags("agent")})
-	waitLeaseTarget(t, []*harness.Agent{a}, 1, 30*time.Second)
+	waitLeaseTarget(t, e.startLeaseAgents(1, e.newLB(ip)), 1, 30*time.Second)
 	e.requestThroughEach(ip)
 	// klog flushes its file every 5 seconds.
 	assert.Eventually(t, func() bool {
@@ -188,19 +164,9 @@ func TestUpstreamServerManifestFlags(t *testing.T) {
 // servers (which retry their renewals every second) have renewed them.
 func TestLeasesSurviveAPIServerOutage(t *testing.T) {
 	e := newEnv(t, false)
-	var ips []string
-	for i := range 3 {
-		ip := e.ip(i)
-		e.servers[ip] = e.fleet.StartServer(t, ip, e.leaseFlags("server")...)
-		ips = append(ips, ip)
-	}
+	ips := e.startServers(0, 3, e.leaseFlags("server")...)
 	lb := e.newLB(ips...)
-	var agents []*harness.Agent
-	for i := range 2 {
-		agents = append(agents, e.fleet.StartAgent(t, harness.AgentConfig{
-			Name: fmt.Sprintf("agent-%s-%d", e.ns, i), ServerAddr: lb.Addr(), Extra: e.leaseFlags("agent"),
-		}))
-	}
+	agents := e.startLeaseAgents(2, lb)
 	waitLeaseTarget(t, agents, 3, 30*time.Second)
 
 	sampler := startMinConns(agents)
@@ -237,8 +203,7 @@ func TestLeasesSurviveAPIServerOutage(t *testing.T) {
 	// informer then lists again only after its back-off, which the
 	// outage has grown to 30-60 s, and the count stays at its last value
 	// until then.
-	ip := e.ip(3)
-	e.servers[ip] = e.fleet.StartServer(t, ip, e.leaseFlags("server")...)
+	ip := e.startServers(3, 4, e.leaseFlags("server")...)[0]
 	lb.SetBackends(e.agentAddrs(append(ips, ip)...)...)
 	waitLeaseTarget(t, agents, 4, 90*time.Second)
 }
