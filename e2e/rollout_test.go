@@ -172,10 +172,8 @@ func startRolloutTarget(t *testing.T, e *env) *rolloutTarget {
 
 	ctx := t.Context()
 	cs := the.cluster.Client.CoreV1()
-	// There is no controller-manager to make the namespace's default
-	// ServiceAccount, which admission wants for a Pod.
-	_, err = cs.ServiceAccounts(e.ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	// Admission wants the namespace's default ServiceAccount for a Pod.
+	e.createServiceAccounts("default")
 	no := false
 	pod, err := cs.Pods(e.ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "target"},
