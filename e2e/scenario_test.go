@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -103,8 +101,7 @@ func TestScaleUp(t *testing.T) {
 	waitConnections(t, byMode["resolved"], 5, 10*time.Second)
 	waitConnections(t, byMode["lb"], 5, 10*time.Second)
 	e.requestThroughEach(ips...)
-	dir := t.ArtifactDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "scale-up-seconds.txt"), []byte(results.String()), 0o644))
+	require.NoError(t, harness.WriteFile(t.ArtifactDir(), "scale-up-seconds.txt", results.String()))
 }
 
 // Scenario 3: scale down from 5 to 2.
