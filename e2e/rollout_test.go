@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -217,7 +216,7 @@ func (c *rolloutClient) get(ctx context.Context, url string, timeout time.Durati
 	}
 	defer resp.Body.Close()
 	var b strings.Builder
-	_, err = io.Copy(&b, bufio.NewReader(io.LimitReader(resp.Body, 1<<20)))
+	_, err = io.Copy(&b, io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
 		return "", fmt.Errorf("%s: %.200s", resp.Status, b.String())
 	}
