@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -153,7 +152,7 @@ func (d *demo) scale(ctx context.Context, n int) error {
 		}
 	}
 	for addr, s := range d.servers {
-		if !slices.Contains(ips, addr) {
+		if !contains(ips, addr) {
 			s.stop()
 			<-s.done
 			delete(d.servers, addr)
@@ -415,4 +414,13 @@ func freeOnAll(got []int, servers int) bool {
 		}
 	}
 	return true
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
 }
