@@ -172,13 +172,14 @@ func newEnv(t *testing.T, publishNotReady bool) *env {
 // on the loopback interface of the suite's network namespace.
 func (e *env) ip(i int) string { return fmt.Sprintf("10.244.%d.%d", e.subnet, 10+i) }
 
-// startServers starts servers for indexes from..to-1 and returns their IPs.
-func (e *env) startServers(from, to int) []string {
+// startServers starts servers for indexes from..to-1, each with the
+// flags extra, and returns their IPs.
+func (e *env) startServers(from, to int, extra ...string) []string {
 	e.t.Helper()
 	var ips []string
 	for i := from; i < to; i++ {
 		ip := e.ip(i)
-		e.servers[ip] = e.fleet.StartServer(e.t, ip)
+		e.servers[ip] = e.fleet.StartServer(e.t, ip, extra...)
 		ips = append(ips, ip)
 	}
 	return ips
@@ -194,6 +195,22 @@ func (e *env) stopServer(ip string) {
 func (e *env) setReady(ips ...string) {
 	e.t.Helper()
 	require.NoError(e.t, e.svc.SetEndpoints(e.t.Context(), harness.Ready(ips...)...))
+}
+
+// publishReady writes the EndpointSlice with ips, all ready, and waits
+// until DNS counts them, so that agents started next count them too.
+func (e *env) publishReady(ips ...string) {
+	e.t.Helper()
+	e.setReady(ips...)
+	e.waitCount(e.svc.SRVName("agent"), len(ips))
+}
+
+// startReady starts n servers and publishes them all ready.
+func (e *env) startReady(n int) []string {
+	e.t.Helper()
+	ips := e.startServers(0, n)
+	e.publishReady(ips...)
+	return ips
 }
 
 // startAgents starts n agents counting the Service's agent SRV name, in
@@ -254,13 +271,22 @@ func (e *env) waitCount(name string, want int) {
 // targets want from DNS.
 func waitConnections(t *testing.T, agents []*harness.Agent, want int, within time.Duration) {
 	t.Helper()
+	waitAgents(t, agents, "dns", want, want, within)
+}
+
+// waitAgents waits until every agent holds conns connections and targets
+// target from source (dns or leases), and returns how long that took.
+func waitAgents(t *testing.T, agents []*harness.Agent, source string, conns, target int, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
 	for _, a := range agents {
-		var conns, target int
+		var c, tg int
 		require.Eventually(t, func() bool {
-			conns, target = a.Connections(), a.Target("dns")
-			return conns == want && target == want
-		}, within, 50*time.Millisecond, "%s: want %d connections and DNS target %d; has %d connections, target %d", a.Name, want, want, conns, target)
+			c, tg = a.Connections(), a.Target(source)
+			return c == conns && tg == target
+		}, within, 50*time.Millisecond, "%s: want %d connections and %s target %d; has %d connections, target %d", a.Name, conns, source, target, c, tg)
 	}
+	return time.Since(start)
 }
 
 // requestThroughEach sends a request through each server's frontend to the

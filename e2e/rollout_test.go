@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -172,10 +171,8 @@ func startRolloutTarget(t *testing.T, e *env) *rolloutTarget {
 
 	ctx := t.Context()
 	cs := the.cluster.Client.CoreV1()
-	// There is no controller-manager to make the namespace's default
-	// ServiceAccount, which admission wants for a Pod.
-	_, err = cs.ServiceAccounts(e.ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	// Admission wants the namespace's default ServiceAccount for a Pod.
+	e.createServiceAccounts("default")
 	no := false
 	pod, err := cs.Pods(e.ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "target"},
@@ -219,7 +216,7 @@ func (c *rolloutClient) get(ctx context.Context, url string, timeout time.Durati
 	}
 	defer resp.Body.Close()
 	var b strings.Builder
-	_, err = io.Copy(&b, bufio.NewReader(io.LimitReader(resp.Body, 1<<20)))
+	_, err = io.Copy(&b, io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
 		return "", fmt.Errorf("%s: %.200s", resp.Status, b.String())
 	}

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,10 +17,7 @@ import (
 // Scenario 1: three ready endpoints.
 func TestThreeReadyEndpoints(t *testing.T) {
 	e := newEnv(t, false)
-	ips := e.startServers(0, 3)
-	e.setReady(ips...)
-
-	e.waitCount(e.svc.SRVName("agent"), 3)
+	ips := e.startReady(3)
 	out, exit := e.probeCount(e.svc.FQDN())
 	assert.Equal(t, "3", out, "A form")
 	assert.Equal(t, 0, exit)
@@ -53,9 +48,7 @@ func (e *env) newLB(ips ...string) *balancer.Balancer {
 // Scenario 2: scale up from 3 to 5, in both dial modes.
 func TestScaleUp(t *testing.T) {
 	e := newEnv(t, false)
-	ips := e.startServers(0, 3)
-	e.setReady(ips...)
-	e.waitCount(e.svc.SRVName("agent"), 3)
+	ips := e.startReady(3)
 	lb := e.newLB(ips...)
 	byMode := map[string][]*harness.Agent{
 		"resolved": e.startAgents(3, "resolved", nil),
@@ -108,16 +101,13 @@ func TestScaleUp(t *testing.T) {
 	waitConnections(t, byMode["resolved"], 5, 10*time.Second)
 	waitConnections(t, byMode["lb"], 5, 10*time.Second)
 	e.requestThroughEach(ips...)
-	dir := t.ArtifactDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "scale-up-seconds.txt"), []byte(results.String()), 0o644))
+	require.NoError(t, harness.WriteFile(t.ArtifactDir(), "scale-up-seconds.txt", results.String()))
 }
 
 // Scenario 3: scale down from 5 to 2.
 func TestScaleDown(t *testing.T) {
 	e := newEnv(t, false)
-	ips := e.startServers(0, 5)
-	e.setReady(ips...)
-	e.waitCount(e.svc.SRVName("agent"), 5)
+	ips := e.startReady(5)
 	lb := e.newLB(ips...)
 	agents := append(e.startAgents(2, "resolved", nil), e.startAgents(2, "lb", lb)...)
 	waitConnections(t, agents, 5, 30*time.Second)
@@ -210,9 +200,7 @@ func (m *minConns) Stop() (map[string]int, int) {
 // Scenario 4: no ready endpoint (NXDOMAIN), then three again.
 func TestZeroReadyEndpoints(t *testing.T) {
 	e := newEnv(t, false)
-	ips := e.startServers(0, 3)
-	e.setReady(ips...)
-	e.waitCount(e.svc.SRVName("agent"), 3)
+	ips := e.startReady(3)
 	agents := e.startAgents(3, "resolved", nil)
 	waitConnections(t, agents, 3, 30*time.Second)
 
@@ -245,8 +233,7 @@ func TestZeroReadyEndpoints(t *testing.T) {
 	}
 	e.requestThroughEach(ips...)
 
-	e.setReady(ips...)
-	e.waitCount(e.svc.SRVName("agent"), 3)
+	e.publishReady(ips...)
 	waitConnections(t, agents, 3, 20*time.Second)
 	e.requestThroughEach(ips...)
 }
@@ -293,8 +280,7 @@ func TestNotReadyEndpoints(t *testing.T) {
 func TestDNSOutage(t *testing.T) {
 	e := newEnv(t, false)
 	ips := e.startServers(0, 4)
-	e.setReady(ips[:3]...)
-	e.waitCount(e.svc.SRVName("agent"), 3)
+	e.publishReady(ips[:3]...)
 	agents := e.startAgents(3, "resolved", nil)
 	waitConnections(t, agents, 3, 30*time.Second)
 
@@ -348,8 +334,7 @@ func TestDNSOutage(t *testing.T) {
 	require.NoError(t, the.cluster.DNS.Start())
 	restarted = true
 	// Recovery: a change after the restart reaches the agents.
-	e.setReady(ips...)
-	e.waitCount(e.svc.SRVName("agent"), 4)
+	e.publishReady(ips...)
 	waitConnections(t, agents, 4, 30*time.Second)
 	e.requestThroughEach(ips...)
 }
@@ -357,9 +342,7 @@ func TestDNSOutage(t *testing.T) {
 // Scenario 7: rolling replacement of every server, one at a time.
 func TestRollingReplacement(t *testing.T) {
 	e := newEnv(t, false)
-	ips := e.startServers(0, 3)
-	e.setReady(ips...)
-	e.waitCount(e.svc.SRVName("agent"), 3)
+	ips := e.startReady(3)
 	lb := e.newLB(ips...)
 	agents := append(e.startAgents(3, "resolved", nil), e.startAgents(1, "lb", lb)...)
 	waitConnections(t, agents, 3, 30*time.Second)
@@ -392,9 +375,7 @@ func TestRollingReplacement(t *testing.T) {
 // Scenario 8: a wrong port name in the SRV query.
 func TestWrongPortName(t *testing.T) {
 	e := newEnv(t, false)
-	ips := e.startServers(0, 2)
-	e.setReady(ips...)
-	e.waitCount(e.svc.SRVName("agent"), 2)
+	e.startReady(2)
 	r := e.probe(e.svc.SRVName("agnet"))
 	t.Logf("probe of a wrong port name (exit %d):\n%s", r.Exit, r.Output)
 	assert.Equal(t, 1, r.Exit)

@@ -30,11 +30,9 @@ import (
 // without publishNotReadyAddresses is shown to stall.
 func TestSidecarRollout(t *testing.T) {
 	e := newEnv(t, true)
-	pods := e.startServers(0, 3)
 	// What the EndpointSlice controller writes with publishNotReadyAddresses:
 	// every pod's endpoint ready, whatever its readiness.
-	e.setReady(pods...)
-	e.waitCount(e.svc.SRVName("agent"), 3)
+	pods := e.startReady(3)
 	agents := e.startAgents(3, "resolved", nil)
 	waitConnections(t, agents, 3, 30*time.Second)
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,99 @@ import (
 	"github.com/servercount/servercount/internal/tokenreview"
 )
 
+// The audience and service account a proxy-server wants in agents'
+// tokens, as the manifests configure them.
+const (
+	tokenAudience       = "system:konnectivity-server"
+	agentServiceAccount = "konnectivity-agent"
+)
+
+// createServiceAccounts creates the service accounts names in the test's
+// namespace; there is no controller-manager to create even "default".
+func (e *env) createServiceAccounts(names ...string) {
+	e.t.Helper()
+	for _, sa := range names {
+		_, err := the.cluster.Client.CoreV1().ServiceAccounts(e.ns).Create(e.t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
+		require.NoError(e.t, err)
+	}
+}
+
+// tokenFile asks the API server for a token of service account sa for
+// audience aud, valid 10 minutes, writes it to a file called name and
+// returns the file's path.
+func (e *env) tokenFile(name, sa, aud string) string {
+	e.t.Helper()
+	tr, err := the.cluster.Client.CoreV1().ServiceAccounts(e.ns).CreateToken(e.t.Context(), sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{aud}, ExpirationSeconds: new(int64(600))},
+	}, metav1.CreateOptions{})
+	require.NoError(e.t, err)
+	f := filepath.Join(e.t.TempDir(), name)
+	require.NoError(e.t, os.WriteFile(f, []byte(tr.Status.Token), 0o600))
+	return f
+}
+
+// startReviewingServer starts one server that checks agents' tokens with
+// TokenReviews, publishes it ready and returns it.
+func (e *env) startReviewingServer() *harness.Server {
+	e.t.Helper()
+	ip := e.startServers(0, 1,
+		"--agent-namespace="+e.ns, "--agent-service-account="+agentServiceAccount,
+		"--authentication-audience="+tokenAudience, "--kubeconfig="+the.cluster.Kubeconfig)[0]
+	e.publishReady(ip)
+	return e.servers[ip]
+}
+
+// tokenAgent is the configuration of an agent named name that counts the
+// servers through DNS, dials each, and shows the token in tokenFile.
+func (e *env) tokenAgent(name, tokenFile string) harness.AgentConfig {
+	return harness.AgentConfig{
+		Name: "agent-" + e.ns + "-" + name, DNSName: e.svc.SRVName("agent"), DNSServer: the.cluster.DNS.Addr,
+		DialMode: "resolved", Extra: []string{"--service-account-token-path=" + tokenFile},
+	}
+}
+
+// Scenario 9: proxy-servers check agents' service-account tokens with a
+// TokenReview; a bad token, a token for another audience and a token of
+// another service account are refused.
+func TestAgentTokenReview(t *testing.T) {
+	e := newEnv(t, false)
+	e.createServiceAccounts(agentServiceAccount, "someone-else")
+	srv := e.startReviewingServer()
+
+	garbage := filepath.Join(t.TempDir(), "garbage")
+	require.NoError(t, os.WriteFile(garbage, []byte("not-a-token"), 0o600))
+	start := func(name, tokenFile string) *harness.Agent {
+		return e.fleet.StartAgent(t, e.tokenAgent(name, tokenFile))
+	}
+	good := start("good", e.tokenFile("good", agentServiceAccount, tokenAudience))
+	waitConnections(t, []*harness.Agent{good}, 1, 30*time.Second)
+	e.requestThroughEach(srv.IP)
+
+	refused := []*harness.Agent{
+		start("garbage", garbage),
+		start("wrong-audience", e.tokenFile("wrong-audience", agentServiceAccount, "someone-else")),
+		start("wrong-account", e.tokenFile("wrong-account", "someone-else", tokenAudience)),
+	}
+	// Each refused agent keeps trying; wait until the server has refused
+	// all three at least once, then check none got in.
+	require.Eventually(t, func() bool {
+		m, err := srv.Metrics()
+		return err == nil && m.Sum("servercount_server_agent_rejections_total") >= 3
+	}, 30*time.Second, 100*time.Millisecond, "the server refuses the three agents")
+	sample(t, refused, 2*time.Second, func(a *harness.Agent, conns int) {
+		assert.Zero(t, conns, "%s got in", a.Name)
+	})
+	m, err := srv.Metrics()
+	require.NoError(t, err)
+	assert.Equal(t, 1.0, m.Get("konnectivity_network_proxy_server_ready_backend_connections"), "only the good agent is connected")
+	for k, v := range m {
+		if strings.HasPrefix(k, "servercount_server_agent_rejections_total") {
+			t.Logf("%s %v", k, v)
+		}
+	}
+	assert.Equal(t, 1, good.Connections())
+}
+
 // Scenario 10 (issue #12): a proxy-server caches its TokenReviews, so K
 // agents that each reconnect R times cost the real kube-apiserver about K
 // reviews, not K x (R+1). The count comes from the API server's own
@@ -32,8 +126,6 @@ import (
 // fails.
 func TestTokenReviewsAreCached(t *testing.T) {
 	const (
-		audience   = "system:konnectivity-server"
-		sa         = "konnectivity-agent"
 		agents     = 4 // K
 		reconnects = 5 // R, after the first connection
 		// cacheTTL is how long the server trusts an accepted token
@@ -41,24 +133,14 @@ func TestTokenReviewsAreCached(t *testing.T) {
 		cacheTTL = tokenreview.DefaultCacheTTL
 	)
 	e := newEnv(t, false)
-	ctx := t.Context()
-	_, err := the.cluster.Client.CoreV1().ServiceAccounts(e.ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
-	require.NoError(t, err)
+	e.createServiceAccounts(agentServiceAccount)
 
 	// Each agent has a token of its own, so each costs one review:
 	// singleflight cannot merge two agents' reviews.
 	var cfgs []harness.AgentConfig
 	for i := range agents {
-		tr, err := the.cluster.Client.CoreV1().ServiceAccounts(e.ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: new(int64(600))},
-		}, metav1.CreateOptions{})
-		require.NoError(t, err)
-		f := filepath.Join(t.TempDir(), fmt.Sprintf("token-%d", i))
-		require.NoError(t, os.WriteFile(f, []byte(tr.Status.Token), 0o600))
-		cfgs = append(cfgs, harness.AgentConfig{
-			Name: fmt.Sprintf("agent-%s-%d", e.ns, i), DNSName: e.svc.SRVName("agent"), DNSServer: the.cluster.DNS.Addr,
-			DialMode: "resolved", Extra: []string{"--service-account-token-path=" + f},
-		})
+		token := e.tokenFile(fmt.Sprintf("token-%d", i), agentServiceAccount, tokenAudience)
+		cfgs = append(cfgs, e.tokenAgent(strconv.Itoa(i), token))
 	}
 
 	// The API server's count before this test's server exists. The
@@ -67,13 +149,7 @@ func TestTokenReviewsAreCached(t *testing.T) {
 	// delta is this server's reviews alone.
 	before := apiServerTokenReviews(t)
 
-	ip := e.ip(0)
-	srv := e.fleet.StartServer(t, ip,
-		"--agent-namespace="+e.ns, "--agent-service-account="+sa,
-		"--authentication-audience="+audience, "--kubeconfig="+the.cluster.Kubeconfig)
-	e.servers[ip] = srv
-	e.setReady(ip)
-	e.waitCount(e.svc.SRVName("agent"), 1)
+	srv := e.startReviewingServer()
 
 	// authenticated is how many agent streams the server has judged:
 	// each is either a cache hit or a review.

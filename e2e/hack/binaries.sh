@@ -51,14 +51,28 @@ if ! command -v etcd >/dev/null 2>&1; then
 fi
 log "etcd: $(command -v etcd)"
 
-apiserver=$bin/kube-apiserver-$KUBE_VERSION
-if [ -x "$apiserver" ]; then
-  log "kube-apiserver $KUBE_VERSION: cached, $apiserver"
-else
-  log "kube-apiserver $KUBE_VERSION: building (about 9 minutes on 2 cores, once; cached in $bin)"
-  work=$CACHE/build/kube-apiserver-$KUBE_VERSION
+# build_once NAME OUT HOW BUILDER: says OUT is cached if it is there;
+# otherwise runs BUILDER, which writes OUT.tmp (HOW says how long that
+# takes), and moves that to OUT only once whole, so that an interrupted
+# build is never taken for a cached one.
+build_once() {
+  local name=$1 out=$2 how=$3 builder=$4
+  if [ -x "$out" ]; then
+    log "$name: cached, $out"
+    return
+  fi
+  log "$name: building ($how, once; cached in $bin)"
+  "$builder" "$out.tmp"
+  mv "$out.tmp" "$out"
+  log "$name: built, $out"
+}
+
+# kube_work is the wrapper module kube-apiserver and kubectl are built in.
+kube_work=$CACHE/build/kube-apiserver-$KUBE_VERSION
+
+build_kube_apiserver() {
+  local out=$1 work=$kube_work staging_version=v0${KUBE_VERSION#v1}
   mkdir -p "$work"
-  staging_version=v0${KUBE_VERSION#v1}
   {
     echo "module servercount.local/kube-apiserver-build"
     echo
@@ -90,38 +104,29 @@ GO
   log "kube-apiserver $KUBE_VERSION: fetching k8s.io/kubernetes and its modules"
   (cd "$work" && with_heartbeat "fetching kube-apiserver's modules" env GOFLAGS=-mod=mod go mod tidy >&2)
   log "kube-apiserver $KUBE_VERSION: compiling"
-  (cd "$work" && with_heartbeat "compiling kube-apiserver $KUBE_VERSION" go build -o "$apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver >&2)
-  mv "$apiserver.tmp" "$apiserver"
-  log "kube-apiserver $KUBE_VERSION: built, $apiserver"
-fi
+  (cd "$work" && with_heartbeat "compiling kube-apiserver $KUBE_VERSION" go build -o "$out" k8s.io/kubernetes/cmd/kube-apiserver >&2)
+}
 
 # kubectl, from the same wrapper module: the manifests test runs
 # kubectl apply -k against the API server as an operator would.
-kubectl=$bin/kubectl-$KUBE_VERSION
-if [ -x "$kubectl" ]; then
-  log "kubectl $KUBE_VERSION: cached, $kubectl"
-else
-  log "kubectl $KUBE_VERSION: building (about 2 minutes on 2 cores after kube-apiserver, once; cached in $bin)"
-  work=$CACHE/build/kube-apiserver-$KUBE_VERSION
+build_kubectl() {
+  local out=$1 work=$kube_work
   if ! grep -q cmd/kubectl "$work/tools.go"; then
     printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' > "$work/tools.go"
     (cd "$work" && GOFLAGS=-mod=mod go mod tidy >&2)
   fi
-  (cd "$work" && go build -o "$kubectl.tmp" k8s.io/kubernetes/cmd/kubectl >&2)
-  mv "$kubectl.tmp" "$kubectl"
-  log "kubectl $KUBE_VERSION: built, $kubectl"
-fi
+  (cd "$work" && go build -o "$out" k8s.io/kubernetes/cmd/kubectl >&2)
+}
 
-coredns=$bin/coredns-$COREDNS_VERSION
-if [ -x "$coredns" ]; then
-  log "CoreDNS $COREDNS_VERSION: cached, $coredns"
-else
-  log "CoreDNS $COREDNS_VERSION: fetching and building (about 5 minutes on 2 cores, once; cached in $bin)"
-  tmp=$CACHE/build/coredns-$COREDNS_VERSION
+build_coredns() {
+  local out=$1 tmp=$CACHE/build/coredns-$COREDNS_VERSION
   mkdir -p "$tmp"
   with_heartbeat "building CoreDNS $COREDNS_VERSION" env GOBIN="$tmp" go install "github.com/coredns/coredns@$COREDNS_VERSION" >&2
-  mv "$tmp/coredns" "$coredns"
-  log "CoreDNS $COREDNS_VERSION: built, $coredns"
-fi
+  mv "$tmp/coredns" "$out"
+}
+
+build_once "kube-apiserver $KUBE_VERSION" "$bin/kube-apiserver-$KUBE_VERSION" "about 9 minutes on 2 cores" build_kube_apiserver
+build_once "kubectl $KUBE_VERSION" "$bin/kubectl-$KUBE_VERSION" "about 2 minutes on 2 cores after kube-apiserver" build_kubectl
+build_once "CoreDNS $COREDNS_VERSION" "$bin/coredns-$COREDNS_VERSION" "about 5 minutes on 2 cores, fetched from the module proxy" build_coredns
 
 echo "$CACHE"

@@ -268,16 +268,7 @@ func (c *Cluster) runAPIServer() error {
 		return err
 	}
 	c.apiserver = p
-	return waitFor(p, c.startTimeout, "ready", func() error {
-		body, code, err := httpGet(c.APIServerURL+"/readyz", c.AdminToken, &tls.Config{InsecureSkipVerify: true})
-		if err != nil {
-			return err
-		}
-		if code != http.StatusOK {
-			return fmt.Errorf("/readyz: %d %s", code, body)
-		}
-		return nil
-	})
+	return waitFor(p, c.startTimeout, "ready", getOK(c.APIServerURL+"/readyz", c.AdminToken, &tls.Config{InsecureSkipVerify: true}))
 }
 
 // APIServer is one more kube-apiserver of the cluster, on the same etcd,
@@ -319,13 +310,7 @@ func (c *Cluster) StartAPIServer(name string, extra ...string) (*APIServer, erro
 	if a.proc, err = proctest.StartProcess(name, filepath.Join(c.Dir, name+".log"), c.apiserverBin, append(args, extra...)...); err != nil {
 		return nil, err
 	}
-	if err := waitFor(a.proc, c.startTimeout, "ready", func() error {
-		body, code, err := httpGet(a.URL+"/readyz", c.AdminToken, &tls.Config{InsecureSkipVerify: true})
-		if err == nil && code != http.StatusOK {
-			err = fmt.Errorf("/readyz: %d %s", code, body)
-		}
-		return err
-	}); err != nil {
+	if err := waitFor(a.proc, c.startTimeout, "ready", getOK(a.URL+"/readyz", c.AdminToken, &tls.Config{InsecureSkipVerify: true})); err != nil {
 		a.proc.Stop()
 		return nil, err
 	}
@@ -451,6 +436,18 @@ func (d *CoreDNS) Stop() {
 	if d.proc != nil {
 		d.proc.Stop()
 		d.proc = nil
+	}
+}
+
+// getOK is a check for waitFor: nil once a GET of url (with token, if
+// any) answers 200.
+func getOK(url, token string, tlsCfg *tls.Config) func() error {
+	return func() error {
+		body, code, err := httpGet(url, token, tlsCfg)
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("GET %s: %d %.200s", url, code, body)
+		}
+		return err
 	}
 }
 

@@ -144,13 +144,7 @@ func (f *Fleet) StartServer(t testing.TB, ip string, extra ...string) *Server {
 		}
 	})
 	health := fmt.Sprintf("http://%s/healthz", net.JoinHostPort(ip, strconv.Itoa(f.HealthPort)))
-	if err := waitFor(p, 20*time.Second, "healthy", func() error {
-		_, code, err := httpGet(health, "", nil)
-		if err == nil && code != http.StatusOK {
-			err = fmt.Errorf("/healthz: %d", code)
-		}
-		return err
-	}); err != nil {
+	if err := waitFor(p, 20*time.Second, "healthy", getOK(health, "", nil)); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -283,13 +277,7 @@ func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 			t.Logf("%s log:\n%s", cfg.Name, p.Log(3000))
 		}
 	})
-	if err := waitFor(p, 20*time.Second, "healthy", func() error {
-		_, code, err := httpGet(a.HealthURL+"/healthz", "", nil)
-		if err == nil && code != http.StatusOK {
-			err = fmt.Errorf("/healthz: %d", code)
-		}
-		return err
-	}); err != nil {
+	if err := waitFor(p, 20*time.Second, "healthy", getOK(a.HealthURL+"/healthz", "", nil)); err != nil {
 		t.Fatal(err)
 	}
 	return a
