@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -152,7 +153,7 @@ func (d *demo) scale(ctx context.Context, n int) error {
 		}
 	}
 	for addr, s := range d.servers {
-		if !contains(ips, addr) {
+		if !slices.Contains(ips, addr) {
 			s.stop()
 			<-s.done
 			delete(d.servers, addr)
@@ -414,13 +415,4 @@ func freeOnAll(got []int, servers int) bool {
 		}
 	}
 	return true
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
