@@ -84,6 +84,14 @@ func RequireReleased(tb testing.TB, ports ...int) {
 // every connection, until the test ends, and returns its address.
 func Echo(tb testing.TB) string {
 	tb.Helper()
+	return Serve(tb, func(c net.Conn) { _, _ = io.Copy(c, c) })
+}
+
+// Serve runs a TCP server on 127.0.0.1 that calls handle in a goroutine of
+// its own for every connection and closes the connection when handle
+// returns, until the test ends, and returns its address.
+func Serve(tb testing.TB, handle func(net.Conn)) string {
+	tb.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(tb, err)
 	done := make(chan struct{})
@@ -96,7 +104,7 @@ func Echo(tb testing.TB) string {
 			}
 			go func() {
 				defer c.Close()
-				_, _ = io.Copy(c, c)
+				handle(c)
 			}()
 		}
 	}()
