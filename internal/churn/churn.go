@@ -439,12 +439,5 @@ func sleepOrLocked(ctx context.Context, d time.Duration, locked <-chan struct{})
 
 // sleep waits d or until ctx ends, and reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return sleepOrLocked(ctx, d, nil) // a nil channel never closes
 }
