@@ -96,6 +96,16 @@ func metric(t testing.TB, reg prometheus.Gatherer, name string, labels ...string
 // tunnels do: the tunnels close).
 func within(t testing.TB, d time.Duration, what string, f func()) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if !finishes(ctx, f) {
+		t.Fatalf("%s did not finish within %v", what, d)
+	}
+}
+
+// finishes runs f in a goroutine of its own and reports whether it
+// returned before ctx ended.
+func finishes(ctx context.Context, f func()) bool {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -103,8 +113,9 @@ func within(t testing.TB, d time.Duration, what string, f func()) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(d):
-		t.Fatalf("%s did not finish within %v", what, d)
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -150,14 +161,7 @@ func (w *stallWatch) progress() {
 // after a failure; it must end when the test ends, as for within.
 func (w *stallWatch) wait(tb testing.TB, what string, f func()) {
 	tb.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f()
-	}()
-	select {
-	case <-done:
-	case <-w.ctx.Done():
+	if !finishes(w.ctx, f) {
 		tb.Fatalf("%s stalled: %v", what, context.Cause(w.ctx))
 	}
 }
