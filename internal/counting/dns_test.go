@@ -43,10 +43,10 @@ func TestBuildCountsAndExportsMetrics(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	require.Eventually(t, func() bool {
-		return gauge(t, reg, "servercount_agent_dns_server_count") == 1
+		return value(reg, "servercount_agent_dns_server_count") == 1
 	}, 10*time.Second, time.Millisecond, "clamped to --server-count-max")
 	assert.Equal(t, 1, c.CountServers())
-	assert.GreaterOrEqual(t, counter(t, reg, "servercount_agent_dns_lookups_total", "records"), 1.0)
+	assert.GreaterOrEqual(t, value(reg, "servercount_agent_dns_lookups_total", "outcome", "records"), 1.0)
 }
 
 func TestValidate(t *testing.T) {
@@ -90,22 +90,13 @@ func TestBuildRejectsBadName(t *testing.T) {
 	assert.ErrorContains(t, err, `--server-count-dns: servercounter: invalid name "a..b"`)
 }
 
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	v, ok := metricstest.Value(reg, name)
-	if !ok {
-		return -1
+// value is the value of reg's series name with labels, or -1 if it has
+// none.
+func value(reg prometheus.Gatherer, name string, labels ...string) float64 {
+	if v, ok := metricstest.Value(reg, name, labels...); ok {
+		return v
 	}
-	return v
-}
-
-func counter(t *testing.T, reg *prometheus.Registry, name, outcome string) float64 {
-	t.Helper()
-	v, ok := metricstest.Value(reg, name, "outcome", outcome)
-	if !ok {
-		return -1
-	}
-	return v
+	return -1
 }
 
 // An agent that cannot reach DNS says so at the default level, once
@@ -155,7 +146,7 @@ func failures(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
 	var n float64
 	for _, kind := range []string{"timeout", "servfail", "refused", "malformed", "network"} {
-		if v := counter(t, reg, "servercount_agent_dns_lookups_total", kind); v > 0 {
+		if v := value(reg, "servercount_agent_dns_lookups_total", "outcome", kind); v > 0 {
 			n += v
 		}
 	}
