@@ -107,16 +107,7 @@ func TestUnreachableDNSLoggedOnceAtLevelZero(t *testing.T) {
 	refused := l.LocalAddr().String()
 	require.NoError(t, l.Close()) // queries to it are refused from here on
 
-	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+refused, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
-	require.Empty(t, o.Validate())
-	var logs *logtest.Buffer
-	o.Logger, logs = logtest.NewLogger(0)
-	reg := prometheus.NewRegistry()
-	c, err := o.Build(reg, "agent", 1)
-	require.NoError(t, err)
-	defer c.Close()
-	require.Eventually(t, func() bool { return failures(t, reg) >= 3 }, 10*time.Second, time.Millisecond, "several failed refreshes")
-	out := logs.String()
+	out := countFailing(t, refused).String()
 	assert.Equal(t, 1, strings.Count(out, "Failed to count proxy-servers through DNS"), out)
 	assert.Contains(t, out, refused)
 }
@@ -126,19 +117,29 @@ func TestDNSRecoveryLoggedAtLevelZero(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
-	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
-	var logs *logtest.Buffer
-	o.Logger, logs = logtest.NewLogger(0)
-	reg := prometheus.NewRegistry()
-	c, err := o.Build(reg, "agent", 1)
-	require.NoError(t, err)
-	defer c.Close()
-	require.Eventually(t, func() bool { return failures(t, reg) >= 3 }, 10*time.Second, time.Millisecond)
+	logs := countFailing(t, srv.Addr())
 	srv.ClearFault()
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "Recovered: count proxy-servers through DNS") }, 10*time.Second, time.Millisecond)
 	out := logs.String()
 	assert.Equal(t, 1, strings.Count(out, "Failed to count proxy-servers through DNS"), out)
 	assert.Contains(t, out, "count=2")
+}
+
+// countFailing starts counting svc through the nameserver at server,
+// refreshing every 10 to 20 ms and logging at level 0, until the test
+// ends. It waits for 3 failed refreshes and returns the log.
+func countFailing(t *testing.T, server string) *logtest.Buffer {
+	t.Helper()
+	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+server, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
+	require.Empty(t, o.Validate())
+	var logs *logtest.Buffer
+	o.Logger, logs = logtest.NewLogger(0)
+	reg := prometheus.NewRegistry()
+	c, err := o.Build(reg, "agent", 1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	require.Eventually(t, func() bool { return failures(t, reg) >= 3 }, 10*time.Second, time.Millisecond, "several failed refreshes")
+	return logs
 }
 
 // failures sums the failed DNS refreshes of every kind.
