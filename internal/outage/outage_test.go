@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"go.uber.org/goleak"
-	"k8s.io/klog/v2/textlogger"
 
 	"github.com/servercount/servercount/internal/clocktest"
 	"github.com/servercount/servercount/internal/logtest"
@@ -19,8 +18,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestOutageLogsStartReminderAndEnd(t *testing.T) {
-	var buf logtest.Buffer
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
+	logger, buf := logtest.NewLogger(0)
 	clk := clocktest.New(time.Unix(1000, 0))
 	o := New("connect to proxy-server", clk.Now)
 	err := errors.New("connection refused")
@@ -52,8 +50,7 @@ func TestOutageLogsStartReminderAndEnd(t *testing.T) {
 // Attempts that fail and succeed in turn log one start and one end per
 // DefaultQuiet, not a line per attempt.
 func TestOutageFlappingIsRateLimited(t *testing.T) {
-	var buf logtest.Buffer
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
+	logger, buf := logtest.NewLogger(0)
 	clk := clocktest.New(time.Unix(1000, 0))
 	o := New("connect to proxy-server", clk.Now)
 	err := errors.New("x509: certificate signed by unknown authority")
