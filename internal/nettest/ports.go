@@ -3,7 +3,6 @@ package nettest
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"testing"
@@ -78,36 +77,4 @@ func RequireReleased(tb testing.TB, ports ...int) {
 		}
 		_ = l.Close()
 	}
-}
-
-// Echo runs a TCP server on 127.0.0.1 that writes back what it reads on
-// every connection, until the test ends, and returns its address.
-func Echo(tb testing.TB) string {
-	tb.Helper()
-	return Serve(tb, func(c net.Conn) { _, _ = io.Copy(c, c) })
-}
-
-// Serve runs a TCP server on 127.0.0.1 that calls handle in a goroutine of
-// its own for every connection and closes the connection when handle
-// returns, until the test ends, and returns its address.
-func Serve(tb testing.TB, handle func(net.Conn)) string {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handle(c)
-			}()
-		}
-	}()
-	tb.Cleanup(func() { _ = l.Close(); <-done })
-	return l.Addr().String()
 }

@@ -33,8 +33,8 @@ const (
 const forever = time.Hour
 
 // endlessTarget writes to every connection until the write fails.
-func endlessTarget(t *testing.T) *TCPTarget {
-	return StartTCPTarget(t, func(c net.Conn) {
+func endlessTarget(t *testing.T) *nettest.Target {
+	return nettest.StartTarget(t, func(c net.Conn) {
 		chunk := make([]byte, 32<<10)
 		for {
 			if _, err := c.Write(chunk); err != nil {
@@ -46,18 +46,18 @@ func endlessTarget(t *testing.T) *TCPTarget {
 
 // deafTarget accepts connections and never reads them, until release
 // closes them (or the test ends).
-func deafTarget(t *testing.T) (target *TCPTarget, release func()) {
+func deafTarget(t *testing.T) (target *nettest.Target, release func()) {
 	stop := make(chan struct{})
 	var once sync.Once
 	release = func() { once.Do(func() { close(stop) }) }
-	target = StartTCPTarget(t, func(net.Conn) { <-stop })
+	target = nettest.StartTarget(t, func(net.Conn) { <-stop })
 	t.Cleanup(release) // runs before the target's Close
 	return target, release
 }
 
 // echoTarget sends back what it reads.
-func echoTarget(t *testing.T) *TCPTarget {
-	return StartTCPTarget(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
+func echoTarget(t *testing.T) *nettest.Target {
+	return nettest.StartTarget(t, Echo)
 }
 
 // echoBeside opens a tunnel to echo and makes a round trip through it: the

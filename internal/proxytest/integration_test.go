@@ -287,7 +287,7 @@ func TestCloseBothWays(t *testing.T) {
 
 	// The client closes: the target reads "ping", then EOF.
 	clientClosed := make(chan error, 1)
-	readsPingThenEOF := StartTCPTarget(t, func(c net.Conn) {
+	readsPingThenEOF := nettest.StartTarget(t, func(c net.Conn) {
 		_ = c.SetReadDeadline(time.Now().Add(waitFor))
 		buf := make([]byte, 4)
 		if _, err := io.ReadFull(c, buf); err != nil {
@@ -302,7 +302,7 @@ func TestCloseBothWays(t *testing.T) {
 	// library (v0.37.1) drops DATA that arrives right after DIAL_RSP, before
 	// DialContext has registered the connection: a race in the client, not
 	// in the server or the agent.)
-	saysBye := StartTCPTarget(t, func(c net.Conn) {
+	saysBye := nettest.StartTarget(t, func(c net.Conn) {
 		_ = c.SetReadDeadline(time.Now().Add(waitFor))
 		if _, err := io.ReadFull(c, make([]byte, 4)); err == nil {
 			_, _ = io.WriteString(c, "bye")
@@ -377,7 +377,7 @@ func TestAgentDisconnectsMidStream(t *testing.T) {
 	for _, m := range frontendModes {
 		t.Run(m.name, func(t *testing.T) {
 			f := startFixture(t, ServerOptions{}, nil)
-			echo := StartTCPTarget(t, Echo)
+			echo := nettest.StartTarget(t, Echo)
 			conn, err := m.dial(f.srv)(t.Context(), echo.Addr())
 			require.NoError(t, err)
 			defer conn.Close()
@@ -442,7 +442,7 @@ func TestConcurrentTunnels(t *testing.T) {
 	// after another. The tunnels still all end up open at once.
 	const dialsInFlight = 8
 	f := startFixture(t, ServerOptions{}, nil)
-	echo := StartTCPTarget(t, Echo)
+	echo := nettest.StartTarget(t, Echo)
 	// Neither the dials nor the transfers have a budget for the whole:
 	// under load they take longer, but each dial and each read keeps
 	// coming (see stallWatch).
