@@ -16,23 +16,26 @@ LABEL org.opencontainers.image.source="https://github.com/servercount/servercoun
 # 65532 is the "nonroot" user of distroless images.
 USER 65532:65532
 
-FROM base AS proxy-server
+# The binaries make cross built for the platform of the image, which each
+# image below takes its own from.
+FROM scratch AS binaries
 ARG TARGETARCH
+COPY bin/linux_${TARGETARCH}/ /
+
+FROM base AS proxy-server
 LABEL org.opencontainers.image.title="proxy-server" \
       org.opencontainers.image.description="Konnectivity proxy-server that counts its peers through DNS or Leases"
-COPY bin/linux_${TARGETARCH}/proxy-server /proxy-server
+COPY --from=binaries /proxy-server /proxy-server
 ENTRYPOINT ["/proxy-server"]
 
 FROM base AS proxy-agent
-ARG TARGETARCH
 LABEL org.opencontainers.image.title="proxy-agent" \
       org.opencontainers.image.description="Konnectivity proxy-agent that connects to every proxy-server it counts"
-COPY bin/linux_${TARGETARCH}/proxy-agent /proxy-agent
+COPY --from=binaries /proxy-agent /proxy-agent
 ENTRYPOINT ["/proxy-agent"]
 
 FROM base AS servercount
-ARG TARGETARCH
 LABEL org.opencontainers.image.title="servercount" \
       org.opencontainers.image.description="dig-style probe: how many servers stand behind a DNS name"
-COPY bin/linux_${TARGETARCH}/servercount /servercount
+COPY --from=binaries /servercount /servercount
 ENTRYPOINT ["/servercount"]

@@ -5,11 +5,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
@@ -49,16 +46,8 @@ type AgentConfig struct {
 // A DeafAgent starts no goroutine of its own; [DeafAgent.Close] ends its
 // stream and frees everything it holds.
 type DeafAgent struct {
+	deafStream
 	header metadata.MD
-	stream wire.AgentConnectClient
-	cancel context.CancelFunc
-	// owned is the connection the agent dialled itself, closed by Close;
-	// nil when the caller supplied one.
-	owned *grpc.ClientConn
-
-	sendMu sync.Mutex // serialises Send, as gRPC requires
-
-	closeOnce sync.Once
 }
 
 // DialDeafAgent connects an agent to a proxy-server and waits for the
@@ -67,21 +56,13 @@ type DeafAgent struct {
 // The stream lives until ctx is done or Close is called.
 func DialDeafAgent(ctx context.Context, cfg AgentConfig) (*DeafAgent, error) {
 	a := &DeafAgent{}
-	conn := cfg.Conn
-	if conn == nil {
-		creds := insecure.NewCredentials()
-		if cfg.TLS != nil {
-			creds = credentials.NewTLS(cfg.TLS)
-		}
-		// The windows an agent sets (see server.GRPCServerOptions), so that
-		// what stays unread is bounded by the server's queues, not by the
-		// default 64 KiB window.
-		cc, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(creds),
-			grpc.WithInitialWindowSize(wire.StreamWindow), grpc.WithInitialConnWindowSize(wire.ConnWindow))
-		if err != nil {
-			return nil, fmt.Errorf("adversary: agent connection to %s: %w", cfg.Addr, err)
-		}
-		a.owned, conn = cc, cc
+	// The windows an agent sets (see server.GRPCServerOptions), so that
+	// what stays unread is bounded by the server's queues, not by the
+	// default 64 KiB window.
+	conn, err := a.connect(cfg.Conn, cfg.Addr, cfg.TLS,
+		grpc.WithInitialWindowSize(wire.StreamWindow), grpc.WithInitialConnWindowSize(wire.ConnWindow))
+	if err != nil {
+		return nil, fmt.Errorf("adversary: agent connection to %s: %w", cfg.Addr, err)
 	}
 	var kv []string
 	if cfg.ID != "" {
@@ -96,15 +77,15 @@ func DialDeafAgent(ctx context.Context, cfg AgentConfig) (*DeafAgent, error) {
 	kv = append(kv, cfg.Metadata...)
 	ctx, a.cancel = context.WithCancel(metadata.AppendToOutgoingContext(ctx, kv...))
 
-	var err error
-	a.stream, err = wire.Connect(ctx, conn)
+	stream, err := wire.Connect(ctx, conn)
 	if err == nil {
-		a.header, err = a.stream.Header()
+		a.stream = stream
+		a.header, err = stream.Header()
 	}
 	if err == nil && len(a.header) == 0 {
 		// Trailers only: the server refused the stream; Recv returns
 		// its status.
-		_, err = a.stream.Recv()
+		_, err = stream.Recv()
 		if err == nil {
 			err = errors.New("adversary: the server sent a packet without response headers")
 		}
@@ -119,25 +100,12 @@ func DialDeafAgent(ctx context.Context, cfg AgentConfig) (*DeafAgent, error) {
 // Header returns the server's response headers (serverID, serverCount).
 func (a *DeafAgent) Header() metadata.MD { return a.header }
 
-// Send sends p to the server.
-func (a *DeafAgent) Send(p *client.Packet) error {
-	a.sendMu.Lock()
-	defer a.sendMu.Unlock()
-	return a.stream.Send(p)
-}
-
-// Recv reads the server's next packet: the agent hears one packet.
-// Only one goroutine may call Recv at a time.
-func (a *DeafAgent) Recv() (*client.Packet, error) {
-	return a.stream.Recv()
-}
-
 // RecvN reads the server's next n packets and then stops reading: the
 // agent that hears a little and then goes deaf.
 func (a *DeafAgent) RecvN(n int) ([]*client.Packet, error) {
 	pkts := make([]*client.Packet, 0, n)
 	for range n {
-		p, err := a.stream.Recv()
+		p, err := a.Recv()
 		if err != nil {
 			return pkts, err
 		}
@@ -151,7 +119,7 @@ func (a *DeafAgent) RecvN(n int) ([]*client.Packet, error) {
 // packets before it are dropped. The agent is deaf again afterwards.
 func (a *DeafAgent) AcceptDial(connectID int64) (*client.DialRequest, error) {
 	for {
-		p, err := a.stream.Recv()
+		p, err := a.Recv()
 		if err != nil {
 			return nil, fmt.Errorf("adversary: waiting for a DIAL_REQ: %w", err)
 		}
@@ -164,15 +132,4 @@ func (a *DeafAgent) AcceptDial(connectID int64) (*client.DialRequest, error) {
 		}
 		return req, nil
 	}
-}
-
-// Close ends the agent's stream and closes the connection it dialled. It
-// may be called more than once.
-func (a *DeafAgent) Close() {
-	a.closeOnce.Do(func() {
-		a.cancel()
-		if a.owned != nil {
-			_ = a.owned.Close()
-		}
-	})
 }

@@ -5,11 +5,8 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/pkg/wire"
@@ -38,38 +35,24 @@ type FrontendConfig struct {
 // A DeafFrontend starts no goroutine of its own; [DeafFrontend.Close]
 // ends its stream and frees everything it holds.
 type DeafFrontend struct {
-	stream client.ProxyService_ProxyClient
-	cancel context.CancelFunc
-	owned  *grpc.ClientConn // dialled by the frontend, closed by Close
-
-	sendMu sync.Mutex // serialises Send, as gRPC requires
-
-	closeOnce sync.Once
+	deafStream
 }
 
 // DialDeafFrontend opens a frontend stream. It lives until ctx is done or
 // Close is called.
 func DialDeafFrontend(ctx context.Context, cfg FrontendConfig) (*DeafFrontend, error) {
 	f := &DeafFrontend{}
-	conn := cfg.Conn
-	if conn == nil {
-		creds := insecure.NewCredentials()
-		if cfg.TLS != nil {
-			creds = credentials.NewTLS(cfg.TLS)
-		}
-		cc, err := grpc.NewClient(cfg.Addr, grpc.WithTransportCredentials(creds))
-		if err != nil {
-			return nil, fmt.Errorf("adversary: frontend connection to %s: %w", cfg.Addr, err)
-		}
-		f.owned, conn = cc, cc
+	conn, err := f.connect(cfg.Conn, cfg.Addr, cfg.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("adversary: frontend connection to %s: %w", cfg.Addr, err)
 	}
 	ctx, f.cancel = context.WithCancel(ctx)
-	var err error
-	f.stream, err = client.NewProxyServiceClient(conn).Proxy(ctx)
+	stream, err := client.NewProxyServiceClient(conn).Proxy(ctx)
 	if err != nil {
 		f.Close()
 		return nil, fmt.Errorf("adversary: frontend stream to %s: %w", cfg.Addr, err)
 	}
+	f.stream = stream
 	return f, nil
 }
 
@@ -81,7 +64,7 @@ func (f *DeafFrontend) Dial(address string, random int64) (int64, error) {
 		return 0, fmt.Errorf("adversary: sending DIAL_REQ for %s: %w", address, err)
 	}
 	for {
-		p, err := f.stream.Recv()
+		p, err := f.Recv()
 		if err != nil {
 			return 0, fmt.Errorf("adversary: waiting for the DIAL_RSP for %s: %w", address, err)
 		}
@@ -96,19 +79,6 @@ func (f *DeafFrontend) Dial(address string, random int64) (int64, error) {
 	}
 }
 
-// Send sends p to the server.
-func (f *DeafFrontend) Send(p *client.Packet) error {
-	f.sendMu.Lock()
-	defer f.sendMu.Unlock()
-	return f.stream.Send(p)
-}
-
-// Recv reads the next packet: the frontend hears one packet. Only one
-// goroutine may call Recv at a time.
-func (f *DeafFrontend) Recv() (*client.Packet, error) {
-	return f.stream.Recv()
-}
-
 // WaitEnded reads and drops packets until the server ends the stream, and
 // returns the status it ended it with (nil for a clean end). A frontend
 // the server tore down for not reading ends this way once the packets
@@ -116,22 +86,11 @@ func (f *DeafFrontend) Recv() (*client.Packet, error) {
 // was dialled with, ends the wait.
 func (f *DeafFrontend) WaitEnded() error {
 	for {
-		if _, err := f.stream.Recv(); err != nil {
+		if _, err := f.Recv(); err != nil {
 			if err == io.EOF {
 				return nil
 			}
 			return err
 		}
 	}
-}
-
-// Close ends the stream and closes the connection the frontend dialled.
-// It may be called more than once.
-func (f *DeafFrontend) Close() {
-	f.closeOnce.Do(func() {
-		f.cancel()
-		if f.owned != nil {
-			_ = f.owned.Close()
-		}
-	})
 }

@@ -22,25 +22,10 @@ func TestMain(m *testing.M) {
 // and returns its address.
 func echo(t *testing.T, name string) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = c.Write([]byte(name))
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	t.Cleanup(func() { _ = l.Close(); <-done })
-	return l.Addr().String()
+	return nettest.Serve(t, func(c net.Conn) {
+		_, _ = c.Write([]byte(name))
+		_, _ = io.Copy(c, c)
+	})
 }
 
 // greeting dials the balancer and returns the backend's name.

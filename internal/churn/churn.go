@@ -188,11 +188,16 @@ func (r *run) tunnelFailed(err error) {
 	}
 }
 
-// watch closes c when ctx ends, so that a read or write blocked on a
-// connection without deadlines (konnectivity-client's) returns. The
-// returned stop reports whether it ran before the close.
-func watch(ctx context.Context, c net.Conn) (stop func() bool) {
-	return context.AfterFunc(ctx, func() { _ = c.Close() })
+// dial opens a tunnel to addr that closes when ctx ends, so that a read
+// or write blocked on a connection without deadlines (konnectivity-client's)
+// returns. end closes it, and must be called once the caller is done.
+func (r *run) dial(ctx context.Context, addr string) (c net.Conn, end func(), err error) {
+	c, err = r.cfg.Dial(ctx, addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	return c, func() { stop(); _ = c.Close() }, nil
 }
 
 // longTransfer uploads to the sink or downloads from the source until ctx
@@ -207,7 +212,7 @@ func (r *run) longTransfer(ctx context.Context, i int, upload bool) {
 			addr = r.cfg.Targets.Sink
 		}
 		cctx, cancel := context.WithCancel(ctx)
-		c, err := r.cfg.Dial(cctx, addr)
+		c, end, err := r.dial(cctx, addr)
 		if err != nil {
 			cancel()
 			if !sleep(ctx, 50*time.Millisecond) {
@@ -215,7 +220,6 @@ func (r *run) longTransfer(ctx context.Context, i int, upload bool) {
 			}
 			continue
 		}
-		stop := watch(cctx, c)
 		if !upload {
 			_, err = c.Write([]byte{'G'}) // the source's request
 		}
@@ -241,8 +245,7 @@ func (r *run) longTransfer(ctx context.Context, i int, upload bool) {
 				break
 			}
 		}
-		stop()
-		_ = c.Close()
+		end()
 		cancel()
 	}
 }
@@ -279,13 +282,11 @@ func (r *run) worker(ctx context.Context, i int) {
 // frontendCloses reads a random amount from the endless source, then
 // closes the tunnel while the source still sends.
 func (r *run) frontendCloses(ctx context.Context, rng *rand.Rand) error {
-	c, err := r.cfg.Dial(ctx, r.cfg.Targets.Source)
+	c, end, err := r.dial(ctx, r.cfg.Targets.Source)
 	if err != nil {
 		return fmt.Errorf("dial the source: %w", err)
 	}
-	stop := watch(ctx, c)
-	defer stop()
-	defer c.Close()
+	defer end()
 	if _, err := c.Write([]byte{'G'}); err != nil {
 		return fmt.Errorf("send the source its request: %w", err)
 	}
@@ -304,13 +305,11 @@ func (r *run) frontendCloses(ctx context.Context, rng *rand.Rand) error {
 // endpointCloses writes to a target that closes after a random amount,
 // and keeps writing until the close reaches the frontend as EOF.
 func (r *run) endpointCloses(ctx context.Context, rng *rand.Rand) error {
-	c, err := r.cfg.Dial(ctx, r.cfg.Targets.Closer)
+	c, end, err := r.dial(ctx, r.cfg.Targets.Closer)
 	if err != nil {
 		return fmt.Errorf("dial the closer: %w", err)
 	}
-	stop := watch(ctx, c)
-	defer stop()
-	defer c.Close()
+	defer end()
 	// The first bytes tell the closer how much to read before it closes.
 	n := 1 + rng.IntN(256<<10)
 	hdr := []byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
@@ -406,13 +405,11 @@ func (r *run) roundTrip(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Stall)
 	defer cancel()
 	err := func() error {
-		c, err := r.cfg.Dial(ctx, r.cfg.Targets.Echo)
+		c, end, err := r.dial(ctx, r.cfg.Targets.Echo)
 		if err != nil {
 			return err
 		}
-		stop := watch(ctx, c)
-		defer stop()
-		defer c.Close()
+		defer end()
 		msg := []byte("probe")
 		if _, err := c.Write(msg); err != nil {
 			return err
@@ -442,12 +439,5 @@ func sleepOrLocked(ctx context.Context, d time.Duration, locked <-chan struct{})
 
 // sleep waits d or until ctx ends, and reports whether ctx is still live.
 func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return sleepOrLocked(ctx, d, nil) // a nil channel never closes
 }

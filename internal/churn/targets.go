@@ -2,12 +2,12 @@ package churn
 
 import (
 	"encoding/binary"
-	"errors"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/servercount/servercount/internal/nettest"
 )
 
 // Targets are the endpoints of a run, host:port each.
@@ -32,8 +32,8 @@ type Targets struct {
 func StartTargets(tb testing.TB) Targets {
 	tb.Helper()
 	return Targets{
-		Sink: listen(tb, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }),
-		Source: listen(tb, func(c net.Conn) {
+		Sink: nettest.Serve(tb, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }),
+		Source: nettest.Serve(tb, func(c net.Conn) {
 			var req [1]byte
 			if _, err := io.ReadFull(c, req[:]); err != nil {
 				return
@@ -45,68 +45,15 @@ func StartTargets(tb testing.TB) Targets {
 				}
 			}
 		}),
-		Closer: listen(tb, func(c net.Conn) {
+		Closer: nettest.Serve(tb, func(c net.Conn) {
 			var hdr [4]byte
 			if _, err := io.ReadFull(c, hdr[:]); err != nil {
 				return
 			}
 			_, _ = io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(hdr[:])))
 		}),
-		Echo: listen(tb, func(c net.Conn) { _, _ = io.Copy(c, c) }),
+		Echo: nettest.Echo(tb),
 	}
-}
-
-// listen serves handle on a new loopback port, closing each connection
-// when handle returns, and returns the port's address.
-func listen(tb testing.TB, handle func(net.Conn)) string {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("churn: listen for a target: %v", err)
-	}
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		conns  = map[net.Conn]struct{}{}
-		closed bool
-	)
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			if err != nil {
-				continue
-			}
-			mu.Lock()
-			if closed {
-				mu.Unlock()
-				_ = c.Close()
-				return
-			}
-			conns[c] = struct{}{}
-			mu.Unlock()
-			wg.Go(func() {
-				handle(c)
-				_ = c.Close()
-				mu.Lock()
-				delete(conns, c)
-				mu.Unlock()
-			})
-		}
-	})
-	tb.Cleanup(func() {
-		_ = l.Close()
-		mu.Lock()
-		closed = true
-		for c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return l.Addr().String()
 }
 
 // StartStreamer starts a target that reads one byte, the request, from
@@ -117,7 +64,7 @@ func StartStreamer(tb testing.TB, n, size int, interval time.Duration) string {
 	tb.Helper()
 	stop := make(chan struct{})
 	tb.Cleanup(func() { close(stop) }) // runs before the listener's cleanup
-	return listen(tb, func(c net.Conn) {
+	return nettest.Serve(tb, func(c net.Conn) {
 		var req [1]byte
 		if _, err := io.ReadFull(c, req[:]); err != nil {
 			return

@@ -43,10 +43,10 @@ func TestBuildCountsAndExportsMetrics(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	require.Eventually(t, func() bool {
-		return gauge(t, reg, "servercount_agent_dns_server_count") == 1
+		return value(reg, "servercount_agent_dns_server_count") == 1
 	}, 10*time.Second, time.Millisecond, "clamped to --server-count-max")
 	assert.Equal(t, 1, c.CountServers())
-	assert.GreaterOrEqual(t, counter(t, reg, "servercount_agent_dns_lookups_total", "records"), 1.0)
+	assert.GreaterOrEqual(t, value(reg, "servercount_agent_dns_lookups_total", "outcome", "records"), 1.0)
 }
 
 func TestValidate(t *testing.T) {
@@ -90,22 +90,13 @@ func TestBuildRejectsBadName(t *testing.T) {
 	assert.ErrorContains(t, err, `--server-count-dns: servercounter: invalid name "a..b"`)
 }
 
-func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	v, ok := metricstest.Value(reg, name)
-	if !ok {
-		return -1
+// value is the value of reg's series name with labels, or -1 if it has
+// none.
+func value(reg prometheus.Gatherer, name string, labels ...string) float64 {
+	if v, ok := metricstest.Value(reg, name, labels...); ok {
+		return v
 	}
-	return v
-}
-
-func counter(t *testing.T, reg *prometheus.Registry, name, outcome string) float64 {
-	t.Helper()
-	v, ok := metricstest.Value(reg, name, "outcome", outcome)
-	if !ok {
-		return -1
-	}
-	return v
+	return -1
 }
 
 // An agent that cannot reach DNS says so at the default level, once
@@ -116,16 +107,7 @@ func TestUnreachableDNSLoggedOnceAtLevelZero(t *testing.T) {
 	refused := l.LocalAddr().String()
 	require.NoError(t, l.Close()) // queries to it are refused from here on
 
-	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+refused, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
-	require.Empty(t, o.Validate())
-	var logs *logtest.Buffer
-	o.Logger, logs = logtest.NewLogger(0)
-	reg := prometheus.NewRegistry()
-	c, err := o.Build(reg, "agent", 1)
-	require.NoError(t, err)
-	defer c.Close()
-	require.Eventually(t, func() bool { return failures(t, reg) >= 3 }, 10*time.Second, time.Millisecond, "several failed refreshes")
-	out := logs.String()
+	out := countFailing(t, refused).String()
 	assert.Equal(t, 1, strings.Count(out, "Failed to count proxy-servers through DNS"), out)
 	assert.Contains(t, out, refused)
 }
@@ -135,14 +117,7 @@ func TestDNSRecoveryLoggedAtLevelZero(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
 	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
-	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
-	var logs *logtest.Buffer
-	o.Logger, logs = logtest.NewLogger(0)
-	reg := prometheus.NewRegistry()
-	c, err := o.Build(reg, "agent", 1)
-	require.NoError(t, err)
-	defer c.Close()
-	require.Eventually(t, func() bool { return failures(t, reg) >= 3 }, 10*time.Second, time.Millisecond)
+	logs := countFailing(t, srv.Addr())
 	srv.ClearFault()
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "Recovered: count proxy-servers through DNS") }, 10*time.Second, time.Millisecond)
 	out := logs.String()
@@ -150,12 +125,29 @@ func TestDNSRecoveryLoggedAtLevelZero(t *testing.T) {
 	assert.Contains(t, out, "count=2")
 }
 
+// countFailing starts counting svc through the nameserver at server,
+// refreshing every 10 to 20 ms and logging at level 0, until the test
+// ends. It waits for 3 failed refreshes and returns the log.
+func countFailing(t *testing.T, server string) *logtest.Buffer {
+	t.Helper()
+	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+server, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
+	require.Empty(t, o.Validate())
+	var logs *logtest.Buffer
+	o.Logger, logs = logtest.NewLogger(0)
+	reg := prometheus.NewRegistry()
+	c, err := o.Build(reg, "agent", 1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	require.Eventually(t, func() bool { return failures(t, reg) >= 3 }, 10*time.Second, time.Millisecond, "several failed refreshes")
+	return logs
+}
+
 // failures sums the failed DNS refreshes of every kind.
 func failures(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
 	var n float64
 	for _, kind := range []string{"timeout", "servfail", "refused", "malformed", "network"} {
-		if v := counter(t, reg, "servercount_agent_dns_lookups_total", kind); v > 0 {
+		if v := value(reg, "servercount_agent_dns_lookups_total", "outcome", kind); v > 0 {
 			n += v
 		}
 	}

@@ -395,91 +395,56 @@ func TestServer_faults(t *testing.T) {
 	t.Parallel()
 	const delay = 100 * time.Millisecond
 
+	// Outcomes that several faults share. The zone holds 4 records.
+	type check func(t *testing.T, r *dns.Msg, err error, rtt time.Duration)
+	answered := func(t *testing.T, r *dns.Msg, err error, _ time.Duration) {
+		require.NoError(t, err)
+		assert.Equal(t, dns.RcodeSuccess, r.Rcode)
+		assert.Len(t, r.Answer, 4)
+	}
+	failedWith := func(rcode string) check {
+		return func(t *testing.T, r *dns.Msg, err error, _ time.Duration) {
+			require.NoError(t, err)
+			assert.Equal(t, rcode, dns.RcodeToString[r.Rcode])
+			assert.Empty(t, r.Answer)
+		}
+	}
+	timedOut := func(t *testing.T, _ *dns.Msg, err error, _ time.Duration) {
+		assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	}
+	truncatedInHalf := func(t *testing.T, r *dns.Msg, err error, _ time.Duration) {
+		require.NoError(t, err)
+		assert.True(t, r.Truncated, "TC bit")
+		assert.Len(t, r.Answer, 2, "half of the 4 records")
+	}
+	unreadable := func(t *testing.T, _ *dns.Msg, err error, _ time.Duration) {
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, os.ErrDeadlineExceeded)
+	}
+
 	tests := []struct {
 		name    string
 		fault   Fault
 		network string
 		timeout time.Duration // answerTimeout if zero
-		check   func(t *testing.T, r *dns.Msg, err error, rtt time.Duration)
+		check   check
 	}{
-		{
-			name:    "servfail",
-			fault:   Fault{Kind: FaultServFail},
-			network: "udp",
-			check: func(t *testing.T, r *dns.Msg, err error, _ time.Duration) {
-				require.NoError(t, err)
-				assert.Equal(t, "SERVFAIL", dns.RcodeToString[r.Rcode])
-				assert.Empty(t, r.Answer)
-			},
-		},
-		{
-			name:    "refused",
-			fault:   Fault{Kind: FaultRefused},
-			network: "tcp",
-			check: func(t *testing.T, r *dns.Msg, err error, _ time.Duration) {
-				require.NoError(t, err)
-				assert.Equal(t, "REFUSED", dns.RcodeToString[r.Rcode])
-				assert.Empty(t, r.Answer)
-			},
-		},
-		{
-			name:    "drop over udp times out",
-			fault:   Fault{Kind: FaultDrop},
-			network: "udp",
-			timeout: noAnswerTimeout,
-			check: func(t *testing.T, _ *dns.Msg, err error, _ time.Duration) {
-				assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
-			},
-		},
-		{
-			name:    "drop over tcp times out",
-			fault:   Fault{Kind: FaultDrop},
-			network: "tcp",
-			timeout: noAnswerTimeout,
-			check: func(t *testing.T, _ *dns.Msg, err error, _ time.Duration) {
-				assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
-			},
-		},
+		{name: "servfail", fault: Fault{Kind: FaultServFail}, network: "udp", check: failedWith("SERVFAIL")},
+		{name: "refused", fault: Fault{Kind: FaultRefused}, network: "tcp", check: failedWith("REFUSED")},
+		{name: "drop over udp times out", fault: Fault{Kind: FaultDrop}, network: "udp", timeout: noAnswerTimeout, check: timedOut},
+		{name: "drop over tcp times out", fault: Fault{Kind: FaultDrop}, network: "tcp", timeout: noAnswerTimeout, check: timedOut},
 		{
 			name:    "slow answers after the delay",
 			fault:   Fault{Kind: FaultSlow, Delay: delay},
 			network: "udp",
 			check: func(t *testing.T, r *dns.Msg, err error, rtt time.Duration) {
-				require.NoError(t, err)
+				answered(t, r, err, rtt)
 				assert.GreaterOrEqual(t, rtt, delay)
-				assert.Equal(t, dns.RcodeSuccess, r.Rcode)
-				assert.Len(t, r.Answer, 4)
 			},
 		},
-		{
-			name:    "slow beyond the client timeout",
-			fault:   Fault{Kind: FaultSlow, Delay: time.Hour},
-			network: "tcp",
-			timeout: noAnswerTimeout,
-			check: func(t *testing.T, _ *dns.Msg, err error, _ time.Duration) {
-				assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
-			},
-		},
-		{
-			name:    "truncate over udp",
-			fault:   Fault{Kind: FaultTruncate},
-			network: "udp",
-			check: func(t *testing.T, r *dns.Msg, err error, _ time.Duration) {
-				require.NoError(t, err)
-				assert.True(t, r.Truncated, "TC bit")
-				assert.Len(t, r.Answer, 2, "half of the 4 records")
-			},
-		},
-		{
-			name:    "truncate over tcp",
-			fault:   Fault{Kind: FaultTruncate},
-			network: "tcp",
-			check: func(t *testing.T, r *dns.Msg, err error, _ time.Duration) {
-				require.NoError(t, err)
-				assert.True(t, r.Truncated, "TC bit")
-				assert.Len(t, r.Answer, 2, "half of the 4 records")
-			},
-		},
+		{name: "slow beyond the client timeout", fault: Fault{Kind: FaultSlow, Delay: time.Hour}, network: "tcp", timeout: noAnswerTimeout, check: timedOut},
+		{name: "truncate over udp", fault: Fault{Kind: FaultTruncate}, network: "udp", check: truncatedInHalf},
+		{name: "truncate over tcp", fault: Fault{Kind: FaultTruncate}, network: "tcp", check: truncatedInHalf},
 		{
 			name:    "wrong ID over tcp",
 			fault:   Fault{Kind: FaultWrongID},
@@ -488,17 +453,9 @@ func TestServer_faults(t *testing.T) {
 				assert.ErrorIs(t, err, dns.ErrId)
 			},
 		},
-		{
-			// miekg's client skips UDP replies with another ID, taking
-			// them for late replies to earlier queries.
-			name:    "wrong ID over udp is ignored by the client",
-			fault:   Fault{Kind: FaultWrongID},
-			network: "udp",
-			timeout: noAnswerTimeout,
-			check: func(t *testing.T, _ *dns.Msg, err error, _ time.Duration) {
-				assert.ErrorIs(t, err, os.ErrDeadlineExceeded)
-			},
-		},
+		// miekg's client skips UDP replies with another ID, taking them for
+		// late replies to earlier queries.
+		{name: "wrong ID over udp is ignored by the client", fault: Fault{Kind: FaultWrongID}, network: "udp", timeout: noAnswerTimeout, check: timedOut},
 		{
 			name:    "wrong question",
 			fault:   Fault{Kind: FaultWrongQuestion},
@@ -510,34 +467,9 @@ func TestServer_faults(t *testing.T) {
 				assert.Len(t, r.Answer, 4)
 			},
 		},
-		{
-			name:    "garbage over udp",
-			fault:   Fault{Kind: FaultGarbage},
-			network: "udp",
-			check: func(t *testing.T, _ *dns.Msg, err error, _ time.Duration) {
-				require.Error(t, err)
-				assert.NotErrorIs(t, err, os.ErrDeadlineExceeded)
-			},
-		},
-		{
-			name:    "garbage over tcp",
-			fault:   Fault{Kind: FaultGarbage},
-			network: "tcp",
-			check: func(t *testing.T, _ *dns.Msg, err error, _ time.Duration) {
-				require.Error(t, err)
-				assert.NotErrorIs(t, err, os.ErrDeadlineExceeded)
-			},
-		},
-		{
-			name:    "none",
-			fault:   Fault{Kind: FaultNone},
-			network: "udp",
-			check: func(t *testing.T, r *dns.Msg, err error, _ time.Duration) {
-				require.NoError(t, err)
-				assert.Equal(t, dns.RcodeSuccess, r.Rcode)
-				assert.Len(t, r.Answer, 4)
-			},
-		},
+		{name: "garbage over udp", fault: Fault{Kind: FaultGarbage}, network: "udp", check: unreadable},
+		{name: "garbage over tcp", fault: Fault{Kind: FaultGarbage}, network: "tcp", check: unreadable},
+		{name: "none", fault: Fault{Kind: FaultNone}, network: "udp", check: answered},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

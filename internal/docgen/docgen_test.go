@@ -17,20 +17,27 @@ var update = flag.Bool("update", false, "write the references in docs/ again")
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// assertCurrent checks that docs/name holds got, the reference the code
+// generates; with -update it writes got there instead.
+func assertCurrent(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("..", "..", "docs", name)
+	if *update {
+		require.NoError(t, os.WriteFile(path, got, 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run `make docs`")
+	assert.Equal(t, string(want), string(got), "docs/%s differs from the code: run `make docs`", name)
+}
+
 // TestFlagsReferenceIsCurrent fails when docs/flags.md is not what the
 // code generates: a flag added, renamed or given another default without
 // `make docs`.
 func TestFlagsReferenceIsCurrent(t *testing.T) {
 	var got bytes.Buffer
 	require.NoError(t, WriteFlags(&got, Binaries()))
-	path := filepath.Join("..", "..", "docs", "flags.md")
-	if *update {
-		require.NoError(t, os.WriteFile(path, got.Bytes(), 0o644))
-		return
-	}
-	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run `make docs`")
-	assert.Equal(t, string(want), got.String(), "docs/flags.md differs from the code: run `make docs`")
+	assertCurrent(t, "flags.md", got.Bytes())
 }
 
 // TestFlagsReferenceIsStable: two generations are the same, so that no
@@ -56,14 +63,7 @@ func TestMetricsReferenceIsCurrent(t *testing.T) {
 	require.NoError(t, err)
 	var got bytes.Buffer
 	require.NoError(t, WriteMetrics(&got, ms))
-	path := filepath.Join("..", "..", "docs", "metrics.md")
-	if *update {
-		require.NoError(t, os.WriteFile(path, got.Bytes(), 0o644))
-		return
-	}
-	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run `make docs`")
-	assert.Equal(t, string(want), got.String(), "docs/metrics.md differs from the code: run `make docs`")
+	assertCurrent(t, "metrics.md", got.Bytes())
 }
 
 // TestMetricsCoverEveryFeature: the reference holds the metrics of each

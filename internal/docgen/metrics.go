@@ -81,13 +81,7 @@ func serverMetrics(kubeconfig string, certs pki.Files) ([]Metric, error) {
 	o.Leases.Enabled = true
 	o.AgentNamespace, o.AgentServiceAccount = "kube-system", "konnectivity-agent"
 	o.Kube.Kubeconfig = kubeconfig
-	c := newCatalog()
-	s, err := serverapp.New(o.Config(), c)
-	if err != nil {
-		return nil, err
-	}
-	s.Close()
-	return c.metrics()
+	return registered(func(c *catalog) (*serverapp.Server, error) { return serverapp.New(o.Config(), c) })
 }
 
 func agentMetrics(kubeconfig string, certs pki.Files) ([]Metric, error) {
@@ -98,12 +92,18 @@ func agentMetrics(kubeconfig string, certs pki.Files) ([]Metric, error) {
 	o.Count.DNS.Name, o.Count.DNS.Servers = "proxy-server.example.", []string{"127.0.0.1:1"}
 	o.Count.Leases.Enabled = true
 	o.Kube.Kubeconfig = kubeconfig
+	return registered(func(c *catalog) (*agentapp.Agent, error) { return agentapp.New(o.Config(), c) })
+}
+
+// registered returns the metrics a binary registers while newApp builds
+// it on a new catalog. The app is closed at once: it never serves.
+func registered[A interface{ Close() }](newApp func(*catalog) (A, error)) ([]Metric, error) {
 	c := newCatalog()
-	a, err := agentapp.New(o.Config(), c)
+	app, err := newApp(c)
 	if err != nil {
 		return nil, err
 	}
-	a.Close()
+	app.Close()
 	return c.metrics()
 }
 

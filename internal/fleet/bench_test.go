@@ -142,6 +142,18 @@ func lags(before, after []time.Time) (last, median float64) {
 	return ds[len(ds)-1], ds[len(ds)/2]
 }
 
+// reportFollow reports how long after at the last and the median agent
+// held the new set of servers, and the largest and median lag between an
+// agent's DNS counter showing it (seen) and the agent holding it (held).
+func reportFollow(b *testing.B, at time.Time, seen, held []time.Time) {
+	last, median := seconds(at, held)
+	lagLast, lagMedian := lags(seen, held)
+	b.ReportMetric(last, "s-last-agent")
+	b.ReportMetric(median, "s-median-agent")
+	b.ReportMetric(lagLast, "s-after-dns-last")
+	b.ReportMetric(lagMedian, "s-after-dns-median")
+}
+
 // dials sums the agents' server dials with result (ok, duplicate, error).
 func dials(f *Fleet, result string) float64 {
 	var sum float64
@@ -221,12 +233,7 @@ func BenchmarkScale(b *testing.B) {
 		cpu := cpuTime() - cpu0
 		b.ReportMetric(cpu.Seconds(), "cpu-s")
 		b.ReportMetric(cpu.Seconds()/time.Since(at).Seconds(), "cores-used")
-		last, median := seconds(at, held)
-		lagLast, lagMedian := lags(seen, held)
-		b.ReportMetric(last, "s-last-agent")
-		b.ReportMetric(median, "s-median-agent")
-		b.ReportMetric(lagLast, "s-after-dns-last")
-		b.ReportMetric(lagMedian, "s-after-dns-median")
+		reportFollow(b, at, seen, held)
 		b.ReportMetric(float64(d.Connects)/n, "connects/agent")
 		b.ReportMetric(float64(d.StreamEnds), "dropped")
 		b.ReportMetric(0, "ns/op")
@@ -246,12 +253,7 @@ func BenchmarkScale(b *testing.B) {
 		}
 		seen, held := waitBoth(b, f, 3)
 		d := f.Counts().Sub(before)
-		last, median := seconds(at, held)
-		lagLast, lagMedian := lags(seen, held)
-		b.ReportMetric(last, "s-last-agent")
-		b.ReportMetric(median, "s-median-agent")
-		b.ReportMetric(lagLast, "s-after-dns-last")
-		b.ReportMetric(lagMedian, "s-after-dns-median")
+		reportFollow(b, at, seen, held)
 		b.ReportMetric(float64(d.Connects)/n, "connects/agent")
 		b.ReportMetric((dials(f, "error")-failedBefore)/n, "failed-dials/agent")
 		// Each agent loses its 2 streams to the stopped servers; any other

@@ -3,7 +3,6 @@ package nettest
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"testing"
@@ -78,28 +77,4 @@ func RequireReleased(tb testing.TB, ports ...int) {
 		}
 		_ = l.Close()
 	}
-}
-
-// Echo runs a TCP server on 127.0.0.1 that writes back what it reads on
-// every connection, until the test ends, and returns its address.
-func Echo(tb testing.TB) string {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	tb.Cleanup(func() { _ = l.Close(); <-done })
-	return l.Addr().String()
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"go.uber.org/goleak"
-	"k8s.io/klog/v2/textlogger"
+	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/internal/clocktest"
 	"github.com/servercount/servercount/internal/logtest"
@@ -18,11 +18,16 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func TestOutageLogsStartReminderAndEnd(t *testing.T) {
-	var buf logtest.Buffer
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
+// newOutage returns an outage of connecting to proxy-server on a manual
+// clock, with the logger to report it to and what that logs.
+func newOutage() (*Outage, *clocktest.Clock, klog.Logger, *logtest.Buffer) {
 	clk := clocktest.New(time.Unix(1000, 0))
-	o := New("connect to proxy-server", clk.Now)
+	logger, buf := logtest.NewLogger(0)
+	return New("connect to proxy-server", clk.Now), clk, logger, buf
+}
+
+func TestOutageLogsStartReminderAndEnd(t *testing.T) {
+	o, clk, logger, buf := newOutage()
 	err := errors.New("connection refused")
 
 	o.Recovered(logger) // nothing was failing: nothing to say
@@ -52,10 +57,7 @@ func TestOutageLogsStartReminderAndEnd(t *testing.T) {
 // Attempts that fail and succeed in turn log one start and one end per
 // DefaultQuiet, not a line per attempt.
 func TestOutageFlappingIsRateLimited(t *testing.T) {
-	var buf logtest.Buffer
-	logger := textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&buf)))
-	clk := clocktest.New(time.Unix(1000, 0))
-	o := New("connect to proxy-server", clk.Now)
+	o, clk, logger, buf := newOutage()
 	err := errors.New("x509: certificate signed by unknown authority")
 	for range 50 {
 		o.Failed(logger, err)

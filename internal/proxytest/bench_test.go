@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/internal/nettest"
 )
 
 // benchChunk is the size of each write of the benchmark clients, and of
@@ -34,7 +36,7 @@ func startBenchFixture(b *testing.B) *Server {
 func BenchmarkThroughput(b *testing.B) {
 	const size = 10 << 20
 	srv := startBenchFixture(b)
-	target := StartTCPTarget(b, Bulk)
+	target := nettest.StartTarget(b, Bulk)
 	data := make([]byte, size)
 	_, _ = rand.Read(data)
 
@@ -99,7 +101,7 @@ func BenchmarkThroughput(b *testing.B) {
 func BenchmarkDial(b *testing.B) {
 	srv := startBenchFixture(b)
 	// The target keeps each connection until the client closes it.
-	target := StartTCPTarget(b, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+	target := nettest.StartTarget(b, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
 	for _, m := range frontendModes {
 		b.Run("mode="+m.name, func(b *testing.B) {
 			dial := m.dial(srv)

@@ -33,8 +33,8 @@ const (
 const forever = time.Hour
 
 // endlessTarget writes to every connection until the write fails.
-func endlessTarget(t *testing.T) *TCPTarget {
-	return StartTCPTarget(t, func(c net.Conn) {
+func endlessTarget(t *testing.T) *nettest.Target {
+	return nettest.StartTarget(t, func(c net.Conn) {
 		chunk := make([]byte, 32<<10)
 		for {
 			if _, err := c.Write(chunk); err != nil {
@@ -46,18 +46,18 @@ func endlessTarget(t *testing.T) *TCPTarget {
 
 // deafTarget accepts connections and never reads them, until release
 // closes them (or the test ends).
-func deafTarget(t *testing.T) (target *TCPTarget, release func()) {
+func deafTarget(t *testing.T) (target *nettest.Target, release func()) {
 	stop := make(chan struct{})
 	var once sync.Once
 	release = func() { once.Do(func() { close(stop) }) }
-	target = StartTCPTarget(t, func(net.Conn) { <-stop })
+	target = nettest.StartTarget(t, func(net.Conn) { <-stop })
 	t.Cleanup(release) // runs before the target's Close
 	return target, release
 }
 
 // echoTarget sends back what it reads.
-func echoTarget(t *testing.T) *TCPTarget {
-	return StartTCPTarget(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
+func echoTarget(t *testing.T) *nettest.Target {
+	return nettest.StartTarget(t, Echo)
 }
 
 // echoBeside opens a tunnel to echo and makes a round trip through it: the
@@ -104,6 +104,31 @@ func (h *highWater) max() float64 {
 	return h.highest
 }
 
+// stuckBeside waits until a tunnel that is stuck has filled at least half
+// of its window, as queued reads it, then makes round trips through other
+// tunnels beside it: they must flow, over the same agent stream, which
+// must stay. never is the failure if the window does not fill.
+func stuckBeside(t *testing.T, f fixture, dial DialFunc, echo string, queued *highWater, never string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return queued.look() >= wire.DefaultTunnelWindow/2 }, 3*waitFor, tick, never)
+	for i := 1; i <= 3; i++ {
+		echoBeside(t, dial, echo, i)
+		queued.look()
+	}
+	assert.Equal(t, 1, f.srv.Core().Backends(), "the agent stream was dropped")
+}
+
+// requireFreed waits until the stuck tunnel is gone from every hop: no
+// tunnel established at the server, nothing queued, no endpoint at the
+// agent.
+func requireFreed(t *testing.T, f fixture, queued *highWater, msg string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return metric(t, f.srv.Registry(), metricEstablished) == 0 && queued.look() == 0 &&
+			metric(t, f.agent.Registry(), metricAgentEndpoints) == 0
+	}, waitFor, tick, msg)
+}
+
 // deafFrontends open a tunnel and never read from it, one per frontend
 // mode; the tunnel lives until the returned close.
 var deafFrontends = map[string]func(t *testing.T, s *Server, addr string) (close func()){
@@ -147,23 +172,13 @@ func TestFlowControlDeafFrontendCostsOnlyItsTunnel(t *testing.T) {
 			// and holds no more than the window and the frontend's own
 			// queue (32 packets, one more being sent).
 			queued := &highWater{read: func() float64 { return metric(t, f.srv.Registry(), metricServerQueued) }}
-			require.Eventually(t, func() bool { return queued.look() >= wire.DefaultTunnelWindow/2 }, 3*waitFor, tick,
-				"the deaf frontend's tunnel never filled its window at the server")
-
-			for i := 1; i <= 3; i++ {
-				echoBeside(t, dial, echo.Addr(), i)
-				queued.look()
-			}
+			stuckBeside(t, f, dial, echo.Addr(), queued, "the deaf frontend's tunnel never filled its window at the server")
 			assert.LessOrEqual(t, queued.max(), float64(wire.DefaultTunnelWindow+34*wire.MaxDataPayload),
 				"the server held more for the deaf frontend than its window and queue")
-			assert.Equal(t, 1, f.srv.Core().Backends(), "the agent stream was dropped")
 
 			// Once the deaf frontend goes, everything it held is freed.
 			closeDeaf()
-			require.Eventually(t, func() bool {
-				return metric(t, f.srv.Registry(), metricEstablished) == 0 && queued.look() == 0 &&
-					metric(t, f.agent.Registry(), metricAgentEndpoints) == 0
-			}, waitFor, tick, "the deaf frontend's tunnel was not freed")
+			requireFreed(t, f, queued, "the deaf frontend's tunnel was not freed")
 		})
 	}
 }
@@ -202,16 +217,9 @@ func TestFlowControlDeafEndpointCostsOnlyItsTunnel(t *testing.T) {
 			}()
 
 			queued := &highWater{read: func() float64 { return metric(t, f.agent.Registry(), metricAgentQueued) }}
-			require.Eventually(t, func() bool { return queued.look() >= wire.DefaultTunnelWindow/2 }, 3*waitFor, tick,
-				"the deaf endpoint's tunnel never filled its window at the agent")
-
-			for i := 1; i <= 3; i++ {
-				echoBeside(t, dial, echo.Addr(), i)
-				queued.look()
-			}
+			stuckBeside(t, f, dial, echo.Addr(), queued, "the deaf endpoint's tunnel never filled its window at the agent")
 			assert.LessOrEqual(t, queued.max(), float64(wire.DefaultTunnelWindow),
 				"the agent held more for the deaf endpoint than its window")
-			assert.Equal(t, 1, f.srv.Core().Backends(), "the agent stream was dropped")
 
 			// When the endpoint goes, the tunnel ends at every hop and
 			// the frontend's blocked write fails.
@@ -221,10 +229,7 @@ func TestFlowControlDeafEndpointCostsOnlyItsTunnel(t *testing.T) {
 			case <-time.After(3 * waitFor):
 				t.Fatal("the frontend's write did not fail when the endpoint went")
 			}
-			require.Eventually(t, func() bool {
-				return metric(t, f.srv.Registry(), metricEstablished) == 0 && queued.look() == 0 &&
-					metric(t, f.agent.Registry(), metricAgentEndpoints) == 0
-			}, waitFor, tick, "the deaf endpoint's tunnel was not freed")
+			requireFreed(t, f, queued, "the deaf endpoint's tunnel was not freed")
 		})
 	}
 }

@@ -96,6 +96,16 @@ func metric(t testing.TB, reg prometheus.Gatherer, name string, labels ...string
 // tunnels do: the tunnels close).
 func within(t testing.TB, d time.Duration, what string, f func()) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if !finishes(ctx, f) {
+		t.Fatalf("%s did not finish within %v", what, d)
+	}
+}
+
+// finishes runs f in a goroutine of its own and reports whether it
+// returned before ctx ended.
+func finishes(ctx context.Context, f func()) bool {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -103,8 +113,9 @@ func within(t testing.TB, d time.Duration, what string, f func()) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(d):
-		t.Fatalf("%s did not finish within %v", what, d)
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -150,14 +161,7 @@ func (w *stallWatch) progress() {
 // after a failure; it must end when the test ends, as for within.
 func (w *stallWatch) wait(tb testing.TB, what string, f func()) {
 	tb.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f()
-	}()
-	select {
-	case <-done:
-	case <-w.ctx.Done():
+	if !finishes(w.ctx, f) {
 		tb.Fatalf("%s stalled: %v", what, context.Cause(w.ctx))
 	}
 }
@@ -283,7 +287,7 @@ func TestCloseBothWays(t *testing.T) {
 
 	// The client closes: the target reads "ping", then EOF.
 	clientClosed := make(chan error, 1)
-	readsPingThenEOF := StartTCPTarget(t, func(c net.Conn) {
+	readsPingThenEOF := nettest.StartTarget(t, func(c net.Conn) {
 		_ = c.SetReadDeadline(time.Now().Add(waitFor))
 		buf := make([]byte, 4)
 		if _, err := io.ReadFull(c, buf); err != nil {
@@ -298,7 +302,7 @@ func TestCloseBothWays(t *testing.T) {
 	// library (v0.37.1) drops DATA that arrives right after DIAL_RSP, before
 	// DialContext has registered the connection: a race in the client, not
 	// in the server or the agent.)
-	saysBye := StartTCPTarget(t, func(c net.Conn) {
+	saysBye := nettest.StartTarget(t, func(c net.Conn) {
 		_ = c.SetReadDeadline(time.Now().Add(waitFor))
 		if _, err := io.ReadFull(c, make([]byte, 4)); err == nil {
 			_, _ = io.WriteString(c, "bye")
@@ -373,7 +377,7 @@ func TestAgentDisconnectsMidStream(t *testing.T) {
 	for _, m := range frontendModes {
 		t.Run(m.name, func(t *testing.T) {
 			f := startFixture(t, ServerOptions{}, nil)
-			echo := StartTCPTarget(t, Echo)
+			echo := nettest.StartTarget(t, Echo)
 			conn, err := m.dial(f.srv)(t.Context(), echo.Addr())
 			require.NoError(t, err)
 			defer conn.Close()
@@ -438,7 +442,7 @@ func TestConcurrentTunnels(t *testing.T) {
 	// after another. The tunnels still all end up open at once.
 	const dialsInFlight = 8
 	f := startFixture(t, ServerOptions{}, nil)
-	echo := StartTCPTarget(t, Echo)
+	echo := nettest.StartTarget(t, Echo)
 	// Neither the dials nor the transfers have a budget for the whole:
 	// under load they take longer, but each dial and each read keeps
 	// coming (see stallWatch).

@@ -95,6 +95,16 @@ func (f *fleet) dnsAgent(mode agent.DialMode, edit func(*agent.Config), counterE
 	return StartAgent(f.t, f.env, cfg), cache
 }
 
+// converge publishes servers, starts an agent as dnsAgent does and waits
+// until it holds them all.
+func (f *fleet) converge(servers []*Server, mode agent.DialMode, edit func(*agent.Config)) (*Agent, *servercounter.CachedServerCounter) {
+	f.t.Helper()
+	f.publish(servers...)
+	a, cache := f.dnsAgent(mode, edit)
+	waitHolding(f.t, a, len(servers))
+	return a, cache
+}
+
 // upstreamAgent starts an agent as upstream's behaves: no count source but
 // the serverCount headers it receives, through the load balancer.
 func (f *fleet) upstreamAgent(edit func(*agent.Config)) *Agent {
@@ -197,9 +207,7 @@ func TestScenarioScaleUp(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			f := newFleet(t)
 			servers := f.start(6, nil)
-			f.publish(servers[:3]...)
-			a, _ := f.dnsAgent(mode, nil)
-			waitHolding(t, a, 3)
+			a, _ := f.converge(servers[:3], mode, nil)
 
 			f.publish(servers...)
 			waitHolding(t, a, 6)
@@ -224,9 +232,7 @@ func TestScenarioScaleDown(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			f := newFleet(t)
 			servers := f.start(6, nil)
-			f.publish(servers...)
-			a, cache := f.dnsAgent(mode, func(cfg *agent.Config) { cfg.HoldDown = holdDown })
-			waitHolding(t, a, 6)
+			a, cache := f.converge(servers, mode, func(cfg *agent.Config) { cfg.HoldDown = holdDown })
 
 			t0 := time.Now()
 			f.publish(servers[:2]...)
@@ -254,9 +260,7 @@ func TestScenarioRollingUpdateStaleCounts(t *testing.T) {
 	t.Run("dns agent follows DNS", func(t *testing.T) {
 		f := newFleet(t)
 		old := f.start(3, oldCount)
-		f.publish(old...)
-		a, _ := f.dnsAgent(agent.DialLoadBalancer, nil)
-		waitHolding(t, a, 3)
+		a, _ := f.converge(old, agent.DialLoadBalancer, nil)
 
 		// Surge: a new server joins, DNS says 4 from here on, while old
 		// servers still report 3.
@@ -340,9 +344,7 @@ func TestScenarioDNSOutage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFleet(t)
 			servers := f.start(3, nil)
-			f.publish(servers...)
-			a, _ := f.dnsAgent(tt.mode, nil)
-			waitHolding(t, a, 3)
+			a, _ := f.converge(servers, tt.mode, nil)
 			st := agentState{a}
 			dials := st.allDials(t)
 
@@ -370,9 +372,7 @@ func TestScenarioNXDOMAINDuringRollout(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			f := newFleet(t)
 			servers := f.start(3, nil)
-			f.publish(servers...)
-			a, cache := f.dnsAgent(mode, func(cfg *agent.Config) { cfg.HoldDown = 5 * time.Second })
-			waitHolding(t, a, 3)
+			a, cache := f.converge(servers, mode, func(cfg *agent.Config) { cfg.HoldDown = 5 * time.Second })
 			st := agentState{a}
 			minTarget := math.MaxInt
 			sample := func() { minTarget = min(minTarget, st.target(t), a.ClientSet().Target()) }

@@ -6,93 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
-	"testing"
-
-	"github.com/stretchr/testify/require"
 )
 
-// TCPTarget is a TCP server on 127.0.0.1 that runs a handler for each
-// connection: the endpoint a tunnel reaches.
-type TCPTarget struct {
-	l      net.Listener
-	handle func(net.Conn)
-
-	mu     sync.Mutex // guards conns and closed
-	conns  map[net.Conn]struct{}
-	closed bool
-
-	wg sync.WaitGroup // the accept loop and the handlers
-}
-
-// StartTCPTarget listens on a random loopback port and runs handle in its
-// own goroutine for each connection; the connection is closed when handle
-// returns. Close, registered with tb.Cleanup, closes the listener and every
-// connection and waits for the handlers.
-func StartTCPTarget(tb testing.TB, handle func(net.Conn)) *TCPTarget {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err, "listen for the target")
-	t := &TCPTarget{l: l, handle: handle, conns: map[net.Conn]struct{}{}}
-	t.wg.Add(1)
-	go t.serve()
-	tb.Cleanup(t.Close)
-	return t
-}
-
-// Addr is the target's host:port.
-func (t *TCPTarget) Addr() string { return t.l.Addr().String() }
-
-// Close stops the target and waits for its handlers. It may be called more
-// than once.
-func (t *TCPTarget) Close() {
-	_ = t.l.Close() // a second Close reports net.ErrClosed: fine
-	t.mu.Lock()
-	t.closed = true
-	for c := range t.conns {
-		c.Close()
-	}
-	t.mu.Unlock()
-	t.wg.Wait()
-}
-
-func (t *TCPTarget) serve() {
-	defer t.wg.Done()
-	for {
-		c, err := t.l.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		t.mu.Lock()
-		if t.closed {
-			t.mu.Unlock()
-			c.Close()
-			return
-		}
-		t.conns[c] = struct{}{}
-		t.wg.Add(1)
-		t.mu.Unlock()
-		go func() {
-			defer t.wg.Done()
-			defer func() {
-				c.Close()
-				t.mu.Lock()
-				delete(t.conns, c)
-				t.mu.Unlock()
-			}()
-			t.handle(c)
-		}()
-	}
-}
-
-// Echo is a TCPTarget handler that writes back what it reads until EOF.
+// Echo is a target's connection handler (see nettest.StartTarget) that
+// writes back what it reads until EOF.
 func Echo(c net.Conn) { _, _ = io.Copy(c, c) }
 
-// Bulk is a TCPTarget handler for throughput measurements. It reads
-// requests of one command byte and an 8-byte big-endian length n:
+// Bulk is a target's connection handler for throughput measurements. It
+// reads requests of one command byte and an 8-byte big-endian length n:
 //
 //   - 'U' (upload): it reads n bytes, then writes one byte 'k';
 //   - 'D' (download): it writes n bytes.

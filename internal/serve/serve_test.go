@@ -28,9 +28,10 @@ func TestMain(m *testing.M) {
 // waitFor bounds every wait in these tests.
 const waitFor = 10 * time.Second
 
-// startHTTP serves h on a loopback port with lim until the test ends and
-// returns the address.
-func startHTTP(t *testing.T, lim serve.HTTPLimits) string {
+// dialHTTP serves "ok" on a loopback port with lim until the test ends,
+// and returns a raw connection to it on which any read or write past
+// waitFor fails.
+func dialHTTP(t *testing.T, lim serve.HTTPLimits) net.Conn {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -51,7 +52,12 @@ func startHTTP(t *testing.T, lim serve.HTTPLimits) string {
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { _ = srv.Close(); wg.Wait() })
-	return lis.Addr().String()
+
+	c, err := net.DialTimeout("tcp", lis.Addr().String(), waitFor)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+	return c
 }
 
 // Issue 10, item 8: every HTTP server the binaries run has an idle
@@ -69,11 +75,7 @@ func TestNewHTTPServerDefaults(t *testing.T) {
 // wait for the default).
 func TestHTTPIdleKeepAliveIsClosed(t *testing.T) {
 	t.Parallel()
-	addr := startHTTP(t, serve.HTTPLimits{IdleTimeout: 50 * time.Millisecond})
-	c, err := net.DialTimeout("tcp", addr, waitFor)
-	require.NoError(t, err)
-	defer c.Close()
-	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+	c := dialHTTP(t, serve.HTTPLimits{IdleTimeout: 50 * time.Millisecond})
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, nil)
@@ -90,24 +92,16 @@ func TestHTTPIdleKeepAliveIsClosed(t *testing.T) {
 // after ReadHeaderTimeout.
 func TestHTTPSlowHeadersAreCut(t *testing.T) {
 	t.Parallel()
-	addr := startHTTP(t, serve.HTTPLimits{ReadHeaderTimeout: 50 * time.Millisecond})
-	c, err := net.DialTimeout("tcp", addr, waitFor)
-	require.NoError(t, err)
-	defer c.Close()
-	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+	c := dialHTTP(t, serve.HTTPLimits{ReadHeaderTimeout: 50 * time.Millisecond})
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n")
-	_, err = io.Copy(io.Discard, c)
+	_, err := io.Copy(io.Discard, c)
 	assert.NoError(t, err, "want the server to close the connection before the %v deadline", waitFor)
 }
 
 // Issue 10, item 8: headers beyond MaxHeaderBytes are refused with 431.
 func TestHTTPLargeHeadersAreRefused(t *testing.T) {
 	t.Parallel()
-	addr := startHTTP(t, serve.HTTPLimits{})
-	c, err := net.DialTimeout("tcp", addr, waitFor)
-	require.NoError(t, err)
-	defer c.Close()
-	require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+	c := dialHTTP(t, serve.HTTPLimits{})
 	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n", strings.Repeat("b", 2*serve.DefaultHTTPMaxHeaderBytes))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	require.NoError(t, err)

@@ -121,11 +121,11 @@ func TestSoak(t *testing.T) {
 		}, 30*time.Second, 50*time.Millisecond, "%s server and agent ready", p.mode)
 	}
 
-	echo := proxytest.StartTCPTarget(t, proxytest.Echo)
+	echo := nettest.StartTarget(t, proxytest.Echo)
 	stop := make(chan struct{})
 	// A target that never reads: its handler holds each connection until
 	// the end of the test.
-	blackhole := proxytest.StartTCPTarget(t, func(net.Conn) { <-stop })
+	blackhole := nettest.StartTarget(t, func(net.Conn) { <-stop })
 	t.Cleanup(func() { close(stop) }) // runs before the targets' Close
 	targets := targets{echo: echo.Addr(), blackhole: blackhole.Addr()}
 

@@ -19,10 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
-
+	"github.com/servercount/servercount/internal/churn"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
@@ -77,8 +74,6 @@ type pair struct {
 	// serverAdmin and agentAdmin are the base URLs of the admin ports,
 	// which serve /debug/pprof with --enable-profiling.
 	serverAdmin, agentAdmin string
-	// tunnelCtx bounds the life of every gRPC tunnel.
-	tunnelCtx context.Context
 	// serverPID and agentPID are the processes' IDs, to read the CPU time
 	// they use.
 	serverPID, agentPID int
@@ -130,7 +125,6 @@ func (f *fixture) startPairs(b *testing.B, impl, serverBin, agentBin string) []*
 			socket:      filepath.Join(dir, mode.name+".sock"),
 			serverAdmin: fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
 			agentAdmin:  fmt.Sprintf("http://127.0.0.1:%d", ports[4]),
-			tunnelCtx:   b.Context(),
 		}
 		id := "tunnelbench-" + impl + "-" + mode.name
 		serverArgs := []string{
@@ -249,71 +243,14 @@ func dialDirect(ctx context.Context, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, "tcp", addr)
 }
 
-// dial returns p's way to open a tunnel.
+// dial returns p's way to open a tunnel, the one kube-apiserver takes to
+// the server's frontend on a Unix socket in p's mode. A tunnel lasts as
+// long as the context it was dialled with.
 func (p *pair) dial() dialFunc {
 	if p.mode == "grpc" {
-		return p.dialGRPC
+		return dialFunc(churn.GRPCOverUnix(p.socket))
 	}
-	return p.dialConnect
-}
-
-// dialConnect opens a tunnel to addr through the server's HTTP CONNECT
-// frontend: a new connection to its Unix socket, CONNECT, and a 200.
-func (p *pair) dialConnect(ctx context.Context, addr string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", p.socket)
-	if err != nil {
-		return nil, fmt.Errorf("connect to the proxy-server's socket %s: %w", p.socket, err)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
-	defer stop()
-	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", addr, addr); err != nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("send CONNECT %s: %w", addr, err)
-	}
-	br := bufio.NewReader(c)
-	rsp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	if err != nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("read the answer to CONNECT %s: %w", addr, err)
-	}
-	if rsp.StatusCode != http.StatusOK {
-		_ = c.Close()
-		return nil, fmt.Errorf("CONNECT %s: %s", addr, rsp.Status)
-	}
-	if br.Buffered() == 0 {
-		return c, nil
-	}
-	return &bufferedConn{Conn: c, r: br}, nil
-}
-
-// bufferedConn is a connection whose first bytes were read into r.
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-// dialGRPC opens a tunnel to addr through the server's gRPC frontend as
-// kube-apiserver does over a Unix socket: a new gRPC connection and a
-// single-use tunnel made with the upstream konnectivity-client library.
-func (p *pair) dialGRPC(ctx context.Context, addr string) (net.Conn, error) {
-	tunnel, err := konnectivity.CreateSingleUseGrpcTunnelWithContext(ctx, p.tunnelCtx, p.socket,
-		grpc.WithContextDialer(func(ctx context.Context, socket string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		}),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, fmt.Errorf("create a gRPC tunnel over %s: %w", p.socket, err)
-	}
-	conn, err := tunnel.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		// A failed dial ends the tunnel by itself.
-		return nil, fmt.Errorf("dial %s through the gRPC tunnel: %w", addr, err)
-	}
-	return conn, nil
+	return dialFunc(churn.ConnectOverUnix(p.socket))
 }
 
 // fetch sends a GET of path on c and reads the whole response into buf,

@@ -67,17 +67,32 @@ var (
 	agentLatencyBuckets       = []float64{0.005, 0.025, 0.1, 0.5, 2.5, 10, 30}
 )
 
-// ServerFlags are upstream's proxy-server flags, klog's included.
-var ServerFlags = []Flag{
+// klogFlags are the flags klog adds to both of upstream's binaries.
+var klogFlags = []Flag{
 	{"add-dir-header", "bool"},
+	{"alsologtostderr", "bool"},
+	{"alsologtostderrthreshold", "severity"},
+	{"legacy-stderr-threshold-behavior", "bool"},
+	{"log-backtrace-at", "traceLocation"},
+	{"log-dir", "string"},
+	{"log-file", "string"},
+	{"log-file-max-size", "uint"},
+	{"logtostderr", "bool"},
+	{"one-output", "bool"},
+	{"skip-headers", "bool"},
+	{"skip-log-headers", "bool"},
+	{"stderrthreshold", "severity"},
+	{"vmodule", "moduleSpec"},
+}
+
+// ServerFlags are upstream's proxy-server flags, klog's included.
+var ServerFlags = append([]Flag{
 	{"admin-bind-address", "string"},
 	{"admin-port", "int"},
 	{"agent-bind-address", "string"},
 	{"agent-namespace", "string"},
 	{"agent-port", "int"},
 	{"agent-service-account", "string"},
-	{"alsologtostderr", "bool"},
-	{"alsologtostderrthreshold", "severity"},
 	{"authentication-audience", "string"},
 	{"backend-dial-timeout", "duration"},
 	{"cipher-suites", "strings"},
@@ -99,14 +114,7 @@ var ServerFlags = []Flag{
 	{"kubeconfig-qps", "float32"},
 	{"lease-label", "string"},
 	{"lease-namespace", "string"},
-	{"legacy-stderr-threshold-behavior", "bool"},
-	{"log-backtrace-at", "traceLocation"},
-	{"log-dir", "string"},
-	{"log-file", "string"},
-	{"log-file-max-size", "uint"},
-	{"logtostderr", "bool"},
 	{"mode", "string"},
-	{"one-output", "bool"},
 	{"proxy-strategies", "string"},
 	{"server-bind-address", "string"},
 	{"server-ca-cert", "string"},
@@ -115,18 +123,13 @@ var ServerFlags = []Flag{
 	{"server-id", "string"},
 	{"server-key", "string"},
 	{"server-port", "int"},
-	{"skip-headers", "bool"},
-	{"skip-log-headers", "bool"},
-	{"stderrthreshold", "severity"},
 	{"tls-min-version", "string"},
 	{"uds-name", "string"},
-	{"vmodule", "moduleSpec"},
 	{"xfr-channel-size", "int"},
-}
+}, klogFlags...)
 
 // AgentFlags are upstream's proxy-agent flags, klog's included.
-var AgentFlags = []Flag{
-	{"add-dir-header", "bool"},
+var AgentFlags = append([]Flag{
 	{"admin-bind-address", "string"},
 	{"admin-server-port", "int"},
 	{"agent-cert", "string"},
@@ -134,8 +137,6 @@ var AgentFlags = []Flag{
 	{"agent-identifiers", "string"},
 	{"agent-key", "string"},
 	{"alpn-proto", "strings"},
-	{"alsologtostderr", "bool"},
-	{"alsologtostderrthreshold", "severity"},
 	{"ca-cert", "string"},
 	{"count-server-leases", "bool"},
 	{"enable-contention-profiling", "bool"},
@@ -147,28 +148,17 @@ var AgentFlags = []Flag{
 	{"kubeconfig", "string"},
 	{"lease-label-selector", "string"},
 	{"lease-namespace", "string"},
-	{"legacy-stderr-threshold-behavior", "bool"},
-	{"log-backtrace-at", "traceLocation"},
-	{"log-dir", "string"},
-	{"log-file", "string"},
-	{"log-file-max-size", "uint"},
-	{"logtostderr", "bool"},
-	{"one-output", "bool"},
 	{"probe-interval", "duration"},
 	{"proxy-server-host", "string"},
 	{"proxy-server-port", "int"},
 	{"server-count-source", "string"},
 	{"service-account-token-path", "string"},
-	{"skip-headers", "bool"},
-	{"skip-log-headers", "bool"},
-	{"stderrthreshold", "severity"},
 	{"sync-forever", "bool"},
 	{"sync-interval", "duration"},
 	{"sync-interval-cap", "duration"},
-	{"vmodule", "moduleSpec"},
 	{"warn-on-channel-limit", "bool"},
 	{"xfr-channel-size", "int"},
-}
+}, klogFlags...)
 
 // Metrics are the metrics upstream exports under konnectivity_network_proxy_*.
 var Metrics = []Metric{
