@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/internal/churn"
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
@@ -34,13 +34,7 @@ func TestAgentStartsAndStopsWhateverItsDependenciesDo(t *testing.T) {
 	silentUDP := silentUDPSocket(t)
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://%s", insecure-skip-tls-verify: true}}]
-users: [{name: u, user: {token: agent}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`, silentTCP)), 0o600))
+	require.NoError(t, kubeclient.WriteKubeconfig(kubeconfig, "https://"+silentTCP, "agent"))
 	ca, err := pki.NewCA("startup-ca")
 	require.NoError(t, err)
 	certs, err := ca.WriteFiles(dir)

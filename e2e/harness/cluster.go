@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
 )
@@ -228,23 +229,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("make a dynamic client: %w", err)
 	}
 	c.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: e2e
-  cluster:
-    server: %s
-    insecure-skip-tls-verify: true
-users:
-- name: admin
-  user:
-    token: %s
-contexts:
-- name: e2e
-  context: {cluster: e2e, user: admin}
-current-context: e2e
-`, c.APIServerURL, c.AdminToken)
-	if err := os.WriteFile(c.Kubeconfig, []byte(kc), 0o600); err != nil {
+	if err := kubeclient.WriteKubeconfig(c.Kubeconfig, c.APIServerURL, c.AdminToken); err != nil {
 		return err
 	}
 	if _, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {

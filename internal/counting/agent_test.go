@@ -1,7 +1,6 @@
 package counting_test
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,13 +22,7 @@ import (
 // enough to build a lease counter, which never lists.
 func unreachableKubeconfig(t *testing.T) kubeclient.Options {
 	f := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(f, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600))
+	require.NoError(t, kubeclient.WriteKubeconfig(f, "https://127.0.0.1:1", "t"))
 	return kubeclient.Options{Kubeconfig: f}
 }
 

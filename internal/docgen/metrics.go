@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	agentoptions "github.com/servercount/servercount/cmd/proxy-agent/app/options"
 	serverapp "github.com/servercount/servercount/cmd/proxy-server/app"
 	serveroptions "github.com/servercount/servercount/cmd/proxy-server/app/options"
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/pki"
 )
 
@@ -42,13 +42,7 @@ type Metric struct {
 // certificates, and a kubeconfig that is never used.
 func Metrics(dir string) (map[string][]Metric, error) {
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
+	if err := kubeclient.WriteKubeconfig(kubeconfig, "https://127.0.0.1:1", "t"); err != nil {
 		return nil, err
 	}
 	ca, err := pki.NewCA("docgen")

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -117,13 +116,7 @@ func newReviewServer(t *testing.T, tokens map[string]authenticationv1.TokenRevie
 	t.Cleanup(srv.Close)
 	t.Cleanup(srv.CloseClientConnections)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: %q, insecure-skip-tls-verify: true}}]
-users: [{name: u, user: {token: proxy-server}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`, srv.URL)), 0o600))
+	require.NoError(t, kubeclient.WriteKubeconfig(kubeconfig, srv.URL, "proxy-server"))
 	rs.kubeconfig = kubeconfig
 	return rs
 }

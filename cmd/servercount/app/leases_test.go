@@ -2,10 +2,8 @@ package app_test
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/servercount/servercount/cmd/servercount/app"
+	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/pkg/lease"
 )
 
@@ -59,13 +58,7 @@ func leaseAPI(t *testing.T, status int) string {
 	}))
 	t.Cleanup(srv.Close)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, fmt.Appendf(nil, `apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: %q}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`, srv.URL), 0o600))
+	require.NoError(t, kubeclient.WriteKubeconfig(kubeconfig, srv.URL, "t"))
 	return kubeconfig
 }
 
