@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,6 +114,17 @@ func startEnv(t testing.TB, cfg server.Config) *env {
 	return e
 }
 
+// tokenFileAuth returns the authenticator of a token file that holds
+// tokens.
+func tokenFileAuth(t *testing.T, tokens string) server.TokenAuthenticator {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(path, []byte(tokens), 0o600))
+	auth, err := server.NewTokenFileAuthenticator(path)
+	require.NoError(t, err)
+	return auth
+}
+
 // testAgent stands in for pkg/agent: an adversary.DeafAgent made to hear,
 // which dials what it is asked to and relays DATA.
 type testAgent struct {
@@ -159,6 +171,16 @@ func startAgent(t testing.TB, e *env, o agentOpts) *testAgent {
 	go a.serve()
 	t.Cleanup(a.stop)
 	return a
+}
+
+// startEnvAndAgent starts a Server configured by cfg, as startEnv does,
+// and one agent, "a1", and waits until the Server has its stream.
+func startEnvAndAgent(t testing.TB, cfg server.Config) (*env, *testAgent) {
+	t.Helper()
+	e := startEnv(t, cfg)
+	a := startAgent(t, e, agentOpts{id: "a1"})
+	waitBackends(t, e, 1)
+	return e, a
 }
 
 // stop ends the agent's stream and waits for its goroutines.
@@ -371,11 +393,40 @@ func tunnelThroughAgent(t *testing.T, ctx context.Context, e *env, id string) (*
 	return a, f
 }
 
+// floodAgent opens a tunnel through a deaf agent named id, as
+// tunnelThroughAgent does, and sends the agent chunk-byte DATA from the
+// frontend until the stream fails: once the agent's HTTP/2 window and
+// queue are full, the server's writer to it waits in Send. stop ends the
+// frontend's stream and waits for the sender; it also runs when the test
+// ends.
+func floodAgent(t *testing.T, e *env, id string, chunk int) (a *adversary.DeafAgent, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	a, stream := tunnelThroughAgent(t, ctx, e, id)
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		data := make([]byte, chunk)
+		for stream.Send(wire.Data(1, data)) == nil {
+		}
+	}()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		<-sendDone
+	})
+	t.Cleanup(stop)
+	return a, stop
+}
+
+// queueBound is the most bytes a queue may hold: QueueSize pieces of
+// MaxDataPayload, plus the one being sent.
+const queueBound = (server.QueueSize + 1) * wire.MaxDataPayload
+
 // queuedBytesWatch reads servercount_server_queued_bytes from reg and
 // remembers the highest value read: queued may be called from
 // Eventually's goroutine, where require must not stop the test, and
-// check fails the test if that highest value passed bound.
-func queuedBytesWatch(t *testing.T, reg *prometheus.Registry, bound float64) (queued func() float64, check func()) {
+// check fails the test if that highest value passed queueBound.
+func queuedBytesWatch(t *testing.T, reg *prometheus.Registry) (queued func() float64, check func()) {
 	var mu sync.Mutex
 	highest := 0.0
 	queued = func() float64 {
@@ -389,7 +440,7 @@ func queuedBytesWatch(t *testing.T, reg *prometheus.Registry, bound float64) (qu
 		t.Helper()
 		mu.Lock()
 		defer mu.Unlock()
-		require.LessOrEqual(t, highest, bound, "a queue held more than (QueueSize+1) x MaxDataPayload bytes")
+		require.LessOrEqual(t, highest, float64(queueBound), "a queue held more than (QueueSize+1) x MaxDataPayload bytes")
 	}
 	return queued, check
 }

@@ -118,9 +118,7 @@ func TestFrontendThatNeverReadsIsEnded(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 			reg := prometheus.NewPedanticRegistry()
-			e := startEnv(t, server.Config{Registerer: reg, FrontendWriteTimeout: slowFrontendTimeout})
-			a := startAgent(t, e, agentOpts{id: "a1"})
-			waitBackends(t, e, 1)
+			e, a := startEnvAndAgent(t, server.Config{Registerer: reg, FrontendWriteTimeout: slowFrontendTimeout})
 			established := gaugeOf(reg, "konnectivity_network_proxy_server_established_connections", nil)
 			frontends := gaugeOf(reg, "konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "Proxy"})
 

@@ -32,21 +32,11 @@ func TestStalledAgentStreamIsEnded(t *testing.T) {
 	// An agent that never reads, with a frontend sending to it until its
 	// HTTP/2 window and then its queue are full: the writer waits in
 	// Send, and nothing else moves.
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	_, stream := tunnelThroughAgent(t, ctx, e, "deaf")
-	sendDone := make(chan struct{})
-	go func() {
-		defer close(sendDone)
-		chunk := make([]byte, 64<<10)
-		for stream.Send(wire.Data(1, chunk)) == nil {
-		}
-	}()
+	_, stop := floodAgent(t, e, "deaf", 64<<10)
 	require.Eventually(t, func() bool { return stalled() == 1 && e.srv.Backends() == 0 }, waitFor, 5*time.Millisecond,
 		"the stalled agent stream was not ended")
 	assert.Contains(t, log.String(), "Ended an agent stream on which nothing moved while packets waited")
-	cancel()
-	<-sendDone
+	stop()
 
 	// An agent that reads nothing but has nothing waiting for it stays,
 	// however long it is idle.
@@ -172,16 +162,7 @@ func TestControlQueueIsBounded(t *testing.T) {
 
 	// As above: the agent reads nothing, and the server's writer waits
 	// in Send behind a frontend's data.
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	a, stream := tunnelThroughAgent(t, ctx, e, "deaf")
-	sendDone := make(chan struct{})
-	go func() {
-		defer close(sendDone)
-		chunk := make([]byte, 64<<10)
-		for stream.Send(wire.Data(1, chunk)) == nil {
-		}
-	}()
+	a, stop := floodAgent(t, e, "deaf", 64<<10)
 	waiting := gaugeOf(reg, "servercount_server_frontends_waiting_for_agent", nil)
 	require.Eventually(t, func() bool { return waiting() == 1 }, waitFor, 5*time.Millisecond, "the agent's queue never filled")
 
@@ -200,8 +181,7 @@ func TestControlQueueIsBounded(t *testing.T) {
 	require.NoError(t, a.Send(wire.Data(1<<41, []byte("x"))))
 	require.Eventually(t, func() bool { return backlog() == 1 && queued() == 0 && e.srv.Backends() == 0 }, waitFor, 5*time.Millisecond,
 		"the stream over its control bound was not ended")
-	cancel()
-	<-sendDone
+	stop()
 }
 
 // Issue 23: during a graceful stop a frontend stream stays open, and a
@@ -211,9 +191,7 @@ func TestControlQueueIsBounded(t *testing.T) {
 func TestShutdownAnswersNewDialsOnOpenStreams(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg})
-	startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, _ := startEnvAndAgent(t, server.Config{Registerer: reg})
 	f, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
 	defer f.Close()
