@@ -273,11 +273,8 @@ func TestHealth(t *testing.T) {
 func TestRunClosesEverything(t *testing.T) {
 	// Runs last (cleanups are LIFO): after servers, targets and agent.
 	t.Cleanup(func() { goleak.VerifyNone(t) })
-	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
 	target := newTestTarget(t, false)
-	a := startAgent(t, testConfig(tt, srv.Addr()))
-	st := srv.NextStream(t)
+	a, st := oneStream(t)
 	id := st.DialOK(t, target.addr, 1)
 	conn := target.accepted(t)
 	st.DialOK(t, target.addr, 2)
