@@ -444,3 +444,17 @@ func queuedBytesWatch(t *testing.T, reg *prometheus.Registry) (queued func() flo
 	}
 	return queued, check
 }
+
+// gaugeOf reads a gauge from reg, 0 when the series does not exist (a
+// labelled series exists only once it has been used). It never fails the
+// test, so that it may run in require.Eventually's goroutine.
+func gaugeOf(reg *prometheus.Registry, name string, labels map[string]string) func() float64 {
+	var kv []string
+	for k, v := range labels {
+		kv = append(kv, k, v)
+	}
+	return func() float64 {
+		v, _ := metricstest.Value(reg, name, kv...)
+		return v
+	}
+}
