@@ -80,42 +80,23 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 	const clients = 200
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{Registerer: reg})
-	a, err := connectAgent(t, e, agentOpts{id: "racer"})
-	require.NoError(t, err)
-	waitBackends(t, e, 1)
 
 	// Client i asks for port i+1; the agent closes client i's connection
 	// when its DIAL_REQ arrives and answers it with connectID i+1.
 	conns := make([]net.Conn, clients)
 	for i := range conns {
+		var err error
 		conns[i], err = net.DialTimeout("tcp", e.connectAddr, waitFor)
 		require.NoError(t, err)
 		defer conns[i].Close()
 	}
-	closed := make(chan int64, 2*clients)
-	agentDone := make(chan struct{})
-	go func() {
-		defer close(agentDone)
-		for {
-			pkt, err := a.Recv()
-			if err != nil {
-				return
-			}
-			switch pkt.GetType() {
-			case client.PacketType_DIAL_REQ:
-				req := pkt.GetDialRequest()
-				_, portText, _ := net.SplitHostPort(req.GetAddress())
-				port, _ := strconv.Atoi(portText)
-				conns[port-1].Close()
-				_ = a.Send(wire.DialRsp(req.GetRandom(), int64(port), ""))
-			case client.PacketType_CLOSE_REQ:
-				id := pkt.GetCloseRequest().GetConnectID()
-				closed <- id
-				_ = a.Send(wire.CloseRsp(id, ""))
-			}
-		}
-	}()
-	t.Cleanup(func() { a.Close(); <-agentDone })
+	a := startAgent(t, e, agentOpts{id: "racer", answer: func(req *client.DialRequest) int64 {
+		_, portText, _ := net.SplitHostPort(req.GetAddress())
+		port, _ := strconv.Atoi(portText)
+		conns[port-1].Close()
+		return int64(port)
+	}})
+	waitBackends(t, e, 1)
 	for i, c := range conns {
 		_, _ = fmt.Fprintf(c, "CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n", i+1, i+1)
 	}
@@ -124,7 +105,7 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 	deadline := time.After(waitFor)
 	for len(got) < clients {
 		select {
-		case id := <-closed:
+		case id := <-a.closeCh:
 			got[id] = true
 		case <-deadline:
 			t.Fatalf("%d of %d connections got no CLOSE_REQ; established_connections = %v", clients-len(got), clients,

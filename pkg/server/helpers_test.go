@@ -140,10 +140,14 @@ type testAgent struct {
 	nextID int64              // guarded by mu
 }
 
-// agentOpts are the handshake metadata of a test agent.
+// agentOpts are the handshake metadata of a test agent, and how
+// startAgent's agent answers dials.
 type agentOpts struct {
 	id, identifiers, token string
 	extraMD                []string // appended as key, value pairs
+	// answer, if set, answers each DIAL_REQ with the connectID it
+	// returns, without dialing.
+	answer func(*client.DialRequest) int64
 }
 
 // connectAgent opens an agent's stream, which reads nothing until the test
@@ -168,7 +172,7 @@ func startAgent(t testing.TB, e *env, o agentOpts) *testAgent {
 	da, err := connectAgent(t, e, o)
 	require.NoError(t, err)
 	a := &testAgent{DeafAgent: da, t: t, closeCh: make(chan int64, 1024), done: make(chan struct{}), conns: map[int64]net.Conn{}}
-	go a.serve()
+	go a.serve(o.answer)
 	t.Cleanup(a.stop)
 	return a
 }
@@ -218,7 +222,7 @@ func (a *testAgent) drainAndSync(t *testing.T) {
 	}
 }
 
-func (a *testAgent) serve() {
+func (a *testAgent) serve(answer func(*client.DialRequest) int64) {
 	defer close(a.done)
 	defer a.wg.Wait()
 	defer func() {
@@ -238,6 +242,10 @@ func (a *testAgent) serve() {
 		case client.PacketType_DIAL_REQ:
 			a.dials.Add(1)
 			req := pkt.GetDialRequest()
+			if answer != nil {
+				a.send(dialRsp(req.GetRandom(), answer(req), ""))
+				continue
+			}
 			// Tests reach only this machine: refuse anything but a
 			// loopback address, without resolving names.
 			if host, _, err := net.SplitHostPort(req.GetAddress()); err != nil || !isLoopback(host) {
