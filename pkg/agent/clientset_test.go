@@ -15,6 +15,7 @@ import (
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -243,41 +244,38 @@ func TestHealth(t *testing.T) {
 	hs := httptest.NewServer(a.Health())
 	t.Cleanup(hs.Close)
 
-	assert.Equal(t, http.StatusServiceUnavailable, httpStatus(t, hs.URL+"/healthz"), "healthz before Run")
-	assert.Equal(t, http.StatusInternalServerError, httpStatus(t, hs.URL+"/readyz"))
-	assert.Equal(t, http.StatusInternalServerError, httpStatus(t, hs.URL+"/ready"))
-	assert.Equal(t, http.StatusNotFound, httpStatus(t, hs.URL+"/other"))
+	assert.Equal(t, http.StatusServiceUnavailable, proctest.Status(hs.URL+"/healthz"), "healthz before Run")
+	assert.Equal(t, http.StatusInternalServerError, proctest.Status(hs.URL+"/readyz"))
+	assert.Equal(t, http.StatusInternalServerError, proctest.Status(hs.URL+"/ready"))
+	assert.Equal(t, http.StatusNotFound, proctest.Status(hs.URL+"/other"))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
-	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/healthz") == http.StatusOK }, waitFor, tick)
+	require.Eventually(t, func() bool { return proctest.Status(hs.URL+"/healthz") == http.StatusOK }, waitFor, tick)
 	a.waitSyncRounds(t, 3)
-	assert.Equal(t, http.StatusInternalServerError, httpStatus(t, hs.URL+"/readyz"), "ready with no server")
+	assert.Equal(t, http.StatusInternalServerError, proctest.Status(hs.URL+"/readyz"), "ready with no server")
 
 	lb.SetBackends(srv.Addr())
-	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/readyz") == http.StatusOK }, waitFor, tick)
+	require.Eventually(t, func() bool { return proctest.Status(hs.URL+"/readyz") == http.StatusOK }, waitFor, tick)
 	assert.True(t, a.Ready())
 
 	lb.SetBackends()
 	srv.Stop()
-	require.Eventually(t, func() bool { return httpStatus(t, hs.URL+"/readyz") == http.StatusInternalServerError }, waitFor, tick)
+	require.Eventually(t, func() bool { return proctest.Status(hs.URL+"/readyz") == http.StatusInternalServerError }, waitFor, tick)
 
 	cancel()
 	require.NoError(t, <-done)
-	assert.Equal(t, http.StatusServiceUnavailable, httpStatus(t, hs.URL+"/healthz"), "healthz after Run")
+	assert.Equal(t, http.StatusServiceUnavailable, proctest.Status(hs.URL+"/healthz"), "healthz after Run")
 	require.ErrorContains(t, a.Run(t.Context()), "twice")
 }
 
 func TestRunClosesEverything(t *testing.T) {
 	// Runs last (cleanups are LIFO): after servers, targets and agent.
 	t.Cleanup(func() { goleak.VerifyNone(t) })
-	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
 	target := newTestTarget(t, false)
-	a := startAgent(t, testConfig(tt, srv.Addr()))
-	st := srv.NextStream(t)
+	a, st := oneStream(t)
 	id := st.DialOK(t, target.addr, 1)
 	conn := target.accepted(t)
 	st.DialOK(t, target.addr, 2)

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -214,17 +213,4 @@ func (a *testAgent) waitSyncRounds(t testing.TB, n float64) {
 	t.Helper()
 	start := a.syncRounds(t)
 	require.Eventually(t, func() bool { return a.syncRounds(t) >= start+n }, waitFor, tick)
-}
-
-// httpStatus GETs url and returns the status code.
-func httpStatus(t testing.TB, url string) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), waitFor)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	_ = resp.Body.Close()
-	return resp.StatusCode
 }

@@ -21,13 +21,7 @@ func TestLyingDNSCountCappedByServerCountMax(t *testing.T) {
 		servers = 5
 		max     = 3
 	)
-	tt := newTestTLS(t)
-	var addrs []string
-	for _, id := range []string{"s0", "s1", "s2", "s3", "s4"} {
-		addrs = append(addrs, newTestServer(t, tt, adversary.ServerConfig{ID: id, Count: "1"}).Addr())
-	}
-	lb := newTestLB(t, addrs...)
-	liar := adversary.StartLyingDNS(t)
+	cfg, liar, addrs := serversBehindLiar(t)
 	liar.Claim(srvName, lie, addrs...)
 	// The answer is 64 KiB over TCP after a truncated one over UDP: under
 	// the race detector on a loaded machine that can take longer than a
@@ -37,12 +31,7 @@ func TestLyingDNSCountCappedByServerCountMax(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, res.Count, servers, "the lie did not reach the counter: %+v", res)
 
-	cfg := testConfig(tt, lb.Addr())
-	cfg.TargetPolicy = TargetCounted
-	cfg.Counter, cfg.CountChanged = counter, counter
-	cfg.ServerCountMax = max
-	a := startAgent(t, cfg)
-	require.Eventually(t, func() bool { return a.Connected() == max }, waitFor, tick)
+	a := startCountingAgent(t, cfg, counter, max)
 	a.waitSyncRounds(t, 20)
 	assert.Equal(t, max, a.Target())
 	assert.Equal(t, max, a.Connected(), "servers held")
@@ -54,23 +43,12 @@ func TestLyingDNSCountCappedByServerCountMax(t *testing.T) {
 // takes the agent past ServerCountMax either, at any step of the flapping.
 func TestFlappingDNSNeverExceedsServerCountMax(t *testing.T) {
 	const max = 3
-	tt := newTestTLS(t)
-	var addrs []string
-	for _, id := range []string{"s0", "s1", "s2", "s3", "s4"} {
-		addrs = append(addrs, newTestServer(t, tt, adversary.ServerConfig{ID: id, Count: "1"}).Addr())
-	}
-	lb := newTestLB(t, addrs...)
-	liar := adversary.StartLyingDNS(t)
+	cfg, liar, addrs := serversBehindLiar(t)
 	counts := []int{100000, 1}
 	liar.Flap(srvName, counts, addrs...)
 	counter := cachedDNSCounter(t, liar.Addr(), waitFor)
 
-	cfg := testConfig(tt, lb.Addr())
-	cfg.TargetPolicy = TargetCounted
-	cfg.Counter, cfg.CountChanged = counter, counter
-	cfg.ServerCountMax = max
-	a := startAgent(t, cfg)
-	require.Eventually(t, func() bool { return a.Connected() == max }, waitFor, tick)
+	a := startCountingAgent(t, cfg, counter, max)
 	for flip := range 6 {
 		i := liar.Flip()
 		// The agent has seen the new answer, and a few rounds have run
@@ -104,6 +82,31 @@ func TestNewServerIDPerStreamGetsServerCountMaxStreams(t *testing.T) {
 	assert.Equal(t, int64(max), opened)
 	assert.Equal(t, max, a.Connected())
 	assert.Equal(t, max, a.Target())
+}
+
+// serversBehindLiar starts five servers behind a balancer, and a DNS
+// server for the test to make lie about them; cfg is an agent's
+// testConfig for the balancer.
+func serversBehindLiar(t *testing.T) (cfg Config, liar *adversary.LyingDNS, addrs []string) {
+	t.Helper()
+	tt := newTestTLS(t)
+	for _, id := range []string{"s0", "s1", "s2", "s3", "s4"} {
+		addrs = append(addrs, newTestServer(t, tt, adversary.ServerConfig{ID: id, Count: "1"}).Addr())
+	}
+	lb := newTestLB(t, addrs...)
+	return testConfig(tt, lb.Addr()), adversary.StartLyingDNS(t), addrs
+}
+
+// startCountingAgent starts an agent from cfg that aims for counter's
+// count, capped at maxCount, and waits until it holds maxCount servers.
+func startCountingAgent(t *testing.T, cfg Config, counter *servercounter.CachedServerCounter, maxCount int) *testAgent {
+	t.Helper()
+	cfg.TargetPolicy = TargetCounted
+	cfg.Counter, cfg.CountChanged = counter, counter
+	cfg.ServerCountMax = maxCount
+	a := startAgent(t, cfg)
+	require.Eventually(t, func() bool { return a.Connected() == maxCount }, waitFor, tick)
+	return a
 }
 
 // cachedDNSCounter is a cached DNS counter of srvName at the DNS server

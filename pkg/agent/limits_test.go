@@ -58,12 +58,7 @@ func TestCountedCountClampedByServerCountMax(t *testing.T) {
 // over it is answered at once with a DIAL_RSP error and no dial (issue
 // 10, item 4), and a closed tunnel frees its slot.
 func TestDialReqOverTunnelLimitIsRefused(t *testing.T) {
-	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
-	cfg := testConfig(tt, srv.Addr())
-	cfg.MaxTunnelsPerServer = 2
-	a := startAgent(t, cfg)
-	st := srv.NextStream(t)
+	a, st := oneStreamWith(t, func(cfg *Config) { cfg.MaxTunnelsPerServer = 2 })
 	target := newTestTarget(t, false)
 
 	first := st.DialOK(t, target.addr, 1)
@@ -96,13 +91,10 @@ func TestDialReqOverTunnelLimitIsRefused(t *testing.T) {
 // DIAL_REQ is refused at once, without waiting for the hung dials.
 func TestDialReqOverConcurrentDialLimitIsRefused(t *testing.T) {
 	hang := nettest.Blackhole(t)
-	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
-	cfg := testConfig(tt, srv.Addr())
-	cfg.MaxConcurrentDials = 2
-	cfg.DialTimeout = time.Minute // the hung dials end with the stream, at cleanup
-	a := startAgent(t, cfg)
-	st := srv.NextStream(t)
+	a, st := oneStreamWith(t, func(cfg *Config) {
+		cfg.MaxConcurrentDials = 2
+		cfg.DialTimeout = time.Minute // the hung dials end with the stream, at cleanup
+	})
 
 	st.Send(t, wire.DialReq("tcp", hang, 1))
 	st.Send(t, wire.DialReq("tcp", hang, 2))
@@ -126,24 +118,21 @@ func TestDialReqOverConcurrentDialLimitIsRefused(t *testing.T) {
 // hostile server of issue 10 item 4 did, gets MaxConcurrentDials dials
 // and a refusal for every other request, each answered at once.
 func TestDialReqFloodIsBounded(t *testing.T) {
+	const maxDials, flood = 8, 500
 	hang := nettest.Blackhole(t)
-	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
-	cfg := testConfig(tt, srv.Addr())
-	cfg.MaxConcurrentDials = 8
-	cfg.DialTimeout = time.Minute // the hung dials end with the stream, at cleanup
-	a := startAgent(t, cfg)
-	st := srv.NextStream(t)
+	a, st := oneStreamWith(t, func(cfg *Config) {
+		cfg.MaxConcurrentDials = maxDials
+		cfg.DialTimeout = time.Minute // the hung dials end with the stream, at cleanup
+	})
 
-	const flood = 500
 	st.FloodDialReqs(t, hang, flood)
-	for range flood - cfg.MaxConcurrentDials {
+	for range flood - maxDials {
 		rsp := st.NextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse()
 		require.Contains(t, rsp.GetError(), "--max-concurrent-dials")
 	}
 	v, _ := a.metric(t, "servercount_agent_endpoint_dials_in_flight")
-	assert.Equal(t, float64(cfg.MaxConcurrentDials), v)
+	assert.Equal(t, float64(maxDials), v)
 	v, _ = a.metric(t, "konnectivity_network_proxy_agent_endpoint_dial_failure_total", "reason", "dial_limit")
-	assert.Equal(t, float64(flood-cfg.MaxConcurrentDials), v)
-	assert.Equal(t, cfg.MaxConcurrentDials, a.OpenTunnels())
+	assert.Equal(t, float64(flood-maxDials), v)
+	assert.Equal(t, maxDials, a.OpenTunnels())
 }

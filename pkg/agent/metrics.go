@@ -14,25 +14,8 @@ import (
 // The agent's metrics. Names under konnectivity_network_proxy_agent_ keep
 // upstream's name and meaning, so that dashboards and tools written for
 // the upstream agent work; our own are under servercount_agent_.
-//
-//	| name                                                              | type    | labels                          | meaning                                                  |
-//	|-------------------------------------------------------------------|---------|---------------------------------|----------------------------------------------------------|
-//	| konnectivity_network_proxy_agent_open_server_connections          | gauge   | -                               | servers connected (distinct serverIDs); 0 from start-up   |
-//	| konnectivity_network_proxy_agent_known_server_count               | gauge   | -                               | the server count the agent aims for (its target)         |
-//	| konnectivity_network_proxy_agent_endpoint_dial_failure_total      | counter | reason=timeout|unknown|dial_limit|tunnel_limit | failed endpoint dials, and DIAL_REQs refused over a bound |
-//	| konnectivity_network_proxy_agent_open_endpoint_connections        | gauge   | -                               | open endpoint (tunnel) connections                       |
-//	| konnectivity_network_proxy_agent_dial_duration_seconds            | histogram | -                             | time to dial an endpoint                                 |
-//	| konnectivity_network_proxy_agent_stream_packets_total             | counter | segment=from_agent|to_agent, packet_type | packets on the server streams: sent, received |
-//	| konnectivity_network_proxy_agent_stream_errors_total              | counter | segment, code, packet_type      | failed sends and receives on the server streams          |
-//	| konnectivity_network_proxy_agent_server_connection_failure_count  | counter | direction=from_server|to_server | the same, upstream's deprecated name                     |
-//	| servercount_agent_server_dials_total                              | counter | result=ok|duplicate|error       | server dials by outcome                                  |
-//	| servercount_agent_target_server_count                             | gauge   | source=static|dns|leases|fallback|received | the target, labelled by the source that decided it; one series at a time |
-//	| servercount_agent_sync_rounds_total                               | counter | -                               | rounds of the sync loop, dialing or not                  |
-//	| servercount_agent_endpoint_dials_in_flight                        | gauge   | -                               | endpoint dials in flight; bounded by MaxConcurrentDials   |
-//	| servercount_agent_busiest_server_tunnels                          | gauge   | -                               | tunnels (dials included) on the server stream that has most; bounded by MaxTunnelsPerServer |
-//	| servercount_agent_queued_bytes                                    | gauge   | -                               | bytes from servers not yet written to endpoints          |
-//	| servercount_agent_control_queued_packets                          | gauge   | -                               | answers (CLOSE_RSP, refused DIAL_RSP) queued, not yet sent; at most 4096 per stream |
-//	| servercount_agent_streams_ended_total                             | counter | reason=stalled|control_backlog  | server streams the agent ended because they were stuck   |
+// docs/metrics.md lists them all, with their type, labels and HELP: it is
+// generated from this code, so a table kept here would only drift from it.
 var (
 	upstream = metric.Prefix{Namespace: "konnectivity_network_proxy", Subsystem: "agent"}
 	ours     = metric.Prefix{Namespace: "servercount", Subsystem: "agent"}

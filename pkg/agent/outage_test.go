@@ -30,6 +30,26 @@ func runLogged(t *testing.T, cfg Config) (*testAgent, *logtest.Buffer) {
 	return a, logs
 }
 
+// failedOnce asserts that logs holds one failure to connect, however
+// many dials failed, and returns the log.
+func failedOnce(t *testing.T, logs *logtest.Buffer) string {
+	t.Helper()
+	out := logs.String()
+	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), out)
+	return out
+}
+
+// recovered waits until a is ready and has logged its recovery, and
+// asserts that the failure before it was still logged only once.
+func recovered(t *testing.T, a *testAgent, logs *logtest.Buffer) {
+	t.Helper()
+	require.Eventually(t, a.Ready, waitFor, tick)
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
+	}, waitFor, tick)
+	failedOnce(t, logs)
+}
+
 // An agent whose server port is refused says so at the default level,
 // once however often it retries, and says when it has recovered (issue
 // 10, item 12).
@@ -42,8 +62,7 @@ func TestRefusedServerPortLoggedOnceAtLevelZero(t *testing.T) {
 
 	a, logs := runLogged(t, testConfig(tt, addr))
 	a.waitSyncRounds(t, 10)
-	out := logs.String()
-	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), out)
+	out := failedOnce(t, logs)
 	assert.Contains(t, out, "connection refused")
 	assert.Contains(t, out, addr)
 	assert.NotContains(t, out, "Recovered")
@@ -52,11 +71,7 @@ func TestRefusedServerPortLoggedOnceAtLevelZero(t *testing.T) {
 	lis, err = net.Listen("tcp", addr)
 	require.NoError(t, err)
 	newTestServerOn(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"}, lis)
-	require.Eventually(t, a.Ready, waitFor, tick)
-	require.Eventually(t, func() bool {
-		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
-	}, waitFor, tick)
-	assert.Equal(t, 1, strings.Count(logs.String(), "Failed to connect to proxy-server"), logs.String())
+	recovered(t, a, logs)
 }
 
 // A server whose certificate the agent's CA did not sign is a failure the
@@ -69,16 +84,11 @@ func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
 
 	a, logs := runLogged(t, testConfig(trusted, lb.Addr()))
 	a.waitSyncRounds(t, 10)
-	out := logs.String()
-	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), out)
+	out := failedOnce(t, logs)
 	assert.Contains(t, out, "certificate signed by unknown authority")
 
 	lb.SetBackends(right.Addr())
-	require.Eventually(t, a.Ready, waitFor, tick)
-	require.Eventually(t, func() bool {
-		return strings.Contains(logs.String(), "Recovered: connect to proxy-server succeeded again")
-	}, waitFor, tick)
-	assert.Equal(t, 1, strings.Count(logs.String(), "Failed to connect to proxy-server"), logs.String())
+	recovered(t, a, logs)
 }
 
 // Behind a load balancer with one good and one bad server, dials fail and
@@ -99,8 +109,7 @@ func TestOneBadServerBehindBalancerLoggedOnce(t *testing.T) {
 		failed, _ := a.metric(t, "servercount_agent_server_dials_total", "result", "error")
 		return dup >= 3 && failed >= 3
 	}, waitFor, tick)
-	out := logs.String()
-	assert.Equal(t, 1, strings.Count(out, "Failed to connect to proxy-server"), out)
+	out := failedOnce(t, logs)
 	// Only the first connection to the good server, if a failed dial came
 	// before it, is a recovery: its duplicates are not.
 	assert.LessOrEqual(t, strings.Count(out, "Recovered"), 1, out)

@@ -20,15 +20,32 @@ func TestStalledServerStreamIsEndedAndRedialled(t *testing.T) {
 	const stall = 300 * time.Millisecond
 	tt := newTestTLS(t)
 	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1", Deaf: true})
-	target := newTestTarget(t, false)
 	cfg := testConfig(tt, srv.Addr())
 	cfg.StreamStallTimeout = stall
 	a, logs := runLogged(t, cfg)
+	_, stopTarget := stickStream(t, srv)
+	require.Eventually(t, func() bool {
+		v, _ := a.metric(t, "servercount_agent_streams_ended_total", "reason", "stalled")
+		return v >= 1 && srv.Opened() >= 2
+	}, waitFor, tick, "the stalled stream was not ended and dialled again")
+	assert.Contains(t, logs.String(), "Ended a proxy-server stream on which nothing moved while packets waited")
+	stopTarget()
 
-	// The server asks for a tunnel to a target that never stops talking,
-	// and then reads nothing: the agent's DATA fills the stream's window
-	// and its Send waits.
-	ss := srv.NextStream(t)
+	// The new stream is idle: nothing waits on it, so it stays.
+	opened := srv.Opened()
+	assert.Never(t, func() bool { return srv.Opened() != opened }, 8*stall, stall/4, "an idle stream was ended")
+	assert.Equal(t, 1, strings.Count(logs.String(), "Ended a proxy-server stream on which nothing moved"), "a stream was ended more than once")
+}
+
+// stickStream gets the agent's next stream to srv, a server that reads
+// nothing, stuck: srv asks for a tunnel to a target that never stops
+// talking, so the agent's DATA fills the stream's window and its Send
+// waits. stopTarget closes the target's connection and waits until it
+// has stopped writing; it also runs when the test ends.
+func stickStream(t *testing.T, srv *adversary.HostileServer) (ss *adversary.ServerStream, stopTarget func()) {
+	t.Helper()
+	target := newTestTarget(t, false)
+	ss = srv.NextStream(t)
 	ss.Send(t, wire.DialReq("tcp", target.addr, 1))
 	c := target.accepted(t)
 	writerDone := make(chan struct{})
@@ -41,18 +58,13 @@ func TestStalledServerStreamIsEndedAndRedialled(t *testing.T) {
 			}
 		}
 	}()
-	require.Eventually(t, func() bool {
-		v, _ := a.metric(t, "servercount_agent_streams_ended_total", "reason", "stalled")
-		return v >= 1 && srv.Opened() >= 2
-	}, waitFor, tick, "the stalled stream was not ended and dialled again")
-	assert.Contains(t, logs.String(), "Ended a proxy-server stream on which nothing moved while packets waited")
-	c.Close()
-	<-writerDone
-
-	// The new stream is idle: nothing waits on it, so it stays.
-	opened := srv.Opened()
-	assert.Never(t, func() bool { return srv.Opened() != opened }, 8*stall, stall/4, "an idle stream was ended")
-	assert.Equal(t, 1, strings.Count(logs.String(), "Ended a proxy-server stream on which nothing moved"), "a stream was ended more than once")
+	// Closing twice is harmless, and a closed writerDone does not block.
+	stopTarget = func() {
+		c.Close()
+		<-writerDone
+	}
+	t.Cleanup(stopTarget)
+	return ss, stopTarget
 }
 
 // Issue 21: the agent answers without waiting, so a server that stops
@@ -62,25 +74,11 @@ func TestStalledServerStreamIsEndedAndRedialled(t *testing.T) {
 func TestControlQueueIsBounded(t *testing.T) {
 	tt := newTestTLS(t)
 	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1", Deaf: true})
-	target := newTestTarget(t, false)
 	cfg := testConfig(tt, srv.Addr())
 	cfg.StreamStallTimeout = -1 // the bound, not the backstop, must end it
 	a, logs := runLogged(t, cfg)
 	queued := func() float64 { v, _ := a.metric(t, "servercount_agent_control_queued_packets"); return v }
-
-	// As above: the agent's sends wait for a server that reads nothing.
-	ss := srv.NextStream(t)
-	ss.Send(t, wire.DialReq("tcp", target.addr, 1))
-	c := target.accepted(t)
-	defer c.Close()
-	go func() {
-		chunk := make([]byte, 32<<10)
-		for {
-			if _, err := c.Write(chunk); err != nil {
-				return
-			}
-		}
-	}()
+	ss, _ := stickStream(t, srv)
 	// DATA for unknown connections: each is answered with CLOSE_RSP,
 	// which waits in the queue. The same ID a thousand times is one
 	// answer.

@@ -21,9 +21,17 @@ import (
 // oneStream starts a server and an agent and returns the agent's stream.
 func oneStream(t testing.TB) (*testAgent, *adversary.ServerStream) {
 	t.Helper()
+	return oneStreamWith(t, func(*Config) {})
+}
+
+// oneStreamWith is oneStream with an agent whose testConfig set changes.
+func oneStreamWith(t testing.TB, set func(*Config)) (*testAgent, *adversary.ServerStream) {
+	t.Helper()
 	tt := newTestTLS(t)
 	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
-	a := startAgent(t, testConfig(tt, srv.Addr()))
+	cfg := testConfig(tt, srv.Addr())
+	set(&cfg)
+	a := startAgent(t, cfg)
 	return a, srv.NextStream(t)
 }
 

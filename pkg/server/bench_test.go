@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,41 +23,21 @@ const benchSize = 10 << 20
 // benchSize bytes and closes; after a 'u' it reads benchSize bytes and
 // answers one byte.
 func bulkServer(tb testing.TB) string {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
 	payload := make([]byte, benchSize)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				var op [1]byte
-				if _, err := io.ReadFull(c, op[:]); err != nil {
-					return
-				}
-				switch op[0] {
-				case 'd':
-					_, _ = c.Write(payload)
-				case 'u':
-					if _, err := io.CopyN(io.Discard, c, benchSize); err == nil {
-						_, _ = c.Write([]byte{1})
-					}
-				}
-			}()
+	return serveConns(tb, func(c net.Conn) {
+		var op [1]byte
+		if _, err := io.ReadFull(c, op[:]); err != nil {
+			return
 		}
-	}()
-	tb.Cleanup(func() { lis.Close(); wg.Wait() })
-	return lis.Addr().String()
+		switch op[0] {
+		case 'd':
+			_, _ = c.Write(payload)
+		case 'u':
+			if _, err := io.CopyN(io.Discard, c, benchSize); err == nil {
+				_, _ = c.Write([]byte{1})
+			}
+		}
+	})
 }
 
 // transfer runs one transfer of benchSize bytes on conn (reading through r).
@@ -114,9 +93,7 @@ func directTime(b *testing.B, target string, op byte) time.Duration {
 func BenchmarkTransfer(b *testing.B) {
 	target := bulkServer(b)
 	b.Run("tunnels", func(b *testing.B) {
-		e := startEnv(b, server.Config{})
-		startAgent(b, e, agentOpts{id: "bench"})
-		waitBackends(b, e, 1)
+		e, _ := startEnvAndAgent(b, server.Config{})
 		for _, op := range []byte{'d', 'u'} {
 			dir := map[byte]string{'d': "download", 'u': "upload"}[op]
 			direct := directTime(b, target, op)

@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/servercount/servercount/internal/fuzztest"
 )
 
 // FuzzHTTPConnectRequest writes whatever request bytes the fuzzer makes to
@@ -15,7 +17,7 @@ import (
 // every request gets an answer or a closed connection within a deadline,
 // and no request is told 200: there is no agent to reach anything.
 func FuzzHTTPConnectRequest(f *testing.F) {
-	for _, seed := range []string{
+	fuzztest.AddBytes(f,
 		"CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n",
 		"CONNECT / HTTP/1.1\r\nHost: x\r\n\r\n",
 		"CONNECT :80 HTTP/1.1\r\n\r\n",
@@ -23,9 +25,7 @@ func FuzzHTTPConnectRequest(f *testing.F) {
 		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
 		"CONNECT [::1]:99999 HTTP/1.1\r\n\r\n",
 		"\x00\x01garbage\r\n\r\n",
-	} {
-		f.Add([]byte(seed))
-	}
+	)
 	s, err := New(Config{ServerID: "s1"})
 	if err != nil {
 		f.Fatal(err)

@@ -3,14 +3,12 @@ package server_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,9 +49,7 @@ func rawConnect(t *testing.T, e *env, target, host string) int {
 // 400 by the server, and no DIAL_REQ reaches the agent.
 func TestHTTPConnectRefusesInvalidTargets(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, server.Config{})
-	a := startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, a := startEnvAndAgent(t, server.Config{})
 	tests := []struct {
 		name, target, host string
 	}{
@@ -84,42 +80,23 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 	const clients = 200
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{Registerer: reg})
-	a, err := connectAgent(t, e, agentOpts{id: "racer"})
-	require.NoError(t, err)
-	waitBackends(t, e, 1)
 
 	// Client i asks for port i+1; the agent closes client i's connection
 	// when its DIAL_REQ arrives and answers it with connectID i+1.
 	conns := make([]net.Conn, clients)
 	for i := range conns {
+		var err error
 		conns[i], err = net.DialTimeout("tcp", e.connectAddr, waitFor)
 		require.NoError(t, err)
 		defer conns[i].Close()
 	}
-	closed := make(chan int64, 2*clients)
-	agentDone := make(chan struct{})
-	go func() {
-		defer close(agentDone)
-		for {
-			pkt, err := a.Recv()
-			if err != nil {
-				return
-			}
-			switch pkt.GetType() {
-			case client.PacketType_DIAL_REQ:
-				req := pkt.GetDialRequest()
-				_, portText, _ := net.SplitHostPort(req.GetAddress())
-				port, _ := strconv.Atoi(portText)
-				conns[port-1].Close()
-				_ = a.Send(wire.DialRsp(req.GetRandom(), int64(port), ""))
-			case client.PacketType_CLOSE_REQ:
-				id := pkt.GetCloseRequest().GetConnectID()
-				closed <- id
-				_ = a.Send(wire.CloseRsp(id, ""))
-			}
-		}
-	}()
-	t.Cleanup(func() { a.Close(); <-agentDone })
+	a := startAgent(t, e, agentOpts{id: "racer", answer: func(req *client.DialRequest) int64 {
+		_, portText, _ := net.SplitHostPort(req.GetAddress())
+		port, _ := strconv.Atoi(portText)
+		conns[port-1].Close()
+		return int64(port)
+	}})
+	waitBackends(t, e, 1)
 	for i, c := range conns {
 		_, _ = fmt.Fprintf(c, "CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n", i+1, i+1)
 	}
@@ -128,7 +105,7 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 	deadline := time.After(waitFor)
 	for len(got) < clients {
 		select {
-		case id := <-closed:
+		case id := <-a.closeCh:
 			got[id] = true
 		case <-deadline:
 			t.Fatalf("%d of %d connections got no CLOSE_REQ; established_connections = %v", clients-len(got), clients,
@@ -146,16 +123,12 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 // limit).
 func TestRejectedAgentIDIsLoggedCapped(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "tokens")
-	require.NoError(t, os.WriteFile(path, []byte("s3cret\n"), 0o600))
-	auth, err := server.NewTokenFileAuthenticator(path)
-	require.NoError(t, err)
-	e := startEnv(t, server.Config{Authenticator: auth})
+	e := startEnv(t, server.Config{Authenticator: tokenFileAuth(t, "s3cret\n")})
 	log := logs.Capture(t)
 
 	marker := "huge-agent-" + strconv.Itoa(int(time.Now().UnixNano())) // this test's lines only
 	agentID := marker + strings.Repeat("x", 48<<10)
-	_, err = connectAgent(t, e, agentOpts{id: agentID, token: "guess"})
+	_, err := connectAgent(t, e, agentOpts{id: agentID, token: "guess"})
 	require.Equal(t, codes.Unauthenticated, status.Code(err), "err: %v", err)
 
 	var line string
@@ -176,16 +149,12 @@ func TestRejectedAgentIDIsLoggedCapped(t *testing.T) {
 // program that embeds it chooses where its lines go.
 func TestServerLogsThroughItsLogger(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "tokens")
-	require.NoError(t, os.WriteFile(path, []byte("s3cret\n"), 0o600))
-	auth, err := server.NewTokenFileAuthenticator(path)
-	require.NoError(t, err)
 	logger, buf := logtest.NewLogger(0)
-	e := startEnv(t, server.Config{Authenticator: auth, Logger: logger})
+	e := startEnv(t, server.Config{Authenticator: tokenFileAuth(t, "s3cret\n"), Logger: logger})
 	global := logs.Capture(t)
 
 	marker := "logger-agent-" + strconv.Itoa(int(time.Now().UnixNano()))
-	_, err = connectAgent(t, e, agentOpts{id: marker, token: "guess"})
+	_, err := connectAgent(t, e, agentOpts{id: marker, token: "guess"})
 	require.Equal(t, codes.Unauthenticated, status.Code(err), "err: %v", err)
 	require.Eventually(t, func() bool {
 		return strings.Contains(buf.String(), "Rejected agent stream") && strings.Contains(buf.String(), marker)
@@ -224,25 +193,14 @@ func TestGRPCFrontendCancelFreedWhileAgentDoesNotRead(t *testing.T) {
 	frontends := gauge("konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "Proxy"})
 	established := gauge("konnectivity_network_proxy_server_established_connections", nil)
 
-	// The agent answers one dial, then never reads again.
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	_, stream := tunnelThroughAgent(t, ctx, e, "deaf")
-
-	// Send until the server's receive loop for this frontend waits for
-	// room in the agent's queue; Send blocks once the server stops
-	// receiving, and fails when the stream is cancelled.
-	sendDone := make(chan struct{})
-	go func() {
-		defer close(sendDone)
-		chunk := make([]byte, 256<<10)
-		for stream.Send(wire.Data(1, chunk)) == nil {
-		}
-	}()
+	// The agent answers one dial, then never reads again. The frontend
+	// sends until the server's receive loop for it waits for room in the
+	// agent's queue; Send blocks once the server stops receiving, and
+	// fails when the stream is cancelled.
+	_, cancel := floodAgent(t, e, "deaf", 256<<10)
 	require.Eventually(t, func() bool { return waiting() == 1 }, waitFor, 5*time.Millisecond, "the frontend never waited for the agent")
 
 	cancel()
-	<-sendDone
 	require.Eventually(t, func() bool { return frontends() == 0 && waiting() == 0 && established() == 0 },
 		waitFor, 5*time.Millisecond, "the frontend was not freed")
 	assert.Equal(t, 1, e.srv.Backends(), "the deaf agent stays connected")
@@ -254,9 +212,7 @@ func TestGRPCFrontendCancelFreedWhileAgentDoesNotRead(t *testing.T) {
 func TestCloseAfterDataDeliversEveryByte(t *testing.T) {
 	t.Parallel()
 	const size = 4 << 20
-	e := startEnv(t, server.Config{})
-	startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, _ := startEnvAndAgent(t, server.Config{})
 
 	lis := listen(t)
 	received := make(chan int, 1)
@@ -402,9 +358,7 @@ func TestOversizedHeadersFromAHostileClientAreReset(t *testing.T) {
 // can dial is answered by the server, and no DIAL_REQ reaches the agent.
 func TestGRPCFrontendRefusesInvalidAddresses(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, server.Config{})
-	a := startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, a := startEnvAndAgent(t, server.Config{})
 	for _, address := range []string{"/", "127.0.0.1", ":80", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:http"} {
 		t.Run(address, func(t *testing.T) {
 			assert.Contains(t, rawDial(t, e, address), "invalid dial request: invalid target")

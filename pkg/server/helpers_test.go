@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,6 +114,17 @@ func startEnv(t testing.TB, cfg server.Config) *env {
 	return e
 }
 
+// tokenFileAuth returns the authenticator of a token file that holds
+// tokens.
+func tokenFileAuth(t *testing.T, tokens string) server.TokenAuthenticator {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(path, []byte(tokens), 0o600))
+	auth, err := server.NewTokenFileAuthenticator(path)
+	require.NoError(t, err)
+	return auth
+}
+
 // testAgent stands in for pkg/agent: an adversary.DeafAgent made to hear,
 // which dials what it is asked to and relays DATA.
 type testAgent struct {
@@ -128,10 +140,14 @@ type testAgent struct {
 	nextID int64              // guarded by mu
 }
 
-// agentOpts are the handshake metadata of a test agent.
+// agentOpts are the handshake metadata of a test agent, and how
+// startAgent's agent answers dials.
 type agentOpts struct {
 	id, identifiers, token string
 	extraMD                []string // appended as key, value pairs
+	// answer, if set, answers each DIAL_REQ with the connectID it
+	// returns, without dialing.
+	answer func(*client.DialRequest) int64
 }
 
 // connectAgent opens an agent's stream, which reads nothing until the test
@@ -156,9 +172,19 @@ func startAgent(t testing.TB, e *env, o agentOpts) *testAgent {
 	da, err := connectAgent(t, e, o)
 	require.NoError(t, err)
 	a := &testAgent{DeafAgent: da, t: t, closeCh: make(chan int64, 1024), done: make(chan struct{}), conns: map[int64]net.Conn{}}
-	go a.serve()
+	go a.serve(o.answer)
 	t.Cleanup(a.stop)
 	return a
+}
+
+// startEnvAndAgent starts a Server configured by cfg, as startEnv does,
+// and one agent, "a1", and waits until the Server has its stream.
+func startEnvAndAgent(t testing.TB, cfg server.Config) (*env, *testAgent) {
+	t.Helper()
+	e := startEnv(t, cfg)
+	a := startAgent(t, e, agentOpts{id: "a1"})
+	waitBackends(t, e, 1)
+	return e, a
 }
 
 // stop ends the agent's stream and waits for its goroutines.
@@ -196,7 +222,7 @@ func (a *testAgent) drainAndSync(t *testing.T) {
 	}
 }
 
-func (a *testAgent) serve() {
+func (a *testAgent) serve(answer func(*client.DialRequest) int64) {
 	defer close(a.done)
 	defer a.wg.Wait()
 	defer func() {
@@ -216,6 +242,10 @@ func (a *testAgent) serve() {
 		case client.PacketType_DIAL_REQ:
 			a.dials.Add(1)
 			req := pkt.GetDialRequest()
+			if answer != nil {
+				a.send(dialRsp(req.GetRandom(), answer(req), ""))
+				continue
+			}
 			// Tests reach only this machine: refuse anything but a
 			// loopback address, without resolving names.
 			if host, _, err := net.SplitHostPort(req.GetAddress()); err != nil || !isLoopback(host) {
@@ -371,11 +401,40 @@ func tunnelThroughAgent(t *testing.T, ctx context.Context, e *env, id string) (*
 	return a, f
 }
 
+// floodAgent opens a tunnel through a deaf agent named id, as
+// tunnelThroughAgent does, and sends the agent chunk-byte DATA from the
+// frontend until the stream fails: once the agent's HTTP/2 window and
+// queue are full, the server's writer to it waits in Send. stop ends the
+// frontend's stream and waits for the sender; it also runs when the test
+// ends.
+func floodAgent(t *testing.T, e *env, id string, chunk int) (a *adversary.DeafAgent, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	a, stream := tunnelThroughAgent(t, ctx, e, id)
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		data := make([]byte, chunk)
+		for stream.Send(wire.Data(1, data)) == nil {
+		}
+	}()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		<-sendDone
+	})
+	t.Cleanup(stop)
+	return a, stop
+}
+
+// queueBound is the most bytes a queue may hold: QueueSize pieces of
+// MaxDataPayload, plus the one being sent.
+const queueBound = (server.QueueSize + 1) * wire.MaxDataPayload
+
 // queuedBytesWatch reads servercount_server_queued_bytes from reg and
 // remembers the highest value read: queued may be called from
 // Eventually's goroutine, where require must not stop the test, and
-// check fails the test if that highest value passed bound.
-func queuedBytesWatch(t *testing.T, reg *prometheus.Registry, bound float64) (queued func() float64, check func()) {
+// check fails the test if that highest value passed queueBound.
+func queuedBytesWatch(t *testing.T, reg *prometheus.Registry) (queued func() float64, check func()) {
 	var mu sync.Mutex
 	highest := 0.0
 	queued = func() float64 {
@@ -389,7 +448,21 @@ func queuedBytesWatch(t *testing.T, reg *prometheus.Registry, bound float64) (qu
 		t.Helper()
 		mu.Lock()
 		defer mu.Unlock()
-		require.LessOrEqual(t, highest, bound, "a queue held more than (QueueSize+1) x MaxDataPayload bytes")
+		require.LessOrEqual(t, highest, float64(queueBound), "a queue held more than (QueueSize+1) x MaxDataPayload bytes")
 	}
 	return queued, check
+}
+
+// gaugeOf reads a gauge from reg, 0 when the series does not exist (a
+// labelled series exists only once it has been used). It never fails the
+// test, so that it may run in require.Eventually's goroutine.
+func gaugeOf(reg *prometheus.Registry, name string, labels map[string]string) func() float64 {
+	var kv []string
+	for k, v := range labels {
+		kv = append(kv, k, v)
+	}
+	return func() float64 {
+		v, _ := metricstest.Value(reg, name, kv...)
+		return v
+	}
 }

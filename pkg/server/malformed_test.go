@@ -17,9 +17,7 @@ import (
 // A dial the frontend could never match an answer to (random 0, or no
 // dial request at all) is refused at once instead of hanging.
 func TestMalformedDialRequestIsRefused(t *testing.T) {
-	e := startEnv(t, server.Config{})
-	startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, _ := startEnvAndAgent(t, server.Config{})
 	echo := echoServer(t)
 	cc, err := grpc.NewClient(e.frontAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.frontTLS)))
 	require.NoError(t, err)

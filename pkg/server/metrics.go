@@ -14,31 +14,9 @@ import (
 // The server's metrics. Under konnectivity_network_proxy_server_ they are
 // upstream's: name, type, labels, HELP and buckets, and a labelled series
 // appears when it first happens, as upstream's do. Ours are under
-// servercount_server_ and end in _total where they count.
-//
-//	| name                                                          | type    | labels         | meaning                                                        |
-//	|---------------------------------------------------------------|---------|----------------|----------------------------------------------------------------|
-//	| konnectivity_network_proxy_server_ready_backend_connections   | gauge   |                | connected agent streams (an agent may hold several)            |
-//	| konnectivity_network_proxy_server_grpc_connections            | gauge   | service_method | open gRPC streams: "Connect" (agents), "Proxy" (frontends)     |
-//	| konnectivity_network_proxy_server_http_connections            | gauge   |                | open HTTP CONNECT tunnels (after the 200)                      |
-//	| konnectivity_network_proxy_server_pending_backend_dials       | gauge   |                | dials sent to an agent and not yet answered                    |
-//	| konnectivity_network_proxy_server_established_connections     | gauge   |                | tunnels with a connectID, over all frontends                   |
-//	| konnectivity_network_proxy_server_dial_failure_count          | counter | reason         | dials that failed, by [DialFailureReason] (upstream's name)    |
-//	| konnectivity_network_proxy_server_ready_backends              | gauge   | proxy_strategy | agent streams each configured strategy can pick from           |
-//	| konnectivity_network_proxy_server_dial_duration_seconds       | histogram |              | DIAL_REQ sent to a successful DIAL_RSP                         |
-//	| konnectivity_network_proxy_server_frontend_write_duration_seconds | histogram |          | one write of a packet to a gRPC frontend                       |
-//	| konnectivity_network_proxy_server_connection_duration_seconds | histogram |              | how long an established tunnel lived                           |
-//	| konnectivity_network_proxy_server_full_receive_channels       | gauge   | service_method | frontends blocked on an agent's full send queue                |
-//	| konnectivity_network_proxy_server_stream_packets_total        | counter | segment, packet_type | packets on gRPC streams: from_agent, to_agent, from_client, to_client |
-//	| konnectivity_network_proxy_server_stream_errors_total         | counter | segment, code, packet_type | failed sends and receives on gRPC streams   |
-//	| servercount_server_reported_server_count                      | gauge   |                | the last serverCount sent to an agent                          |
-//	| servercount_server_agent_rejections_total                     | counter | reason         | agent streams refused at the handshake, by [RejectReason]      |
-//	| servercount_server_frontends_waiting_for_agent                | gauge   |                | frontends whose next packet waits for room in an agent's queue |
-//	| servercount_server_duplicate_dials_total                      | counter |                | dials refused as duplicates: a frontend reused a pending random, or an agent a connectID |
-//	| servercount_server_queued_bytes                               | gauge   |                | DATA bytes queued for agents and frontends, not yet sent       |
-//	| servercount_server_control_queued_packets                     | gauge   |                | control packets (replies of receive loops) queued, not yet sent |
-//	| servercount_server_streams_ended_total                        | counter | reason         | streams the server ended because they were stuck, by [StreamEndedReason] |
-//	| servercount_server_tunnels_ended_total                        | counter | reason         | tunnels the server ended because they were stuck, by [TunnelEndedReason] |
+// servercount_server_ and end in _total where they count. docs/metrics.md
+// lists them all, with their type, labels and HELP: it is generated from
+// this code, so a table kept here would only drift from it.
 var (
 	upstream = metric.Prefix{Namespace: "konnectivity_network_proxy", Subsystem: "server"}
 	ours     = metric.Prefix{Namespace: "servercount", Subsystem: "server"}

@@ -9,8 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/metricstest"
-
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -25,6 +23,18 @@ func streamBytes(off, n int) []byte {
 	return b
 }
 
+// sendStream sends the first packets x packetLen bytes of streamBytes on
+// connectID 1, a DATA packet of packetLen bytes at a time, until send
+// fails.
+func sendStream(send func(*client.Packet) error, packets, packetLen int) error {
+	for i := range packets {
+		if err := send(wire.Data(1, streamBytes(i*packetLen, packetLen))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Issue 10 item 6: a frontend's DATA packet of up to wire.MaxMessageSize
 // (konnectivity-client sends each Write whole) was queued whole on the
 // agent stream, so an agent that does not read made a queue of 32 packets
@@ -35,12 +45,8 @@ func TestAgentQueueBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{Registerer: reg})
-	bound := float64((server.QueueSize + 1) * wire.MaxDataPayload)
-	queued, checkBound := queuedBytesWatch(t, reg, bound)
-	waiting := func() float64 {
-		v, _ := metricstest.Value(reg, "servercount_server_frontends_waiting_for_agent")
-		return v
-	}
+	queued, checkBound := queuedBytesWatch(t, reg)
+	waiting := gaugeOf(reg, "servercount_server_frontends_waiting_for_agent", nil)
 
 	// The agent answers one dial, then does not read until the queue is
 	// full.
@@ -54,21 +60,13 @@ func TestAgentQueueBoundedInBytes(t *testing.T) {
 	// Send blocks once the server stops receiving; it ends when the agent
 	// has read everything or, if the test fails, when ctx is cancelled.
 	sent := make(chan error, 1)
-	go func() {
-		for i := range packets {
-			if err := stream.Send(wire.Data(1, streamBytes(i*packetLen, packetLen))); err != nil {
-				sent <- err
-				return
-			}
-		}
-		sent <- nil
-	}()
+	go func() { sent <- sendStream(stream.Send, packets, packetLen) }()
 	// Full: the frontend's next piece waits for room in the agent's
 	// queue, which holds QueueSize pieces.
 	// Over the bound ends the wait at once, to fail below.
 	require.Eventually(t, func() bool {
 		q := queued()
-		return q > bound || q >= float64(server.QueueSize*wire.MaxDataPayload) && waiting() == 1
+		return q > queueBound || q >= float64(server.QueueSize*wire.MaxDataPayload) && waiting() == 1
 	}, waitFor, 5*time.Millisecond, "the agent's queue never filled")
 	checkBound()
 
@@ -99,8 +97,7 @@ func TestHTTPConnectQueueBoundedInBytes(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{Registerer: reg})
-	bound := float64((server.QueueSize + 1) * wire.MaxDataPayload)
-	queued, checkBound := queuedBytesWatch(t, reg, bound)
+	queued, checkBound := queuedBytesWatch(t, reg)
 
 	a, err := connectAgent(t, e, agentOpts{id: "big-writer"})
 	require.NoError(t, err)
@@ -115,22 +112,11 @@ func TestHTTPConnectQueueBoundedInBytes(t *testing.T) {
 	// stops receiving, and fails when the agent is cancelled.
 	sent := make(chan error, 1)
 	go func() {
-		req, err := a.Recv()
-		if err != nil {
+		if _, err := a.AcceptDial(1); err != nil {
 			sent <- err
 			return
 		}
-		if err := a.Send(wire.DialRsp(req.GetDialRequest().GetRandom(), 1, "")); err != nil {
-			sent <- err
-			return
-		}
-		for i := range packets {
-			if err := a.Send(wire.Data(1, streamBytes(i*packetLen, packetLen))); err != nil {
-				sent <- err
-				return
-			}
-		}
-		sent <- nil
+		sent <- sendStream(a.Send, packets, packetLen)
 	}()
 	c, br, code := connectVia(t, e, http.MethodConnect, "127.0.0.1:9")
 	require.Equal(t, http.StatusOK, code)
@@ -139,7 +125,7 @@ func TestHTTPConnectQueueBoundedInBytes(t *testing.T) {
 	// bound ends the wait at once, to fail below.
 	require.Eventually(t, func() bool {
 		q := queued()
-		return q > bound || q >= float64(server.QueueSize*wire.MaxDataPayload)
+		return q > queueBound || q >= float64(server.QueueSize*wire.MaxDataPayload)
 	}, waitFor, 5*time.Millisecond, "the tunnel's queue never filled")
 	checkBound()
 

@@ -84,11 +84,7 @@ func TestNewRegistersMetrics(t *testing.T) {
 
 func TestTokenFileAuthenticator(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "tokens")
-	require.NoError(t, os.WriteFile(path, []byte("# agents\n\n  good-token  \nother\n"), 0o600))
-	a, err := server.NewTokenFileAuthenticator(path)
-	require.NoError(t, err)
+	a := tokenFileAuth(t, "# agents\n\n  good-token  \nother\n")
 	tests := []struct {
 		name, token string
 		wantErr     bool
@@ -109,9 +105,10 @@ func TestTokenFileAuthenticator(t *testing.T) {
 			}
 		})
 	}
+	dir := t.TempDir()
 	empty := filepath.Join(dir, "empty")
 	require.NoError(t, os.WriteFile(empty, []byte("# none\n"), 0o600))
-	_, err = server.NewTokenFileAuthenticator(empty)
+	_, err := server.NewTokenFileAuthenticator(empty)
 	assert.ErrorContains(t, err, "holds no token")
 	_, err = server.NewTokenFileAuthenticator(filepath.Join(dir, "missing"))
 	assert.ErrorContains(t, err, "read agent token file")
@@ -154,13 +151,8 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels map
 
 func TestHandshakeRejections(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "tokens")
-	require.NoError(t, os.WriteFile(path, []byte("s3cret\n"), 0o600))
-	auth, err := server.NewTokenFileAuthenticator(path)
-	require.NoError(t, err)
 	plain := startEnv(t, server.Config{})
-	withAuth := startEnv(t, server.Config{Authenticator: auth})
+	withAuth := startEnv(t, server.Config{Authenticator: tokenFileAuth(t, "s3cret\n")})
 
 	tests := []struct {
 		name     string
@@ -232,9 +224,7 @@ func grpcTunnel(t *testing.T, e *env) kclient.Tunnel {
 
 func TestGRPCFrontendGET(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, server.Config{})
-	startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, _ := startEnvAndAgent(t, server.Config{})
 	target := httpTarget(t)
 
 	tun := grpcTunnel(t, e)
@@ -250,15 +240,22 @@ func TestGRPCFrontendGET(t *testing.T) {
 	assert.Equal(t, "hello from /through-grpc", string(body))
 }
 
-func TestGRPCFrontendDialErrors(t *testing.T) {
+// A dial that cannot be made is answered, on either frontend, with the
+// error that says why.
+func TestFrontendDialErrors(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name      string
 		withAgent bool
-		wantErr   string
+		method    string // sent to the HTTP CONNECT port; "" dials through the gRPC frontend
+		wantErr   string // the gRPC dial's
+		wantCode  int    // the HTTP answer's
 	}{
-		{name: "refused port", withAgent: true, wantErr: "connection refused"},
-		{name: "no agent", withAgent: false, wantErr: "No agent available"},
+		{name: "grpc refused port", withAgent: true, wantErr: "connection refused"},
+		{name: "grpc no agent", withAgent: false, wantErr: "No agent available"},
+		{name: "connect refused port", method: http.MethodConnect, withAgent: true, wantCode: http.StatusBadGateway},
+		{name: "connect no agent", method: http.MethodConnect, wantCode: http.StatusInternalServerError},
+		{name: "not CONNECT", method: http.MethodGet, withAgent: true, wantCode: http.StatusMethodNotAllowed},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -267,9 +264,14 @@ func TestGRPCFrontendDialErrors(t *testing.T) {
 				startAgent(t, e, agentOpts{id: "a1"})
 				waitBackends(t, e, 1)
 			}
-			tun := grpcTunnel(t, e)
-			_, err := tun.DialContext(t.Context(), "tcp", nettest.Refused(t, "127.0.0.1"))
-			assert.ErrorContains(t, err, tc.wantErr)
+			refused := nettest.Refused(t, "127.0.0.1")
+			if tc.method == "" {
+				_, err := grpcTunnel(t, e).DialContext(t.Context(), "tcp", refused)
+				assert.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			_, _, code := connectVia(t, e, tc.method, refused)
+			assert.Equal(t, tc.wantCode, code)
 		})
 	}
 }
@@ -298,9 +300,7 @@ func connectVia(t *testing.T, e *env, method, address string) (net.Conn, *bufio.
 
 func TestHTTPConnectGET(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, server.Config{})
-	startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, _ := startEnvAndAgent(t, server.Config{})
 	target := httpTarget(t)
 
 	c, br, code := connectVia(t, e, http.MethodConnect, target.Listener.Addr().String())
@@ -316,31 +316,6 @@ func TestHTTPConnectGET(t *testing.T) {
 	assert.ErrorIs(t, err, io.EOF)
 }
 
-func TestHTTPConnectErrors(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name      string
-		method    string
-		withAgent bool
-		wantCode  int
-	}{
-		{name: "refused port", method: http.MethodConnect, withAgent: true, wantCode: http.StatusBadGateway},
-		{name: "no agent", method: http.MethodConnect, wantCode: http.StatusInternalServerError},
-		{name: "not CONNECT", method: http.MethodGet, withAgent: true, wantCode: http.StatusMethodNotAllowed},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			e := startEnv(t, server.Config{})
-			if tc.withAgent {
-				startAgent(t, e, agentOpts{id: "a1"})
-				waitBackends(t, e, 1)
-			}
-			_, _, code := connectVia(t, e, tc.method, nettest.Refused(t, "127.0.0.1"))
-			assert.Equal(t, tc.wantCode, code)
-		})
-	}
-}
-
 func TestHTTPConnectBackendDialTimeout(t *testing.T) {
 	t.Parallel()
 	e := startEnv(t, server.Config{BackendDialTimeout: 200 * time.Millisecond})
@@ -354,9 +329,7 @@ func TestHTTPConnectBackendDialTimeout(t *testing.T) {
 
 func TestAgentDiesMidTunnel(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, server.Config{})
-	a := startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, a := startEnvAndAgent(t, server.Config{})
 	echo := echoServer(t)
 
 	// gRPC frontend: the raw stream sees CLOSE_RSP.
@@ -388,9 +361,7 @@ func TestAgentDiesMidTunnel(t *testing.T) {
 
 func TestFrontendDiesClosesAtAgent(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, server.Config{})
-	a := startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, a := startEnvAndAgent(t, server.Config{})
 	echo := echoServer(t)
 
 	t.Run("grpc stream ends", func(t *testing.T) {
@@ -515,9 +486,7 @@ func TestConcurrentTunnels(t *testing.T) {
 		// The transfers still overlap.
 		dialsInFlight = 8
 	)
-	e := startEnv(t, server.Config{})
-	startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, _ := startEnvAndAgent(t, server.Config{})
 	echo := echoServer(t)
 
 	var wg sync.WaitGroup
@@ -650,9 +619,7 @@ func TestHealth(t *testing.T) {
 
 func TestCloseEndsEverything(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, server.Config{})
-	a := startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, a := startEnvAndAgent(t, server.Config{})
 	echo := echoServer(t)
 	_, br, code := connectVia(t, e, http.MethodConnect, echo)
 	require.Equal(t, http.StatusOK, code)

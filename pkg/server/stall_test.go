@@ -1,7 +1,13 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,21 +38,11 @@ func TestStalledAgentStreamIsEnded(t *testing.T) {
 	// An agent that never reads, with a frontend sending to it until its
 	// HTTP/2 window and then its queue are full: the writer waits in
 	// Send, and nothing else moves.
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	_, stream := tunnelThroughAgent(t, ctx, e, "deaf")
-	sendDone := make(chan struct{})
-	go func() {
-		defer close(sendDone)
-		chunk := make([]byte, 64<<10)
-		for stream.Send(wire.Data(1, chunk)) == nil {
-		}
-	}()
+	_, stop := floodAgent(t, e, "deaf", 64<<10)
 	require.Eventually(t, func() bool { return stalled() == 1 && e.srv.Backends() == 0 }, waitFor, 5*time.Millisecond,
 		"the stalled agent stream was not ended")
 	assert.Contains(t, log.String(), "Ended an agent stream on which nothing moved while packets waited")
-	cancel()
-	<-sendDone
+	stop()
 
 	// An agent that reads nothing but has nothing waiting for it stays,
 	// however long it is idle.
@@ -172,16 +168,7 @@ func TestControlQueueIsBounded(t *testing.T) {
 
 	// As above: the agent reads nothing, and the server's writer waits
 	// in Send behind a frontend's data.
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	a, stream := tunnelThroughAgent(t, ctx, e, "deaf")
-	sendDone := make(chan struct{})
-	go func() {
-		defer close(sendDone)
-		chunk := make([]byte, 64<<10)
-		for stream.Send(wire.Data(1, chunk)) == nil {
-		}
-	}()
+	a, stop := floodAgent(t, e, "deaf", 64<<10)
 	waiting := gaugeOf(reg, "servercount_server_frontends_waiting_for_agent", nil)
 	require.Eventually(t, func() bool { return waiting() == 1 }, waitFor, 5*time.Millisecond, "the agent's queue never filled")
 
@@ -200,8 +187,7 @@ func TestControlQueueIsBounded(t *testing.T) {
 	require.NoError(t, a.Send(wire.Data(1<<41, []byte("x"))))
 	require.Eventually(t, func() bool { return backlog() == 1 && queued() == 0 && e.srv.Backends() == 0 }, waitFor, 5*time.Millisecond,
 		"the stream over its control bound was not ended")
-	cancel()
-	<-sendDone
+	stop()
 }
 
 // Issue 23: during a graceful stop a frontend stream stays open, and a
@@ -211,9 +197,7 @@ func TestControlQueueIsBounded(t *testing.T) {
 func TestShutdownAnswersNewDialsOnOpenStreams(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg})
-	startAgent(t, e, agentOpts{id: "a1"})
-	waitBackends(t, e, 1)
+	e, _ := startEnvAndAgent(t, server.Config{Registerer: reg})
 	f, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
 	defer f.Close()
@@ -238,5 +222,136 @@ func TestShutdownAnswersNewDialsOnOpenStreams(t *testing.T) {
 		assert.Zero(t, n, "tunnels cut")
 	case <-time.After(waitFor):
 		t.Fatal("Shutdown did not return once the frontend had gone")
+	}
+}
+
+// slowFrontendTimeout is the FrontendWriteTimeout of these tests: long
+// enough that a frontend that reads is never taken for a deaf one on a
+// loaded machine, short enough for a test.
+const slowFrontendTimeout = 2 * time.Second
+
+// endlessWriter starts a TCP server that writes to every connection until
+// the write fails, and sends on ended when it has given up on one: the
+// tunnel to it was closed.
+func endlessWriter(t *testing.T) (addr string, ended <-chan struct{}) {
+	t.Helper()
+	done := make(chan struct{}, 16)
+	addr = serveConns(t, func(c net.Conn) {
+		chunk := make([]byte, 32<<10)
+		for {
+			if _, err := c.Write(chunk); err != nil {
+				done <- struct{}{}
+				return
+			}
+		}
+	})
+	return addr, done
+}
+
+// echoOnce writes a line through c and reads it back.
+func echoOnce(c net.Conn, r io.Reader, n int) error {
+	msg := []byte(fmt.Sprintf("ping %d\n", n))
+	if err := c.SetDeadline(time.Now().Add(waitFor)); err != nil {
+		return err
+	}
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(r, got); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, msg) {
+		return fmt.Errorf("echo %q, want %q", got, msg)
+	}
+	return nil
+}
+
+// deafFrontend opens a tunnel to addr from a frontend that never reads,
+// and returns a check that the server ended that frontend (nil when it
+// did, as it should).
+type deafFrontend func(ctx context.Context, t *testing.T, e *env, addr string) (ended func() error)
+
+var deafFrontends = []struct {
+	name string
+	open deafFrontend
+}{
+	{"grpc", func(ctx context.Context, t *testing.T, e *env, addr string) func() error {
+		deaf, err := adversary.DialDeafFrontend(ctx, adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+		require.NoError(t, err)
+		t.Cleanup(deaf.Close)
+		_, err = deaf.Dial(addr, 1)
+		require.NoError(t, err)
+		return func() error {
+			if deaf.WaitEnded() == nil {
+				return errors.New("the deaf frontend's stream ended without an error status")
+			}
+			return nil
+		}
+	}},
+	{"http-connect", func(ctx context.Context, t *testing.T, e *env, addr string) func() error {
+		deaf, err := adversary.DialDeafHTTPClient(ctx, adversary.HTTPClientConfig{Addr: e.connectAddr}, addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { deaf.Close() })
+		return func() error { _, err := deaf.WaitClosed(ctx); return err }
+	}},
+}
+
+// A frontend that opens a tunnel and never reads costs only its own
+// tunnel, with an agent that does not offer flow control, as upstream's
+// (issue 10, item 7; with flow control see internal/proxytest's
+// TestFlowControlDeafFrontendCostsOnlyItsTunnel): another tunnel on the
+// same agent stream keeps flowing, waiting at most FrontendWriteTimeout;
+// the deaf frontend is then ended at the server and its connection closed
+// at the agent, and the agent stream stays.
+func TestFrontendThatNeverReadsIsEnded(t *testing.T) {
+	for _, mode := range deafFrontends {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			reg := prometheus.NewPedanticRegistry()
+			e, a := startEnvAndAgent(t, server.Config{Registerer: reg, FrontendWriteTimeout: slowFrontendTimeout})
+			established := gaugeOf(reg, "konnectivity_network_proxy_server_established_connections", nil)
+			frontends := gaugeOf(reg, "konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "Proxy"})
+
+			// The well-behaved tunnel, through the same agent stream.
+			echo, br, code := connectVia(t, e, http.MethodConnect, echoServer(t))
+			require.Equal(t, http.StatusOK, code)
+			require.NoError(t, echoOnce(echo, br, 0))
+
+			// The deaf frontend's tunnel goes to a target that writes
+			// without end.
+			bulk, bulkEnded := endlessWriter(t)
+			ctx, cancel := context.WithTimeout(t.Context(), 3*waitFor)
+			defer cancel()
+			ended := mode.open(ctx, t, e, bulk)
+			require.Equal(t, 2.0, established())
+
+			// The other tunnel flows while the deaf one is full (it may
+			// wait for at most the timeout, never for the deaf frontend
+			// to read).
+			for i := 1; i <= 3; i++ {
+				require.NoError(t, echoOnce(echo, br, i), "round trip %d beside the deaf frontend", i)
+			}
+
+			// The deaf frontend is ended, its connection closed at the
+			// agent.
+			select {
+			case <-bulkEnded:
+			case <-time.After(waitFor + slowFrontendTimeout):
+				t.Fatal("the deaf frontend's connection at the agent was never closed")
+			}
+			require.Eventually(t, func() bool { return frontends() == 0 && established() == 1 }, waitFor, 5*time.Millisecond,
+				"the deaf frontend was not ended (frontend streams %v, established %v)", frontends(), established())
+			require.NoError(t, ended())
+
+			// The agent stream and the other tunnel are still there.
+			require.NoError(t, echoOnce(echo, br, 4))
+			assert.Equal(t, 1, e.srv.Backends())
+			select {
+			case <-a.done:
+				t.Fatal("the agent stream ended")
+			default:
+			}
+		})
 	}
 }

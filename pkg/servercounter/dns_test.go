@@ -99,6 +99,23 @@ func newCounterAt(t *testing.T, addr, name string, mod ...func(*servercounter.Co
 // value works, since the clock moves only when countOnClock moves it.
 const faultTimeout = 100 * time.Millisecond
 
+// countOutcome is what one Count returned.
+type countOutcome struct {
+	res servercounter.Result
+	err error
+}
+
+// countInBackground runs c.Count in a goroutine of its own and sends what
+// it returns on the channel.
+func countInBackground(t *testing.T, c *servercounter.DNSServerCounter) <-chan countOutcome {
+	done := make(chan countOutcome, 1)
+	go func() {
+		res, err := c.Count(t.Context())
+		done <- countOutcome{res, err}
+	}()
+	return done
+}
+
 // countOnClock runs c.Count on the manual clock clk, which c must use
 // with Timeout faultTimeout. Back-off waits pass at once; the first
 // timeouts query timeouts pass once srv has taken that query, so every
@@ -106,15 +123,7 @@ const faultTimeout = 100 * time.Millisecond
 // queries must be answered.
 func countOnClock(t *testing.T, c *servercounter.DNSServerCounter, clk *clocktest.Clock, srv *dnstest.Server, timeouts int) (servercounter.Result, error) {
 	t.Helper()
-	type outcome struct {
-		res servercounter.Result
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		res, err := c.Count(t.Context())
-		done <- outcome{res, err}
-	}()
+	done := countInBackground(t, c)
 	// A fine poll: each step of the clock waits for one tick, and a
 	// count takes several.
 	tick := time.NewTicker(50 * time.Microsecond)
@@ -395,15 +404,7 @@ func TestDNSCountLateAnswerToEarlierTryCounts(t *testing.T) {
 	c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) {
 		c.Timeout, c.Clock, c.Attempts = faultTimeout, clk, 2
 	})
-	type outcome struct {
-		res servercounter.Result
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		res, err := c.Count(t.Context())
-		done <- outcome{res, err}
-	}()
+	done := countInBackground(t, c)
 	eventually(t, func() bool { return srv.Held() == 1 }, "the first try's query held")
 	expire(t, clk, faultTimeout)
 	eventually(t, func() bool { return srv.Held() == 2 }, "the second try's query held")

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/servercount/servercount/cmd/servercount/app"
+	"github.com/servercount/servercount/internal/fuzztest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -16,16 +17,14 @@ import (
 // may panic, and every error is one line: the probe prints it after
 // "servercount: ".
 func FuzzProbeArgs(f *testing.F) {
-	for _, seed := range []string{
+	fuzztest.Add(f,
 		"@10.96.0.10 proxy.kube-system.svc.cluster.local",
 		"_agent._tcp.proxy.kube-system.svc.cluster.local srv --short",
 		"@[::1]:5353 -t aaaa x.example --timeout 2s --attempts 2 --tcp",
 		"--watch --interval 1s --json x.example ip",
 		"@ x.example", "a b c", "--attempts=-1 x", "x.example mx", "@1.2.3.4:99999 x",
 		"a..b", "--type srv x y",
-	} {
-		f.Add(seed)
-	}
+	)
 	resolvConf := filepath.Join(f.TempDir(), "resolv.conf")
 	if err := os.WriteFile(resolvConf, nil, 0o644); err != nil {
 		f.Fatal(err)
