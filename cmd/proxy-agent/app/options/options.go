@@ -207,15 +207,7 @@ func (o *Options) Validate() []error {
 	if o.MaxTunnelsPerServer < 1 {
 		errs = append(errs, fmt.Errorf("invalid --max-tunnels-per-server %d: must be at least 1", o.MaxTunnelsPerServer))
 	}
-	if o.StreamStallTimeout < 0 {
-		errs = append(errs, fmt.Errorf("invalid --stream-stall-timeout %v: must be positive, or 0 to turn the check off", o.StreamStallTimeout))
-	}
-	if o.EndpointWriteTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("invalid --endpoint-write-timeout %v: must be positive", o.EndpointWriteTimeout))
-	}
-	if err := wire.CheckTunnelWindow(o.TunnelWindow); err != nil {
-		errs = append(errs, fmt.Errorf("invalid --tunnel-window %w", err))
-	}
+	errs = append(errs, serve.CheckStreamFlags(o.StreamStallTimeout, "--endpoint-write-timeout", o.EndpointWriteTimeout, o.TunnelWindow)...)
 	return errs
 }
 
@@ -264,10 +256,7 @@ func (o *Options) Config() Config {
 	a.ServerCountMax = o.Count.DNS.Max
 	a.MaxConcurrentDials, a.MaxTunnelsPerServer = o.MaxConcurrentDials, o.MaxTunnelsPerServer
 	a.EndpointWriteTimeout, a.TunnelWindow = o.EndpointWriteTimeout, o.TunnelWindow
-	a.StreamStallTimeout = o.StreamStallTimeout
-	if a.StreamStallTimeout == 0 {
-		a.StreamStallTimeout = -1 // the flag's 0 is "never"; the Config's is the default
-	}
+	a.StreamStallTimeout = serve.StallTimeout(o.StreamStallTimeout)
 	a.Insecure = o.InsecurePlaintext
 	a.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
 	cfg := Config{

@@ -216,15 +216,7 @@ func (o *Options) Validate() []error {
 		errs = append(errs, errors.New("--kubeconfig needs --agent-namespace and --agent-service-account, or --enable-lease-controller"))
 	}
 	errs = append(errs, o.Leases.Validate()...)
-	if o.StreamStallTimeout < 0 {
-		errs = append(errs, fmt.Errorf("invalid --stream-stall-timeout %v: must be positive, or 0 to turn the check off", o.StreamStallTimeout))
-	}
-	if o.FrontendWriteTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("invalid --frontend-write-timeout %v: must be positive", o.FrontendWriteTimeout))
-	}
-	if err := wire.CheckTunnelWindow(o.TunnelWindow); err != nil {
-		errs = append(errs, fmt.Errorf("invalid --tunnel-window %w", err))
-	}
+	errs = append(errs, serve.CheckStreamFlags(o.StreamStallTimeout, "--frontend-write-timeout", o.FrontendWriteTimeout, o.TunnelWindow)...)
 	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 || o.ShutdownDelay < 0 {
 		errs = append(errs, errors.New("--backend-dial-timeout, --graceful-shutdown-timeout and --shutdown-delay-duration must not be negative"))
 	}
@@ -380,7 +372,7 @@ func (o *Options) Config() Config {
 			BackendDialTimeout:   o.BackendDialTimeout,
 			FrontendWriteTimeout: o.FrontendWriteTimeout,
 			TunnelWindow:         o.TunnelWindow,
-			StreamStallTimeout:   o.StreamStallTimeout,
+			StreamStallTimeout:   serve.StallTimeout(o.StreamStallTimeout),
 		},
 		ServerCount:             o.ServerCount,
 		AgentTokenFile:          o.AgentTokenFile,
@@ -398,9 +390,6 @@ func (o *Options) Config() Config {
 		ShutdownDelay:           o.ShutdownDelay,
 		GracefulShutdownTimeout: o.GracefulShutdownTimeout,
 		EnableProfiling:         o.EnableProfiling,
-	}
-	if cfg.Server.StreamStallTimeout == 0 {
-		cfg.Server.StreamStallTimeout = -1 // the flag's 0 is "never"; the Config's is the default
 	}
 	if o.DNS.Enabled() {
 		cfg.DNS = o.DNS
