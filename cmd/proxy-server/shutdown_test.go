@@ -47,20 +47,8 @@ func TestServerLetsOpenTunnelsFinishOnSIGTERM(t *testing.T) {
 			require.Eventually(t, func() bool { return proctest.Status("http://127.0.0.1:"+p(1)+"/readyz") == http.StatusOK },
 				20*time.Second, 20*time.Millisecond, "the agent never connected:\n%s", srv.Output())
 
-			dial := churn.ConnectOverUnix(socket)
-			if mode == "grpc" {
-				dial = churn.GRPCOverUnix(socket)
-			}
-			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-			defer cancel()
-			c, err := dial(ctx, target)
-			require.NoError(t, err)
-			defer c.Close()
-			_, err = c.Write([]byte{'G'})
-			require.NoError(t, err)
-			buf := make([]byte, chunk)
-			_, err = io.ReadFull(c, buf)
-			require.NoError(t, err, "the first chunk")
+			dial := churn.OverUnix(mode, socket)
+			c := churn.OpenStream(t, dial, target, chunk)
 
 			require.NoError(t, srv.Process.Signal(syscall.SIGTERM))
 			// Once the server has stopped listening, a new frontend is

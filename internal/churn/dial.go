@@ -103,3 +103,13 @@ func grpcVia(server string, opts ...grpc.DialOption) Dialer {
 		return conn, nil
 	}
 }
+
+// OverUnix is the Dialer kube-apiserver uses through a proxy-server's
+// frontend on a Unix socket in mode: "grpc" (GRPCOverUnix) or
+// "http-connect" (ConnectOverUnix).
+func OverUnix(mode, socket string) Dialer {
+	if mode == "grpc" {
+		return GRPCOverUnix(socket)
+	}
+	return ConnectOverUnix(socket)
+}

@@ -57,10 +57,7 @@ func TestChurnProcesses(t *testing.T) {
 			for _, mode := range []string{"http-connect", "grpc"} {
 				t.Run(fmt.Sprintf("server=%s/agent=%s/mode=%s", srv.name, ag.name, mode), func(t *testing.T) {
 					socket := startPair(t, srv.server, ag.agent, mode, certs)
-					dial := churn.ConnectOverUnix(socket)
-					if mode == "grpc" {
-						dial = churn.GRPCOverUnix(socket)
-					}
+					dial := churn.OverUnix(mode, socket)
 					gentle := srv.name != "ours" || ag.name != "ours"
 					res, err := churn.Run(t.Context(), churn.Config{Dial: dial, Targets: targets, Duration: *processDuration, Gentle: gentle})
 					t.Logf("%v; first tunnel error: %v", res, res.FirstError)

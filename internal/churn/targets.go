@@ -1,11 +1,14 @@
 package churn
 
 import (
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/internal/nettest"
 )
@@ -85,4 +88,21 @@ func StartStreamer(tb testing.TB, n, size int, interval time.Duration) string {
 			}
 		}
 	})
+}
+
+// OpenStream opens a tunnel through dial to a streamer (StartStreamer),
+// asks for its stream and reads the first first bytes: a tunnel open and
+// busy, for tests of what ends one. The tunnel closes when tb ends.
+func OpenStream(tb testing.TB, dial Dialer, streamer string, first int) net.Conn {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	tb.Cleanup(cancel)
+	c, err := dial(ctx, streamer)
+	require.NoError(tb, err, "open a tunnel to the streamer")
+	tb.Cleanup(func() { _ = c.Close() })
+	_, err = c.Write([]byte{'G'})
+	require.NoError(tb, err, "ask for the stream")
+	_, err = io.ReadFull(c, make([]byte, first))
+	require.NoError(tb, err, "the stream's first %d bytes", first)
+	return c
 }

@@ -1,10 +1,12 @@
 package nettest
 
 import (
-	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -26,44 +28,85 @@ func FreePorts(tb testing.TB, n int) []int {
 func FreePortsOn(ip string, n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	ls := make([]net.Listener, 0, n)
-	// Every listener stays open until all n are found: closing one early
-	// would let the next Listen hand out the same port again.
+	// Every listener stays open until all n are found, so that the n are
+	// distinct.
 	defer func() {
 		for _, l := range ls {
 			_ = l.Close()
 		}
 	}()
-	for range n {
-		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	err := drawPorts(ip, func(port string) bool {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, port))
 		if err != nil {
-			return nil, fmt.Errorf("find a free port on %s: %w", ip, err)
+			return false
 		}
 		ls = append(ls, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
+		return len(ports) == n
+	})
+	return ports, err
 }
 
 // FreeTCPUDPPortOn returns a port on ip that was free for both TCP and
 // UDP a moment ago, for servers such as DNS servers that listen on both.
 func FreeTCPUDPPortOn(ip string) (int, error) {
-	// The kernel picks TCP ports only; the same number may be taken for
-	// UDP, so try a few.
-	for range 50 {
-		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	var port int
+	err := drawPorts(ip, func(p string) bool {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, p))
 		if err != nil {
-			return 0, fmt.Errorf("find a free port on %s: %w", ip, err)
+			return false
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", net.JoinHostPort(ip, strconv.Itoa(port)))
-		_ = l.Close()
+		defer l.Close()
+		u, err := net.ListenPacket("udp", l.Addr().String())
 		if err != nil {
-			continue
+			return false
 		}
 		_ = u.Close()
-		return port, nil
+		port = l.Addr().(*net.TCPAddr).Port
+		return true
+	})
+	return port, err
+}
+
+// drawPorts offers take ports on ip, drawn at random below the kernel's
+// ephemeral range, until take says it has enough. Not from that range: a
+// port from it, free a moment ago, can become the local end of any
+// connection the machine opens before the server it was meant for binds
+// it, and on a busy CI machine one does. Drawn at random, test
+// processes running at once rarely draw the same one. Where the range
+// leaves too little room below it, the kernel picks (port "0").
+func drawPorts(ip string, take func(port string) bool) error {
+	const lowest = 10000
+	highest := ephemeralLow() - 1
+	for range 1000 {
+		port := "0"
+		if highest-lowest > 1000 {
+			port = strconv.Itoa(lowest + rand.IntN(highest-lowest+1))
+		}
+		if take(port) {
+			return nil
+		}
 	}
-	return 0, errors.New("find a free port: no port free for both TCP and UDP after 50 tries")
+	return fmt.Errorf("find free ports on %s: none left after 1000 tries", ip)
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), or Linux's default where it cannot be
+// read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) == 0 {
+		return 32768
+	}
+	low, err := strconv.Atoi(fields[0])
+	if err != nil {
+		return 32768
+	}
+	return low
 }
 
 // RequireReleased fails tb unless every one of ports on 127.0.0.1 can be

@@ -230,20 +230,8 @@ func TestSIGTERMWithAnOpenTunnel(t *testing.T) {
 				srv := startServer(t, s.server, mode, p, nil, "--graceful-shutdown-timeout=20s")
 				a := startAgent(t, s.agent, srv.agentPort, p, nil)
 				waitStatus(t, srv.healthURL+"/readyz", http.StatusOK, srv.Process, a.Process)
-				dial := churn.ConnectOverUnix(srv.socket)
-				if mode == "grpc" {
-					dial = churn.GRPCOverUnix(srv.socket)
-				}
-				ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-				defer cancel()
-				c, err := dial(ctx, target)
-				require.NoError(t, err)
-				defer c.Close()
-				_, err = c.Write([]byte{'G'})
-				require.NoError(t, err)
-				first := make([]byte, size)
-				_, err = io.ReadFull(c, first)
-				require.NoError(t, err)
+				dial := churn.OverUnix(mode, srv.socket)
+				c := churn.OpenStream(t, dial, target, size)
 				require.NoError(t, srv.Process.Process.Signal(syscall.SIGTERM))
 				rest, _ := io.ReadAll(c) // a cut tunnel ends with an error or EOF: the count says it
 				got[s.name][mode] = 1 + len(rest)/size

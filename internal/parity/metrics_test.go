@@ -45,10 +45,7 @@ func TestMetricsAfterTheSameScenario(t *testing.T) {
 			for _, mode := range []string{"http-connect", "grpc"} {
 				srv := startServer(t, s.server, mode, p, nil)
 				waitStatus(t, srv.healthURL+"/healthz", http.StatusOK, srv.Process)
-				dial := churn.ConnectOverUnix(srv.socket)
-				if mode == "grpc" {
-					dial = churn.GRPCOverUnix(srv.socket)
-				}
+				dial := churn.OverUnix(mode, srv.socket)
 				require.Error(t, tryDial(t, dial, targets.Echo), "a dial with no agent")
 				a := startAgent(t, s.agent, srv.agentPort, p, nil)
 				waitStatus(t, srv.healthURL+"/readyz", http.StatusOK, srv.Process, a.Process)

@@ -35,12 +35,7 @@ const forever = time.Hour
 // endlessTarget writes to every connection until the write fails.
 func endlessTarget(t *testing.T) *nettest.Target {
 	return nettest.StartTarget(t, func(c net.Conn) {
-		chunk := make([]byte, 32<<10)
-		for {
-			if _, err := c.Write(chunk); err != nil {
-				return
-			}
-		}
+		_ = nettest.WriteUntilFailed(c)
 	})
 }
 
@@ -208,12 +203,7 @@ func TestFlowControlDeafEndpointCostsOnlyItsTunnel(t *testing.T) {
 			writerDone := make(chan struct{})
 			go func() {
 				defer close(writerDone)
-				chunk := make([]byte, 32<<10)
-				for {
-					if _, err := c.Write(chunk); err != nil {
-						return
-					}
-				}
+				_ = nettest.WriteUntilFailed(c)
 			}()
 
 			queued := &highWater{read: func() float64 { return metric(t, f.agent.Registry(), metricAgentQueued) }}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -51,12 +52,7 @@ func stickStream(t *testing.T, srv *adversary.HostileServer) (ss *adversary.Serv
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
-		chunk := make([]byte, 32<<10)
-		for {
-			if _, err := c.Write(chunk); err != nil {
-				return
-			}
-		}
+		_ = nettest.WriteUntilFailed(c)
 	}()
 	// Closing twice is harmless, and a closed writerDone does not block.
 	stopTarget = func() {

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -237,13 +238,8 @@ func endlessWriter(t *testing.T) (addr string, ended <-chan struct{}) {
 	t.Helper()
 	done := make(chan struct{}, 16)
 	addr = serveConns(t, func(c net.Conn) {
-		chunk := make([]byte, 32<<10)
-		for {
-			if _, err := c.Write(chunk); err != nil {
-				done <- struct{}{}
-				return
-			}
-		}
+		_ = nettest.WriteUntilFailed(c)
+		done <- struct{}{}
 	})
 	return addr, done
 }
