@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/pkg/agent"
 )
 
@@ -177,13 +178,6 @@ func unattributed() []string {
 	return out
 }
 
-func heapInuse() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse
-}
-
 // BenchmarkCost measures what an idle fleet costs in this process:
 // -fleet.agents agents each holding 3 servers (resolved mode). With every
 // allocation profiled (MemProfileRate 1), the heap allocated from the
@@ -199,9 +193,9 @@ func BenchmarkCost(b *testing.B) {
 	defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
 	runtime.MemProfileRate = 1
 	f := newBenchFleet(b, agent.DialResolved)
-	heap0, inuse0, g0 := heapProfile(), heapInuse(), goroutinesBySide()
+	heap0, inuse0, g0 := heapProfile(), metricstest.HeapInUse(), goroutinesBySide()
 	converge(b, f, 3)
-	heap, inuse, g := heapProfile().since(heap0), heapInuse(), goroutinesBySide()
+	heap, inuse, g := heapProfile().since(heap0), metricstest.HeapInUse(), goroutinesBySide()
 
 	n := float64(len(f.Agents()))
 	streams := 3 * n

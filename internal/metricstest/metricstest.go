@@ -1,8 +1,11 @@
 // Package metricstest reads metric values from a Prometheus registry, for
-// tests that assert on what the binaries export.
+// tests that assert on what the binaries export, and the heap in use, for
+// tests of what a process holds.
 package metricstest
 
 import (
+	"runtime"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -47,4 +50,13 @@ func hasLabels(m *dto.Metric, kv []string) bool {
 		}
 	}
 	return true
+}
+
+// HeapInUse collects garbage and returns the bytes of the heap in use
+// after it: what a test still holds, for before-and-after comparisons.
+func HeapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
 }

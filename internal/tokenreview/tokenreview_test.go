@@ -313,7 +313,7 @@ func TestFloodEndsWithItsCallers(t *testing.T) {
 	warm.Wait()
 	reviewed := rs.reviews.Load()
 
-	goroutines, heap := runtime.NumGoroutine(), heapInUse()
+	goroutines, heap := runtime.NumGoroutine(), metricstest.HeapInUse()
 	// Every caller comes at once and goes at once, its own big token in
 	// hand.
 	ctx, cancel := context.WithCancel(t.Context())
@@ -341,7 +341,7 @@ func TestFloodEndsWithItsCallers(t *testing.T) {
 	}, 30*time.Second, 10*time.Millisecond, "the flood's reviews outlived their callers: %d goroutines (baseline %d), %v pending, %d at the API server",
 		runtime.NumGoroutine(), goroutines, pending(reg), rs.inFlight.Load())
 	t.Logf("freed %v after the callers left", time.Since(left))
-	assert.Less(t, heapInUse(), heap+16<<20, "the flood's tokens are still held")
+	assert.Less(t, metricstest.HeapInUse(), heap+16<<20, "the flood's tokens are still held")
 	// Only reviews whose callers were still there were sent: the first
 	// MaxInFlight, and a few more that took the slots they freed before
 	// their own callers had gone (before the fix, every one was sent).
@@ -439,12 +439,4 @@ func unthrottled(t *testing.T, rs *reviewServer, mod func(*tokenreview.Config)) 
 func pending(reg prometheus.Gatherer) float64 {
 	v, _ := metricstest.Value(reg, "servercount_server_token_reviews_pending")
 	return v
-}
-
-// heapInUse returns the live heap after a collection.
-func heapInUse() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse
 }
