@@ -94,6 +94,27 @@ func Status(url string) int {
 	return resp.StatusCode
 }
 
+// RequireStatus waits until a GET of url answers code, and fails tb
+// with msgAndArgs if it has not within the wait.
+func RequireStatus(tb testing.TB, url string, code int, within time.Duration, msgAndArgs ...any) {
+	tb.Helper()
+	require.Eventually(tb, func() bool { return Status(url) == code }, within, 20*time.Millisecond, msgAndArgs...)
+}
+
+// RequireReturns waits for the error of a Run that was told to stop, sent
+// on done, and fails tb unless it is nil and comes within the wait.
+func RequireReturns(tb testing.TB, done <-chan error, within time.Duration) {
+	tb.Helper()
+	t := time.NewTimer(within)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		require.NoError(tb, err)
+	case <-t.C:
+		tb.Fatalf("Run did not return within %v of being told to stop", within)
+	}
+}
+
 // Metrics is a scrape of a /metrics page.
 type Metrics map[string][]Sample
 

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"k8s.io/klog/v2"
@@ -22,7 +21,6 @@ import (
 	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
-	"github.com/servercount/servercount/internal/version"
 	"github.com/servercount/servercount/pkg/agent"
 )
 
@@ -67,7 +65,9 @@ func New(cfg options.Config, reg serve.Registry) (_ *Agent, err error) {
 			a.Close()
 		}
 	}()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
+	if err := serve.RegisterRuntime(reg); err != nil {
+		return nil, err
+	}
 	ac := cfg.Agent
 	ac.Registerer = reg
 	if cfg.TLS != nil {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/rest"
@@ -27,7 +26,6 @@ import (
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/internal/tokenreview"
-	"github.com/servercount/servercount/internal/version"
 	"github.com/servercount/servercount/pkg/lease"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -76,7 +74,9 @@ func New(cfg options.Config, reg serve.Registry) (_ *Server, err error) {
 			s.Close()
 		}
 	}()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Get().Collector())
+	if err := serve.RegisterRuntime(reg); err != nil {
+		return nil, err
+	}
 	sc := cfg.Server
 	sc.Registerer = reg
 	if sc.Authenticator, s.leases, err = s.buildKube(); err != nil {

@@ -74,15 +74,9 @@ func TestRunServesThenReleasesEverything(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
 	health := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[2])
-	require.Eventually(t, func() bool { return proctest.Status(health) == http.StatusOK },
-		10*time.Second, 20*time.Millisecond, "the health port does not serve")
+	proctest.RequireStatus(t, health, http.StatusOK, 10*time.Second, "the health port does not serve")
 	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return after its context ended")
-	}
+	proctest.RequireReturns(t, done, 30*time.Second)
 	s.Close()
 	nettest.RequireReleased(t, ports...)
 	goleak.VerifyNone(t)
