@@ -205,11 +205,13 @@ bench-tunnel:
 ## frontend modes, ratios to upstream and to a direct connection, the load
 ## of each run, CPU per GB; the table goes to bench-upstream.md and a chart
 ## of the dial latencies to bench-upstream.png (or $$BENCH_CHART).
-## BENCH_PROFILE=dir also writes CPU profiles of our server and agent.
+## BENCH_PROFILE=dir also writes CPU profiles of our server and agent;
+## BENCH_BURNERS=n runs n CPU burners beside it, for the tail under load.
 bench-upstream:
 	$(GO) test -run '^$$' -bench Upstream -benchtime 1x -count 1 -timeout 60m ./internal/tunnelbench/ \
 		-tunnelbench.out=$(CURDIR)/bench-upstream.md -tunnelbench.chart=$(abspath $(or $(BENCH_CHART),bench-upstream.png)) \
-		$(if $(BENCH_PROFILE),-tunnelbench.profile=$(abspath $(BENCH_PROFILE)))
+		$(if $(BENCH_PROFILE),-tunnelbench.profile=$(abspath $(BENCH_PROFILE))) \
+		$(if $(BENCH_BURNERS),-tunnelbench.burners=$(BENCH_BURNERS))
 
 ## demo: an agent following proxy-servers as they scale 3 -> 5 -> 2, through DNS;
 ## writes a chart of its counts to demo.png (or $$DEMO_CHART)

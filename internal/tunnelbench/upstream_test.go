@@ -14,6 +14,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/servercount/servercount/internal/chart"
+	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/internal/upstream"
 )
 
@@ -23,6 +24,7 @@ var (
 	quietWait = flag.Duration("tunnelbench.quiet-wait", 3*time.Minute, "how long BenchmarkUpstream waits for a quiet machine before it runs anyway, and says so")
 	sideOut   = flag.String("tunnelbench.out", "", "also write BenchmarkUpstream's table to this file (an absolute path)")
 	sideChart = flag.String("tunnelbench.chart", "", "also write BenchmarkUpstream's PNG chart of the times to first byte to this file (an absolute path)")
+	burners   = flag.Int("tunnelbench.burners", 0, "CPU burners (processes that spin, one core each) to run beside BenchmarkUpstream, for the tail under load; with any, it does not wait for a quiet machine")
 )
 
 // BenchmarkUpstream runs our binaries and upstream's (built from
@@ -37,7 +39,11 @@ var (
 // BENCH_PROFILE=dir also writes CPU profiles of our processes.
 func BenchmarkUpstream(b *testing.B) {
 	up := upstream.Require(b)
-	waitQuiet(b)
+	if *burners > 0 {
+		burn(b, *burners)
+	} else {
+		waitQuiet(b)
+	}
 	f := startFixture(b, *profileDir != "")
 	f.startUpstream(b, up)
 	var runs []sideRun
@@ -207,6 +213,17 @@ func loadAverage() float64 {
 	return v
 }
 
+// burn starts n CPU burners, processes that spin until the benchmark
+// ends, as other jobs on a shared machine do: both implementations then
+// compete with them for the same cores.
+func burn(b *testing.B, n int) {
+	b.Helper()
+	for range n {
+		proctest.Start(b, "/bin/sh", "-c", "while :; do :; done")
+	}
+	b.Logf("%d CPU burners running beside the benchmark", n)
+}
+
 // waitQuiet waits for the load average to fall below -tunnelbench.quiet-load,
 // for at most -tunnelbench.quiet-wait, and says whether it did.
 func waitQuiet(b *testing.B) {
@@ -256,7 +273,11 @@ func sideTable(runs []sideRun, commit string) string {
 	for _, r := range runs {
 		loads = append(loads, fmt.Sprintf("%.2f", r.load))
 	}
-	fmt.Fprintf(&s, "Side by side with upstream %s, %d runs (load at each: %s), medians over runs:\n\n", commit, len(runs), strings.Join(loads, ", "))
+	burning := ""
+	if *burners > 0 {
+		burning = fmt.Sprintf(", with %d CPU burners", *burners)
+	}
+	fmt.Fprintf(&s, "Side by side with upstream %s%s, %d runs (load at each: %s), medians over runs:\n\n", commit, burning, len(runs), strings.Join(loads, ", "))
 	s.WriteString("| | direct | upstream | ours | ours / upstream [range] | upstream / direct | ours / direct |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	row := func(what, unit string, scale float64, get func(modeRun) triple, mode string) {
 		pick := func(f func(triple) float64) float64 {
