@@ -133,7 +133,7 @@ func (o *DNSOptions) Build(reg prometheus.Registerer, subsystem string, fallback
 	m.outage, m.logger, m.name = outage.New("count proxy-servers through DNS (--server-count-dns)", nil), o.Logger, o.Name
 	return servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{
 		Expiry: o.CacheTTL, MinExpiry: o.CacheTTLMin, MaxExpiry: o.CacheTTLMax,
-		Fallback: fallback, Background: true, Spread: true, Observe: m.observe,
+		Fallback: fallback, Observe: m.observe, // refreshed in the background, the first expiry spread
 	})
 }
 

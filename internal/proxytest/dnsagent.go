@@ -51,11 +51,9 @@ func DNSCounter(tb testing.TB, dnsAddr, name string, edit ...func(*servercounter
 	src, err := servercounter.NewDNSServerCounter(cfg)
 	require.NoError(tb, err, "create DNS server counter for %s at %s", name, dnsAddr)
 	cache, err := servercounter.NewCachedServerCounter(src, servercounter.CacheConfig{
-		Expiry:     DNSCacheExpiry,
-		MinExpiry:  DNSCacheMinExpiry,
-		Fallback:   1,
-		Background: true,
-		Spread:     true, // as the binaries: see internal/counting
+		Expiry:    DNSCacheExpiry,
+		MinExpiry: DNSCacheMinExpiry,
+		Fallback:  1, // otherwise the defaults, as the binaries': see internal/counting
 	})
 	require.NoError(tb, err, "create cached server counter")
 	tb.Cleanup(func() { _ = cache.Close() }) // Close does not fail

@@ -103,8 +103,8 @@ type Config struct {
 	// result. Nil means servercounter.StaticServerCounter(1).
 	Counter servercounter.Counter
 	// CountChanged, when set, wakes the sync loop as soon as the count
-	// changes rather than at its next round. A CachedServerCounter with
-	// Background set is both the Counter and its CountChanged; nothing
+	// changes rather than at its next round. A CachedServerCounter (not
+	// set to RefreshOnRead) is both the Counter and its CountChanged; nothing
 	// else tells the agent that a Counter can signal changes.
 	CountChanged servercounter.Notifier
 	// TargetPolicy says how the Counter's count and the counts servers

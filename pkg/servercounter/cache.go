@@ -43,17 +43,19 @@ type CacheConfig struct {
 	// RefreshTimeout bounds one refresh, and so the first call's wait;
 	// default 10s.
 	RefreshTimeout time.Duration
-	// Background refreshes the count as soon as it expires, rather than
-	// on the next read, so that [CachedServerCounter.Changed] fires soon
-	// after the source changes even when nobody reads. It costs one
-	// refresh per expiry while the cache is open.
-	Background bool
-	// Spread draws the first good count's expiry at random between
-	// MinExpiry and its usual value; later expiries are exact. A fleet
-	// of caches started together (agents after a rollout) then refreshes
-	// spread over one expiry instead of in step, and none refreshes more
-	// often than once per expiry after the first.
-	Spread bool
+	// RefreshOnRead refreshes an expired count only when it is next read.
+	// By default the count is refreshed as soon as it expires, so that
+	// [CachedServerCounter.Changed] fires soon after the source changes
+	// even when nobody reads, at the cost of one refresh per expiry while
+	// the cache is open.
+	RefreshOnRead bool
+	// ExactFirstExpiry keeps the first good count for exactly its
+	// expiry. By default that first expiry is drawn at random between
+	// MinExpiry and its usual value (later ones are exact), so that a
+	// fleet of caches started together (agents after a rollout) refreshes
+	// spread over one expiry instead of in step, and none more often than
+	// once per expiry after the first.
+	ExactFirstExpiry bool
 	// Observe, when set, is called after each refresh with the source's
 	// result and error, in the refresh goroutine and before the result is
 	// published: metrics hook in here. It must return quickly.
@@ -159,7 +161,7 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 	}
 	c.set(&entry{count: cfg.Fallback, stale: true, result: c.fallback()})
 	go c.run(ctx)
-	if cfg.Background {
+	if !cfg.RefreshOnRead {
 		c.refresh <- struct{}{} // the buffer is empty: this never blocks
 	}
 	return c, nil
@@ -292,7 +294,7 @@ func (c *CachedServerCounter) refreshOnce(ctx context.Context) {
 		if fresh == 0 {
 			fresh = min(max(res.TTL, c.cfg.MinExpiry), c.cfg.MaxExpiry)
 		}
-		if first && c.cfg.Spread && fresh > c.cfg.MinExpiry {
+		if first && !c.cfg.ExactFirstExpiry && fresh > c.cfg.MinExpiry {
 			fresh = c.cfg.MinExpiry + rand.N(fresh-c.cfg.MinExpiry+1)
 		}
 	}
@@ -340,7 +342,7 @@ func (c *CachedServerCounter) expire(e *entry) {
 		return
 	}
 	c.set(&entry{count: e.count, stale: true, result: e.result})
-	if c.cfg.Background {
+	if !c.cfg.RefreshOnRead {
 		select {
 		case c.refresh <- struct{}{}:
 		default:

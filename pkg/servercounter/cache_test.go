@@ -102,7 +102,7 @@ func eventually(t *testing.T, cond func() bool, msg string) {
 func TestCachedFirstCallsAnswerTheFallbackAtOnce(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour, Fallback: 2})
+	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour, Fallback: 2, RefreshOnRead: true, ExactFirstExpiry: true})
 	var wg sync.WaitGroup
 	got := make([]int, 50)
 	for i := range got {
@@ -120,7 +120,7 @@ func TestCachedFirstCallsAnswerTheFallbackAtOnce(t *testing.T) {
 func TestCachedFallbackBeforeFirstSuccess(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, clk := newCache(t, src, servercounter.CacheConfig{Fallback: 2, MinExpiry: time.Second, MaxExpiry: time.Hour})
+	c, clk := newCache(t, src, servercounter.CacheConfig{Fallback: 2, MinExpiry: time.Second, MaxExpiry: time.Hour, RefreshOnRead: true, ExactFirstExpiry: true})
 	assert.Equal(t, 2, c.CountServers())
 	src.give(t, 0, errors.New("dns down"))
 	res, err := c.Count(t.Context())
@@ -139,7 +139,7 @@ func TestCachedFallbackBeforeFirstSuccess(t *testing.T) {
 func TestCachedStaleWhileRevalidate(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute})
+	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute, RefreshOnRead: true, ExactFirstExpiry: true})
 	go c.CountServers()
 	src.give(t, 3, nil)
 	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
@@ -170,7 +170,7 @@ func TestCachedKeepsLastGoodOnError(t *testing.T) {
 	src := newGatedSource()
 	var observed atomic.Int32
 	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute, MinExpiry: time.Second,
-		Observe: func(servercounter.Result, error) { observed.Add(1) }})
+		Observe: func(servercounter.Result, error) { observed.Add(1) }, RefreshOnRead: true, ExactFirstExpiry: true})
 	go c.CountServers()
 	src.give(t, 3, nil)
 	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
@@ -198,7 +198,7 @@ func TestCachedSingleFlightUnderLoad(t *testing.T) {
 		<-release
 		return servercounter.Result{Count: 7, Source: servercounter.SourceDNS}, nil
 	})
-	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour})
+	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour, RefreshOnRead: true, ExactFirstExpiry: true})
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -222,10 +222,10 @@ func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
 		cfg  servercounter.CacheConfig
 		want time.Duration
 	}{
-		{name: "ttl within bounds", ttl: 5 * time.Second, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute}, want: 5 * time.Second},
-		{name: "ttl above max", ttl: time.Hour, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute}, want: time.Minute},
-		{name: "ttl below min", ttl: time.Millisecond, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute}, want: time.Second},
-		{name: "fixed expiry ignores ttl", ttl: time.Hour, cfg: servercounter.CacheConfig{Expiry: 3 * time.Second}, want: 3 * time.Second},
+		{name: "ttl within bounds", ttl: 5 * time.Second, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactFirstExpiry: true}, want: 5 * time.Second},
+		{name: "ttl above max", ttl: time.Hour, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactFirstExpiry: true}, want: time.Minute},
+		{name: "ttl below min", ttl: time.Millisecond, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactFirstExpiry: true}, want: time.Second},
+		{name: "fixed expiry ignores ttl", ttl: time.Hour, cfg: servercounter.CacheConfig{Expiry: 3 * time.Second, RefreshOnRead: true, ExactFirstExpiry: true}, want: 3 * time.Second},
 		{name: "defaults", ttl: 0, want: servercounter.DefaultMinExpiry},
 	}
 	for _, tc := range tests {
@@ -253,7 +253,7 @@ func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
 func TestCachedCountHonoursContext(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, _ := newCache(t, src, servercounter.CacheConfig{})
+	c, _ := newCache(t, src, servercounter.CacheConfig{RefreshOnRead: true, ExactFirstExpiry: true})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Millisecond)
 	defer cancel()
 	_, err := c.Count(ctx)
@@ -263,7 +263,7 @@ func TestCachedCountHonoursContext(t *testing.T) {
 func TestCachedCloseUnblocksFirstCall(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, err := servercounter.NewCachedServerCounter(src, servercounter.CacheConfig{Fallback: 2})
+	c, err := servercounter.NewCachedServerCounter(src, servercounter.CacheConfig{Fallback: 2, RefreshOnRead: true, ExactFirstExpiry: true})
 	require.NoError(t, err)
 	done := make(chan int)
 	go func() { done <- c.CountServers() }()
@@ -275,7 +275,7 @@ func TestCachedCloseUnblocksFirstCall(t *testing.T) {
 
 func TestCachedRejectsBadConfig(t *testing.T) {
 	t.Parallel()
-	_, err := servercounter.NewCachedServerCounter(nil, servercounter.CacheConfig{Fallback: -1, MinExpiry: time.Hour, MaxExpiry: time.Second})
+	_, err := servercounter.NewCachedServerCounter(nil, servercounter.CacheConfig{Fallback: -1, MinExpiry: time.Hour, MaxExpiry: time.Second, RefreshOnRead: true, ExactFirstExpiry: true})
 	require.Error(t, err)
 	for _, w := range []string{"no source", "invalid fallback count -1: must be positive (0 means the default, 1)", "invalid cache expiry"} {
 		assert.Contains(t, err.Error(), w)
@@ -295,7 +295,7 @@ func TestCachedDNSFollowsScaling(t *testing.T) {
 			if err != nil {
 				failed.Add(1)
 			}
-		}})
+		}, RefreshOnRead: true, ExactFirstExpiry: true})
 	res, err := c.Count(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, 3, res.Count)
@@ -334,7 +334,7 @@ func TestCachedBackgroundRefreshSignalsChanges(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1")...)
 	dc := newCounter(t, srv, svc)
-	c, clk := newCache(t, dc, servercounter.CacheConfig{Expiry: time.Minute, Background: true})
+	c, clk := newCache(t, dc, servercounter.CacheConfig{Expiry: time.Minute, ExactFirstExpiry: true})
 
 	// Nobody reads: the background refresh alone must notice each change.
 	for _, n := range []int{1, 3, 2} {
@@ -353,7 +353,7 @@ func TestCachedBackgroundRefreshSignalsChanges(t *testing.T) {
 	}
 }
 
-// With Spread, caches started together draw their first expiry between
+// By default, caches started together draw their first expiry between
 // MinExpiry and the TTL, then refresh once per TTL exactly.
 func TestCachedSpreadsTheFirstExpiry(t *testing.T) {
 	t.Parallel()
@@ -373,7 +373,7 @@ func TestCachedSpreadsTheFirstExpiry(t *testing.T) {
 			calls.Add(1)
 			return servercounter.Result{Count: 1, TTL: ttl, Source: servercounter.SourceDNS}, nil
 		})
-		c, clk := newCache(t, src, servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, Spread: true})
+		c, clk := newCache(t, src, servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true})
 		c.CountServers()
 		var first time.Duration
 		eventually(t, func() bool { d, ok := clk.Next(); first = d; return ok }, "a first expiry")
