@@ -153,6 +153,30 @@ func TestTargetPolicy(t *testing.T) {
 	}
 }
 
+// Reading the target (ClientSet.Target) changes nothing: however long
+// and often it is read while the count is lower, the hold-down starts only
+// when the sync loop sees the lower count. (Before, each read moved the
+// hold-down on.)
+func TestPeekChangesNothing(t *testing.T) {
+	now := time.Unix(0, 0)
+	p := newPolicy(TargetCounted, func() time.Time { return now })
+	count := func(n int) servercounter.Result { return servercounter.Result{Count: n} }
+	n, _ := p.target(count(5))
+	require.Equal(t, 5, n)
+	for range 3 {
+		assert.Equal(t, 5, p.peek(count(2)), "a decrease is held down")
+		now = now.Add(time.Minute)
+	}
+	n, _ = p.target(count(2))
+	assert.Equal(t, 5, n, "the hold-down starts when the sync loop sees 2, not at the first read")
+	now = now.Add(29 * time.Second)
+	assert.Equal(t, 5, p.peek(count(2)))
+	now = now.Add(time.Second)
+	assert.Equal(t, 2, p.peek(count(2)), "a read sees the hold-down end")
+	n, _ = p.target(count(2))
+	assert.Equal(t, 2, n)
+}
+
 func TestTargetPolicyString(t *testing.T) {
 	assert.Equal(t, "received", TargetReceived.String())
 	assert.Equal(t, "counted", TargetCounted.String())

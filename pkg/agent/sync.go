@@ -14,10 +14,18 @@ import (
 // retries at once: duplicateBudget x target / missing servers.
 const duplicateBudget = 10
 
-// Target reads the Counter and returns the server count aimed for.
+// Target returns the server count the agent would aim for now: the
+// Counter's count (read once) and the counts servers reported, weighed by
+// the policy and the hold-down. It changes nothing: the sync loop alone
+// moves the hold-down on, and exports and logs the target.
 func (cs *ClientSet) Target() int {
-	ctx := context.Background()
-	return cs.target(ctx, cs.count(ctx))
+	res, err := cs.cfg.Counter.Count(context.Background())
+	if err != nil {
+		cs.mu.Lock()
+		res = cs.lastCount
+		cs.mu.Unlock()
+	}
+	return cs.policy.peek(res)
 }
 
 // count reads the Counter once. A failed read answers the last result, so

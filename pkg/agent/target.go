@@ -97,6 +97,11 @@ type targetPolicy struct {
 	mu sync.Mutex // guards the fields below
 	// received are the last window counts received, oldest first.
 	received []int
+	held     heldTarget
+}
+
+// heldTarget is the target in force and the hold-down of a decrease.
+type heldTarget struct {
 	// current is the target in force; 0 before the first.
 	current int
 	// lower is the largest count seen since lowerSince, when counts began
@@ -117,10 +122,27 @@ func (p *targetPolicy) observeReceived(n int) {
 }
 
 // target returns the count to aim for, given the Counter's latest result,
-// and the source that decided it.
+// and the source that decided it, and moves the hold-down on: only the
+// sync loop calls it.
 func (p *targetPolicy) target(counted servercounter.Result) (int, string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	held, src := p.next(counted)
+	p.held = held
+	return held.current, src
+}
+
+// peek returns what target would, and changes nothing.
+func (p *targetPolicy) peek(counted servercounter.Result) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	held, _ := p.next(counted)
+	return held.current
+}
+
+// next weighs counted and the received counts, and returns the target
+// and hold-down that follow from them now. p.mu is held.
+func (p *targetPolicy) next(counted servercounter.Result) (heldTarget, string) {
 	received := -1
 	for _, n := range p.received {
 		received = max(received, n)
@@ -132,20 +154,19 @@ func (p *targetPolicy) target(counted servercounter.Result) (int, string) {
 		want, src = received, sourceReceived
 	}
 	want = max(p.clamp(want), 1)
-
-	now := p.now()
+	now, h := p.now(), p.held
 	switch {
-	case want >= p.current:
-		p.current, p.lowerSince = want, time.Time{}
-	case p.lowerSince.IsZero():
-		p.lower, p.lowerSince = want, now
+	case want >= h.current:
+		h.current, h.lowerSince = want, time.Time{}
+	case h.lowerSince.IsZero():
+		h.lower, h.lowerSince = want, now
 	default:
-		p.lower = max(p.lower, want)
+		h.lower = max(h.lower, want)
 	}
-	if !p.lowerSince.IsZero() && now.Sub(p.lowerSince) >= p.holdDown {
-		p.current, p.lowerSince = p.lower, time.Time{}
+	if !h.lowerSince.IsZero() && now.Sub(h.lowerSince) >= p.holdDown {
+		h.current, h.lowerSince = h.lower, time.Time{}
 	}
-	return p.current, src
+	return h, src
 }
 
 // clamp caps n at maxCount; a maxCount of 0 or less means no cap.
