@@ -128,7 +128,7 @@ func dnsAgent(t *testing.T, dnsAddr string, holdDown time.Duration) string {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cache.Close() })
 	cfg := proxytest.FastAgentConfig("a1", srv.AgentAddr())
-	cfg.Counter, cfg.CountChanged, cfg.TargetPolicy = cache, cache, agent.TargetCounted
+	cfg.Counter, cfg.TargetPolicy = cache, agent.TargetCounted
 	cfg.Registerer, cfg.HoldDown = reg, holdDown
 	proxytest.StartAgent(t, env, cfg)
 	hs := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))

@@ -220,7 +220,7 @@ func (f *Fleet) newAgent(i int, tokenDir string) *Agent {
 	cfg.ServerAddress = f.lb.Addr()
 	cfg.TokenPath = token
 	cfg.DialMode = f.cfg.Mode
-	cfg.TargetPolicy = agent.TargetCounted // set by StartAgents: Counter, CountChanged
+	cfg.TargetPolicy = agent.TargetCounted // set by StartAgents: Counter
 	cfg.ServerCountMax = a.dns.Max
 	cfg.Registerer = a.reg
 	cfg.DialOptions = []grpc.DialOption{
@@ -249,7 +249,7 @@ func (f *Fleet) StartAgents() time.Time {
 		require.NoError(f.tb, err, "build DNS counter of %s", a.ID)
 		f.tb.Cleanup(func() { _ = cache.Close() }) // Close does not fail
 		a.cache.Store(cache)
-		a.cfg.Counter, a.cfg.CountChanged = cache, cache
+		a.cfg.Counter = cache
 		a.run.Store(proxytest.StartAgent(f.tb, f.env, a.cfg))
 	}
 	return start

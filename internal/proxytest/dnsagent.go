@@ -61,7 +61,7 @@ func DNSCounter(tb testing.TB, dnsAddr, name string, edit ...func(*servercounter
 }
 
 // DNSAgentConfig is [FastAgentConfig] for an agent counting servers through
-// DNS: its Counter (and CountChanged) is [DNSCounter] (dnsAddr, name), it
+// DNS: its Counter is [DNSCounter] (dnsAddr, name), it
 // aims for that count (agent.TargetCounted), and in mode DialResolved it
 // dials the addresses the answer lists. lbAddr is the load balancer
 // (ServerAddress), whose port is the default port of A/AAAA answers. The
@@ -78,6 +78,6 @@ func DNSAgentConfigFor(id, lbAddr string, cache *servercounter.CachedServerCount
 	cfg.SyncIntervalCap = 200 * time.Millisecond
 	cfg.HoldDown = 300 * time.Millisecond
 	cfg.DialMode = mode
-	cfg.Counter, cfg.CountChanged, cfg.TargetPolicy = cache, cache, agent.TargetCounted
+	cfg.Counter, cfg.TargetPolicy = cache, agent.TargetCounted
 	return cfg
 }

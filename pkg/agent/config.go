@@ -100,13 +100,11 @@ type Config struct {
 	// DialResolved mode, the addresses to dial (Result.Endpoints), so the
 	// two always agree. It should answer at once, as a
 	// servercounter.CachedServerCounter does; a failed read keeps the last
-	// result. Nil means servercounter.StaticServerCounter(1).
+	// result. Nil means servercounter.StaticServerCounter(1). A Counter
+	// that is also a servercounter.Notifier, as a CachedServerCounter is,
+	// wakes the sync loop as soon as its count changes rather than at the
+	// next round.
 	Counter servercounter.Counter
-	// CountChanged, when set, wakes the sync loop as soon as the count
-	// changes rather than at its next round. A CachedServerCounter (not
-	// set to RefreshOnRead) is both the Counter and its CountChanged; nothing
-	// else tells the agent that a Counter can signal changes.
-	CountChanged servercounter.Notifier
 	// TargetPolicy says how the Counter's count and the counts servers
 	// send combine. The zero value, TargetReceived, is upstream's
 	// behaviour.

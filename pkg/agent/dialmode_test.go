@@ -37,7 +37,7 @@ func TestResolvedModeReachesEachServerInOneDial(t *testing.T) {
 	counter, dns := dnsCounter(t, addrs[:3]...)
 	cfg := testConfig(tt, "127.0.0.1:1") // the load balancer is never needed
 	cfg.DialMode, cfg.TargetPolicy = DialResolved, TargetCounted
-	cfg.Counter, cfg.CountChanged = counter, counter
+	cfg.Counter = counter
 	a := startAgent(t, cfg)
 
 	require.Eventually(t, func() bool { return a.Connected() == 3 }, waitFor, tick, "3 servers")
@@ -64,7 +64,7 @@ func TestResolvedModeBacksOffOnUnreachableServers(t *testing.T) {
 	counter, _ := dnsCounter(t, s0.Addr(), s1.Addr(), "127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1")
 	cfg := testConfig(tt, "127.0.0.1:1")
 	cfg.DialMode, cfg.TargetPolicy = DialResolved, TargetCounted
-	cfg.Counter, cfg.CountChanged = counter, counter
+	cfg.Counter = counter
 	cfg.SyncInterval, cfg.SyncIntervalCap = 20*time.Millisecond, 200*time.Millisecond
 	a := startAgent(t, cfg)
 	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick, "the 2 reachable servers")

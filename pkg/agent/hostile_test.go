@@ -102,7 +102,7 @@ func serversBehindLiar(t *testing.T) (cfg Config, liar *adversary.LyingDNS, addr
 func startCountingAgent(t *testing.T, cfg Config, counter *servercounter.CachedServerCounter, maxCount int) *testAgent {
 	t.Helper()
 	cfg.TargetPolicy = TargetCounted
-	cfg.Counter, cfg.CountChanged = counter, counter
+	cfg.Counter = counter
 	cfg.ServerCountMax = maxCount
 	a := startAgent(t, cfg)
 	require.Eventually(t, func() bool { return a.Connected() == maxCount }, waitFor, tick)

@@ -78,11 +78,12 @@ func (cs *ClientSet) syncLoop(ctx context.Context) {
 	// The change signal is taken before each round reads the count, as
 	// Notifier asks: a change during the round then wakes the next wait
 	// at once instead of waiting for the timer.
+	notifier, _ := cs.cfg.Counter.(servercounter.Notifier)
 	subscribe := func() <-chan struct{} {
-		if cs.cfg.CountChanged == nil {
+		if notifier == nil {
 			return nil
 		}
-		return cs.cfg.CountChanged.Changed()
+		return notifier.Changed()
 	}
 	changed := subscribe()
 	for {

@@ -54,7 +54,7 @@ func TestCountChangeDuringRoundIsNotLost(t *testing.T) {
 	}}
 	cfg := testConfig(tt, "127.0.0.1:1")
 	cfg.DialMode, cfg.TargetPolicy = DialResolved, TargetCounted
-	cfg.Counter, cfg.CountChanged = counter, counter
+	cfg.Counter = counter
 	cfg.SyncInterval, cfg.SyncIntervalCap = time.Hour, time.Hour
 	a := startAgent(t, cfg)
 	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick, "the second server, without waiting an hour")

@@ -86,7 +86,7 @@ func New(cfg options.Config, reg serve.Registry) (_ *Agent, err error) {
 		return nil, err
 	}
 	if a.counter != nil {
-		ac.Counter, ac.CountChanged = a.counter, a.counter
+		ac.Counter = a.counter
 	}
 	if a.cs, err = agent.NewClientSet(ac); err != nil {
 		return nil, err

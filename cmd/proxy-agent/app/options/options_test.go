@@ -190,7 +190,6 @@ func TestConfig(t *testing.T) {
 			assert.Equal(t, agent.DefaultMaxConcurrentDials, a.MaxConcurrentDials)
 			assert.Equal(t, agent.DefaultMaxTunnelsPerServer, a.MaxTunnelsPerServer)
 			assert.Equal(t, servercounter.StaticServerCounter(1), a.Counter, "app.New builds the count, not Config")
-			assert.Nil(t, a.CountChanged)
 			assert.Same(t, o.Count, cfg.Count)
 		})
 	}
