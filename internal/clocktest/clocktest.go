@@ -1,5 +1,5 @@
 // Package clocktest is a manual clock for tests of code that takes a
-// [servercounter.Clock]: time moves only when the test steps it, so that
+// [clock.Clock]: time moves only when the test steps it, so that
 // expiry, timeouts, back-off and hold-downs are tested without waiting.
 package clocktest
 
@@ -8,10 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/servercount/servercount/pkg/servercounter"
+	"github.com/servercount/servercount/pkg/clock"
 )
 
-// Clock is a [servercounter.Clock] that moves only on [Clock.Step]. It is
+// Clock is a [clock.Clock] that moves only on [Clock.Step]. It is
 // safe for concurrent use.
 type Clock struct {
 	mu     sync.Mutex // guards the fields below
@@ -31,7 +31,7 @@ func (c *Clock) Now() time.Time {
 
 // AfterFunc arranges for f to be called by the Step that moves the clock
 // to or past now+d; d <= 0 means the next Step, even of zero.
-func (c *Clock) AfterFunc(d time.Duration, f func()) servercounter.Timer {
+func (c *Clock) AfterFunc(d time.Duration, f func()) clock.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &timer{c: c, at: c.now.Add(d), f: f}

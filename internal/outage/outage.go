@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/servercount/servercount/pkg/clock"
 )
 
 const (
@@ -29,7 +31,7 @@ type Outage struct {
 	what   string
 	remind time.Duration
 	quiet  time.Duration
-	now    func() time.Time
+	clk    clock.Clock
 
 	mu sync.Mutex // guards the fields below
 	// since is when the failure started; zero while there is none.
@@ -44,12 +46,9 @@ type Outage struct {
 }
 
 // New returns an Outage of what ("connect to proxy-server"), read by the
-// messages it logs. now is the clock; nil means time.Now.
-func New(what string, now func() time.Time) *Outage {
-	if now == nil {
-		now = time.Now
-	}
-	return &Outage{what: what, remind: DefaultRemind, quiet: DefaultQuiet, now: now}
+// messages it logs, on clk (nil: the real clock).
+func New(what string, clk clock.Clock) *Outage {
+	return &Outage{what: what, remind: DefaultRemind, quiet: DefaultQuiet, clk: clock.Or(clk)}
 }
 
 // Failed records a failed attempt. The first of a run of failures is
@@ -58,7 +57,7 @@ func New(what string, now func() time.Time) *Outage {
 // every DefaultRemind.
 func (o *Outage) Failed(logger klog.Logger, err error, keysAndValues ...any) {
 	o.mu.Lock()
-	now := o.now()
+	now := o.clk.Now()
 	o.failures++
 	if o.since.IsZero() {
 		o.since = now
@@ -83,7 +82,7 @@ func (o *Outage) Failed(logger klog.Logger, err error, keysAndValues ...any) {
 // its end is logged at level 0.
 func (o *Outage) Recovered(logger klog.Logger, keysAndValues ...any) {
 	o.mu.Lock()
-	failingFor, failures, announced := o.now().Sub(o.since), o.failures, o.announced
+	failingFor, failures, announced := o.clk.Now().Sub(o.since), o.failures, o.announced
 	o.since, o.failures, o.announced = time.Time{}, 0, false
 	o.mu.Unlock()
 	if announced {

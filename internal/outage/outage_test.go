@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 func newOutage() (*Outage, *clocktest.Clock, klog.Logger, *logtest.Buffer) {
 	clk := clocktest.New(time.Unix(1000, 0))
 	logger, buf := logtest.NewLogger(0)
-	return New("connect to proxy-server", clk.Now), clk, logger, buf
+	return New("connect to proxy-server", clk), clk, logger, buf
 }
 
 func TestOutageLogsStartReminderAndEnd(t *testing.T) {

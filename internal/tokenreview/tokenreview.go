@@ -38,7 +38,7 @@ import (
 
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/metric"
-	"github.com/servercount/servercount/pkg/servercounter"
+	"github.com/servercount/servercount/pkg/clock"
 )
 
 // Config says which tokens are accepted.
@@ -77,7 +77,7 @@ type Config struct {
 	// Registerer receives the review metrics; nil registers none.
 	Registerer prometheus.Registerer
 	// Clock tells when cached verdicts expire; nil means the real clock.
-	Clock servercounter.Clock
+	Clock clock.Clock
 }
 
 // Client creates TokenReviews. client-go's
@@ -166,7 +166,7 @@ func New(cfg Config) (*Authenticator, error) {
 	setDefault(&cfg.MaxQueued, DefaultMaxQueued)
 	setDefault(&cfg.ReviewTimeout, DefaultReviewTimeout)
 	if cfg.Clock == nil {
-		cfg.Clock = servercounter.RealClock{}
+		cfg.Clock = clock.Real{}
 	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/internal/outage"
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -83,18 +84,15 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("invalid agent config: %w", err)
 	}
-	now := time.Now
-	if cfg.Clock != nil {
-		now = cfg.Clock.Now
-	}
+	clk := clock.Or(cfg.Clock)
 	_, port, _ := net.SplitHostPort(cfg.ServerAddress) // checked by validate
 	cs := &ClientSet{
 		cfg: cfg,
 		policy: &targetPolicy{
 			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown,
-			maxCount: cfg.ServerCountMax, now: now,
+			maxCount: cfg.ServerCountMax, now: clk.Now,
 		},
-		serverOutage: outage.New("connect to proxy-server", now),
+		serverOutage: outage.New("connect to proxy-server", clk),
 		clients:      make(map[string]*client),
 		tunnelEnded:  make(chan struct{}, 1),
 		syncNow:      make(chan struct{}, 1),

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -176,7 +177,7 @@ type Config struct {
 	// without a port there takes ServerAddress's.
 	DialMode DialMode
 	// Clock times the hold-down; nil means the real clock.
-	Clock servercounter.Clock
+	Clock clock.Clock
 }
 
 // DefaultConfig returns a Config with every default set. AgentID and

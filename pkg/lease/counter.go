@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -57,7 +58,7 @@ type CounterConfig struct {
 	// DefaultLabelSelector.
 	LabelSelector string
 	// Clock tells when a lease expires; nil means the real clock.
-	Clock servercounter.Clock
+	Clock clock.Clock
 	// Observe, when set, is called after each list and each watch call to
 	// the API server: metrics hook in here. It must return quickly.
 	Observe func(Call)
@@ -117,7 +118,7 @@ type Counter struct {
 	valid  expiryHeap
 	count  int
 	// expiry recounts when the next valid lease expires, armedFor.
-	expiry   servercounter.Timer
+	expiry   clock.Timer
 	armedFor time.Time
 	// apiErr is the last list or watch failure; nil once a list or watch
 	// has succeeded since. apiDown is when the failures began.
@@ -155,7 +156,7 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 		return nil, fmt.Errorf("lease: invalid label selector %q: %w", cfg.LabelSelector, err)
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = servercounter.RealClock{}
+		cfg.Clock = clock.Real{}
 	}
 	c := &Counter{cfg: cfg, done: make(chan struct{}), leases: map[string]*counted{}, changed: make(chan struct{})}
 	leases := cfg.Client

@@ -19,8 +19,8 @@ import (
 
 	"github.com/servercount/servercount/internal/clocktest"
 	"github.com/servercount/servercount/internal/kubeclient"
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/lease"
-	"github.com/servercount/servercount/pkg/servercounter"
 )
 
 // leaseAPI is an API server for the Leases of one namespace, enough for
@@ -140,7 +140,7 @@ type armCounter struct {
 	armed atomic.Int64
 }
 
-func (c *armCounter) AfterFunc(d time.Duration, f func()) servercounter.Timer {
+func (c *armCounter) AfterFunc(d time.Duration, f func()) clock.Timer {
 	c.armed.Add(1)
 	return c.Clock.AfterFunc(d, f)
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/servercount/servercount/pkg/clock"
 )
 
 // Defaults for the zero values of [CacheConfig].
@@ -62,7 +64,7 @@ type CacheConfig struct {
 	Observe func(Result, error)
 	// Clock times expiry and the refresh timeout; nil means the real
 	// clock.
-	Clock Clock
+	Clock clock.Clock
 }
 
 // CachedServerCounter caches the count of another [Counter].
@@ -102,7 +104,7 @@ type CachedServerCounter struct {
 	// good is the last good result; nil before the first.
 	good *Result
 	// expiry marks cur stale when it fires.
-	expiry Timer
+	expiry clock.Timer
 	closed bool
 	// changed is closed, and replaced, when the published count changes.
 	changed chan struct{}
@@ -131,7 +133,7 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 	cfg.MaxExpiry = cmp.Or(cfg.MaxExpiry, DefaultMaxExpiry)
 	cfg.Fallback = cmp.Or(cfg.Fallback, DefaultFallback)
 	cfg.RefreshTimeout = cmp.Or(cfg.RefreshTimeout, defaultRefreshTimeout)
-	cfg.Clock = orReal(cfg.Clock)
+	cfg.Clock = clock.Or(cfg.Clock)
 	var errs []error
 	if source == nil {
 		errs = append(errs, errors.New("servercounter: no source to cache: pass a Counter such as a *DNSServerCounter"))

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/servercount/servercount/pkg/clock"
 )
 
 // Defaults for the zero values of [Config].
@@ -138,7 +140,7 @@ type Config struct {
 	InitialBackoff, MaxBackoff time.Duration
 	// Clock times the per-query timeout and the back-off; nil means the
 	// real clock. A deadline of the context given to Count is real time.
-	Clock Clock
+	Clock clock.Clock
 }
 
 // resolved is a Config with every default applied and resolv.conf read.
@@ -158,7 +160,7 @@ func (cfg Config) resolve() (*resolved, error) {
 	r.UDPSize = cmp.Or(r.UDPSize, defaultUDPSize)
 	r.InitialBackoff = cmp.Or(r.InitialBackoff, defaultInitialBackoff)
 	r.MaxBackoff = cmp.Or(r.MaxBackoff, defaultMaxBackoff)
-	r.Clock = orReal(r.Clock)
+	r.Clock = clock.Or(r.Clock)
 	if r.Type == TypeAuto {
 		r.Type = TypeIP
 		if strings.HasPrefix(r.Name, "_") {

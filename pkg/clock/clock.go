@@ -1,0 +1,42 @@
+// Package clock is the time servercount's packages take. A Clock tells
+// the time and runs functions after a delay: the count cache's expiry, the
+// DNS counter's timeouts and back-off, the lease counter's expiry, the
+// TokenReview cache and the agent's hold-down all take time from one, so
+// that a test can step time instead of waiting for it. A nil Clock in a
+// configuration means [Real].
+package clock
+
+import "time"
+
+// Clock tells the time and runs functions after a delay.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine once d has passed, unless
+	// the returned Timer is stopped first, as [time.AfterFunc] does.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a pending call made by [Clock.AfterFunc].
+type Timer interface {
+	// Stop prevents the call, and reports whether it did: false means
+	// the call has already been made or the timer was stopped before.
+	Stop() bool
+}
+
+// Real is the wall clock: what a nil Clock in a configuration means.
+type Real struct{}
+
+// Now returns time.Now().
+func (Real) Now() time.Time { return time.Now() }
+
+// AfterFunc is time.AfterFunc.
+func (Real) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// Or returns c, or Real when c is nil.
+func Or(c Clock) Clock {
+	if c == nil {
+		return Real{}
+	}
+	return c
+}
