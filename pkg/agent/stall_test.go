@@ -63,6 +63,19 @@ func stickStream(t *testing.T, srv *adversary.HostileServer) (ss *adversary.Serv
 	return ss, stopTarget
 }
 
+// stuck reports whether one of a's streams has had a send waiting with
+// nothing moving on it for d.
+func (a *testAgent) stuck(d time.Duration) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.clients {
+		if c.senders.Load() > 0 && c.stalled(d) {
+			return true
+		}
+	}
+	return false
+}
+
 // Issue 21: the agent answers without waiting, so a server that stops
 // reading can make it queue answers; the queue is bounded. Answers to the
 // same connectID are queued once, and past the bound the stream is ended
@@ -75,6 +88,10 @@ func TestControlQueueIsBounded(t *testing.T) {
 	a, logs := runLogged(t, cfg)
 	queued := func() float64 { v, _ := a.metric(t, "servercount_agent_control_queued_packets"); return v }
 	ss, _ := stickStream(t, srv)
+	// Every answer must wait in the queue, so the burst starts only once
+	// the stream is stuck: an answer sent before would never reach the
+	// bound (on a loaded machine the stream takes a while to fill).
+	require.Eventually(t, func() bool { return a.stuck(200 * time.Millisecond) }, waitFor, tick, "the stream did not get stuck")
 	// DATA for unknown connections: each is answered with CLOSE_RSP,
 	// which waits in the queue. The same ID a thousand times is one
 	// answer.
