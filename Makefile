@@ -203,9 +203,11 @@ bench-tunnel:
 ## bench-upstream: our binaries and upstream's (built from ../shared/upstream)
 ## side by side in one run: new tunnels to first byte and throughput in both
 ## frontend modes, ratios to upstream and to a direct connection, the load
-## of each run, CPU per GB; the table goes to bench-upstream.md and a chart
-## of the dial latencies to bench-upstream.png (or $$BENCH_CHART).
-## BENCH_PROFILE=dir also writes CPU profiles of our server and agent;
+## of each run, the dial's floor (crossings between processes), CPU per
+## tunnel and per GB; the tables go to bench-upstream.md and a chart of the
+## dial latencies to bench-upstream.png (or $$BENCH_CHART).
+## BENCH_PROFILE=dir also writes CPU profiles of our server and agent and
+## execution traces of every process, and counts wake-ups per tunnel;
 ## BENCH_BURNERS=n runs n CPU burners beside it, for the tail under load.
 bench-upstream:
 	$(GO) test -run '^$$' -bench Upstream -benchtime 1x -count 1 -timeout 60m ./internal/tunnelbench/ \

@@ -158,6 +158,16 @@ func benchFirstByte(b *testing.B, f *fixture) {
 // load until both are written to profileDir.
 func profile(b *testing.B, p *pair, load func()) {
 	b.Helper()
+	record(b, p, "profile", "pprof", load)
+	b.Logf("%s: CPU profiles in %s/%s-%s-{server,agent}.pprof", p.mode, *profileDir, p.impl, p.name)
+}
+
+// record fetches /debug/pprof/<kind> of -tunnelbench.profile-seconds from
+// p's server and agent at once into profileDir, <impl>-<mode>-<role>.<ext>,
+// running load until both are written. It returns how many times load
+// ran.
+func record(b *testing.B, p *pair, kind, ext string, load func()) int {
+	b.Helper()
 	if err := os.MkdirAll(*profileDir, 0o755); err != nil {
 		b.Fatal(err)
 	}
@@ -167,14 +177,14 @@ func profile(b *testing.B, p *pair, load func()) {
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for i, role := range []struct{ name, url string }{{"server", p.serverAdmin}, {"agent", p.agentAdmin}} {
-		file := filepath.Join(*profileDir, fmt.Sprintf("%s-%s.pprof", p.name, role.name))
+		file := filepath.Join(*profileDir, fmt.Sprintf("%s-%s-%s.%s", p.impl, p.name, role.name, ext))
 		wg.Go(func() {
-			errs[i] = fetchProfile(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", role.url, secs), file)
+			errs[i] = fetchProfile(ctx, fmt.Sprintf("%s/debug/pprof/%s?seconds=%d", role.url, kind, secs), file)
 		})
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	for {
+	for n := 0; ; n++ {
 		select {
 		case <-done:
 			for _, err := range errs {
@@ -182,8 +192,7 @@ func profile(b *testing.B, p *pair, load func()) {
 					b.Fatal(err)
 				}
 			}
-			b.Logf("%s: CPU profiles in %s/%s-{server,agent}.pprof", p.mode, *profileDir, p.name)
-			return
+			return n
 		default:
 			load()
 		}

@@ -62,6 +62,9 @@ type fixture struct {
 	upstream  []*pair // upstream's, the same way, for BenchmarkUpstream
 	certs     certs
 	profiling bool
+	// echo is a connection to the echo peer process, for BenchmarkUpstream's
+	// crossings.
+	echo net.Conn
 }
 
 // pair is a proxy-server process and the proxy-agent process connected to

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +47,7 @@ func BenchmarkUpstream(b *testing.B) {
 	}
 	f := startFixture(b, *profileDir != "")
 	f.startUpstream(b, up)
+	f.echo = startEcho(b)
 	var runs []sideRun
 	for b.Loop() {
 		for i := range *sideRuns {
@@ -74,6 +76,23 @@ func BenchmarkUpstream(b *testing.B) {
 	if *profileDir != "" {
 		for _, p := range f.pairs {
 			profile(b, p, func() { download(b, f, p.dial()) })
+			record(b, p, "profile", "dials.pprof", func() { firstByte(b, f, p.dial()) })
+			b.Logf("%s: CPU profiles during new tunnels in %s/%s-%s-{server,agent}.dials.pprof", p.mode, *profileDir, p.impl, p.name)
+		}
+		// Execution traces of new tunnels, ours and upstream's, to count
+		// what each process does for one: its goroutines' wake-ups.
+		traced := map[*pair]int{}
+		all := slices.Concat(f.pairs, f.upstream)
+		for _, p := range all {
+			traced[p] = record(b, p, "trace", "trace", func() { firstByte(b, f, p.dial()) })
+			b.Logf("%s %s: execution traces of about %d new tunnels in %s/%s-%s-{server,agent}.trace", p.impl, p.mode, traced[p], *profileDir, p.impl, p.name)
+		}
+		sched := schedTable(b, all, traced, *profileDir)
+		b.Logf("\n%s", sched)
+		if *sideOut != "" {
+			if err := os.WriteFile(*sideOut, []byte(table+"\n"+sched), 0o644); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 }
@@ -95,8 +114,17 @@ func (t triple) ratio() float64 { return t.ours / t.upstream }
 type modeRun struct {
 	dialMedian, dialP99 triple // seconds to first byte
 	rate                triple // MB/s
+	// crossing is the median time, in seconds, of one crossing between
+	// idle processes: half a loopback round trip to the echo peer, taken
+	// in turns with the dials.
+	crossing float64
+	// dialCPU is the CPU seconds per new tunnel of each process (ours and
+	// upstream's server and agent), over the dials: each is idle but for
+	// its own.
+	dialCPU map[string]float64
 	// cpu is the CPU seconds per GB of each process: ours and upstream's
-	// server and agent.
+	// server and agent, and this process (the client and the target)
+	// during each one's download.
 	cpu map[string]float64
 }
 
@@ -114,32 +142,51 @@ func runSideBySide(b *testing.B, f *fixture) sideRun {
 	r := sideRun{load: loadAverage(), modes: map[string]modeRun{}, firstBytes: map[string]map[string][]float64{}}
 	for i, ours := range f.pairs {
 		theirs := f.upstream[i]
-		var direct, o, u []time.Duration
+		var direct, o, u, cross []time.Duration
+		dialing := func(dial dialFunc) func() time.Duration {
+			return func() time.Duration { return firstByte(b, f, dial) }
+		}
 		paths := []struct {
-			dial dialFunc
-			into *[]time.Duration
-		}{{dialDirect, &direct}, {ours.dial(), &o}, {theirs.dial(), &u}}
+			measure func() time.Duration
+			into    *[]time.Duration
+		}{
+			{dialing(dialDirect), &direct}, {dialing(ours.dial()), &o}, {dialing(theirs.dial()), &u},
+			{func() time.Duration {
+				d, err := crossing(f.echo)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return d
+			}, &cross},
+		}
+		cpu0 := processCPU(ours, theirs)
 		for n := range dials {
 			// Take turns, starting with another path each time, so that
 			// no path always follows the same one.
 			for k := range paths {
 				p := paths[(n+k)%len(paths)]
-				*p.into = append(*p.into, firstByte(b, f, p.dial))
+				*p.into = append(*p.into, p.measure())
 			}
 		}
 		r.firstBytes[ours.name] = map[string][]float64{"direct": seconds(direct), "ours": seconds(o), "upstream": seconds(u)}
 		m := modeRun{
 			dialMedian: triple{median(seconds(direct)), median(seconds(o)), median(seconds(u))},
 			dialP99:    triple{percentile(seconds(direct), 0.99), percentile(seconds(o), 0.99), percentile(seconds(u), 0.99)},
+			crossing:   median(seconds(cross)),
 			cpu:        map[string]float64{},
+			dialCPU:    map[string]float64{},
+		}
+		for k, v := range processCPU(ours, theirs) {
+			m.dialCPU[k] = (v - cpu0[k]).Seconds() / dials
 		}
 		m.rate.direct = download(b, f, dialDirect)
 		for _, p := range []*pair{ours, theirs} {
-			s0, a0 := cpuOrZero(p.serverPID), cpuOrZero(p.agentPID)
+			s0, a0, c0 := cpuOrZero(p.serverPID), cpuOrZero(p.agentPID), cpuOrZero(os.Getpid())
 			rate := download(b, f, p.dial())
 			gb := float64(bulkSize) / 1e9
 			m.cpu[p.impl+"-server"] = (cpuOrZero(p.serverPID) - s0).Seconds() / gb
 			m.cpu[p.impl+"-agent"] = (cpuOrZero(p.agentPID) - a0).Seconds() / gb
+			m.cpu[p.impl+"-client"] = (cpuOrZero(os.Getpid()) - c0).Seconds() / gb
 			if p.impl == "ours" {
 				m.rate.ours = rate
 			} else {
@@ -185,6 +232,16 @@ func download(b *testing.B, f *fixture, dial dialFunc) float64 {
 		b.Fatal(err)
 	}
 	return bulkSize / time.Since(start).Seconds() / 1e6
+}
+
+// processCPU is the CPU time so far of each pair's server and agent, by
+// impl-role.
+func processCPU(pairs ...*pair) map[string]time.Duration {
+	m := map[string]time.Duration{}
+	for _, p := range pairs {
+		m[p.impl+"-server"], m[p.impl+"-agent"] = cpuOrZero(p.serverPID), cpuOrZero(p.agentPID)
+	}
+	return m
 }
 
 // cpuOrZero is pid's CPU time, or 0 where /proc cannot tell.
@@ -293,10 +350,31 @@ func sideTable(runs []sideRun, commit string) string {
 		row("same, p99", "µs", 1e6, func(r modeRun) triple { return r.dialP99 }, m.name)
 		row("throughput, "+m.title, "MB/s", 1, func(r modeRun) triple { return r.rate }, m.name)
 	}
-	s.WriteString("\nCPU seconds per GB, median over runs:\n\n| mode | our server | our agent | upstream's server | upstream's agent |\n| --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&s, "\nThe floor of a new tunnel: a direct connection's time to first byte plus the crossings between processes the protocol takes, each a wake-up of an idle process (one crossing: half a loopback round trip between two idle processes, taken in turns with the dials), medians over runs:\n\n")
+	s.WriteString("| mode | one crossing | crossings | floor | upstream / floor | ours / floor | issue's target (0.5 x upstream) / floor | CPU per tunnel, upstream's server + agent | ours |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, m := range []string{"connect", "grpc"} {
+		get := func(v func(modeRun) float64) float64 {
+			return medianOf(runs, func(r sideRun) float64 { return v(r.modes[m]) })
+		}
+		c := get(func(r modeRun) float64 { return r.crossing })
+		floor := get(func(r modeRun) float64 { return r.dialMedian.direct + float64(crossings[m])*r.crossing })
+		u, o := get(func(r modeRun) float64 { return r.dialMedian.upstream }), get(func(r modeRun) float64 { return r.dialMedian.ours })
+		cpu := func(impl string) float64 {
+			return get(func(r modeRun) float64 { return r.dialCPU[impl+"-server"] + r.dialCPU[impl+"-agent"] })
+		}
+		fmt.Fprintf(&s, "| %s | %.0f µs | %d | %.0f µs | %.2f | %.2f | %.2f | %.0f µs | %.0f µs |\n", m, c*1e6, crossings[m], floor*1e6, u/floor, o/floor, 0.5*u/floor, cpu("upstream")*1e6, cpu("ours")*1e6)
+	}
+	cores := runtime.NumCPU()
+	fmt.Fprintf(&s, "\nCPU seconds per GB, medians over runs, and the rate at which the %d cores would be busy with the server, the agent and this process (the client and the target) together:\n\n", cores)
+	s.WriteString("| mode | our server | our agent | client and target, ours | CPU-bound rate, ours | upstream's server | upstream's agent | client and target, upstream's | CPU-bound rate, upstream's |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, m := range []string{"connect", "grpc"} {
 		c := func(k string) float64 { return medianOf(runs, func(r sideRun) float64 { return r.modes[m].cpu[k] }) }
-		fmt.Fprintf(&s, "| %s | %.2f | %.2f | %.2f | %.2f |\n", m, c("ours-server"), c("ours-agent"), c("upstream-server"), c("upstream-agent"))
+		bound := func(impl string) float64 {
+			return float64(cores) * 1e3 / (c(impl+"-server") + c(impl+"-agent") + c(impl+"-client"))
+		}
+		fmt.Fprintf(&s, "| %s | %.2f | %.2f | %.2f | %.0f MB/s | %.2f | %.2f | %.2f | %.0f MB/s |\n", m,
+			c("ours-server"), c("ours-agent"), c("ours-client"), bound("ours"),
+			c("upstream-server"), c("upstream-agent"), c("upstream-client"), bound("upstream"))
 	}
 	return s.String()
 }
