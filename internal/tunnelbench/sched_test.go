@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -60,7 +61,8 @@ func countSched(ctx context.Context, file string) (schedCounts, error) {
 }
 
 // schedTable is the hand-offs per new tunnel of each process, ours and
-// upstream's, from execution traces of about dials[p] new tunnels through each pair p.
+// upstream's, from the execution traces in dir of about dials[p] new
+// tunnels through each pair p.
 func schedTable(b *testing.B, pairs []*pair, dials map[*pair]int, dir string) string {
 	b.Helper()
 	var s strings.Builder
@@ -68,7 +70,7 @@ func schedTable(b *testing.B, pairs []*pair, dials map[*pair]int, dir string) st
 	s.WriteString("| mode | process | goroutine wake-ups | goroutines started | system calls |\n| --- | --- | --- | --- | --- |\n")
 	for _, p := range pairs {
 		for _, role := range []string{"server", "agent"} {
-			file := fmt.Sprintf("%s/%s-%s-%s.trace", dir, p.impl, p.name, role)
+			file := filepath.Join(dir, fmt.Sprintf("%s-%s-%s.trace", p.impl, p.name, role))
 			c, err := countSched(b.Context(), file)
 			if err != nil {
 				b.Fatal(err)
