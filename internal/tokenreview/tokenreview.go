@@ -165,9 +165,7 @@ func New(cfg Config) (*Authenticator, error) {
 	setDefault(&cfg.MaxInFlight, DefaultMaxInFlight)
 	setDefault(&cfg.MaxQueued, DefaultMaxQueued)
 	setDefault(&cfg.ReviewTimeout, DefaultReviewTimeout)
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err

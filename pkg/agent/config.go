@@ -176,7 +176,8 @@ type Config struct {
 	// a cache's fallback) makes the agent dial ServerAddress; an address
 	// without a port there takes ServerAddress's.
 	DialMode DialMode
-	// Clock times the hold-down; nil means the real clock.
+	// Clock times the hold-down and the outage logs' reminders; nil means
+	// the real clock.
 	Clock clock.Clock
 }
 

@@ -15,30 +15,38 @@ import (
 const duplicateBudget = 10
 
 // Target returns the server count the agent would aim for now: the
-// Counter's count (read once) and the counts servers reported, weighed by
-// the policy and the hold-down. It changes nothing: the sync loop alone
-// moves the hold-down on, and exports and logs the target.
+// Counter's count (read once, within a sync interval, as the sync loop
+// reads it) and the counts servers reported, weighed by the policy and the
+// hold-down. It changes nothing: the sync loop alone moves the hold-down
+// on, keeps the last count, and exports and logs the target.
 func (cs *ClientSet) Target() int {
-	res, err := cs.cfg.Counter.Count(context.Background())
-	if err != nil {
-		cs.mu.Lock()
-		res = cs.lastCount
-		cs.mu.Unlock()
-	}
-	return cs.policy.peek(res)
+	return cs.policy.peek(cs.read(context.Background(), false))
 }
 
-// count reads the Counter once. A failed read answers the last result, so
-// that an unknown count never replaces a known one.
+// count reads the Counter once for the sync loop, and keeps the result.
 func (cs *ClientSet) count(ctx context.Context) servercounter.Result {
-	res, err := cs.cfg.Counter.Count(ctx)
+	return cs.read(ctx, true)
+}
+
+// read reads the Counter once. A Counter that has no count yet (a lease
+// informer before its first list, a DNS cache before its first answer) may
+// wait for one: not longer than a sync interval, so that an API server or
+// a nameserver that does not answer costs the agent its count, never its
+// servers. A failed read answers the last result kept, so that an unknown
+// count never replaces a known one; keep keeps a successful one.
+func (cs *ClientSet) read(ctx context.Context, keep bool) servercounter.Result {
+	cctx, cancel := context.WithTimeout(ctx, cs.cfg.SyncInterval)
+	defer cancel()
+	res, err := cs.cfg.Counter.Count(cctx)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if err != nil {
 		klog.FromContext(ctx).V(4).Info("Server count unknown, keeping the last", "count", cs.lastCount.Count, "err", err)
 		return cs.lastCount
 	}
-	cs.lastCount = res
+	if keep {
+		cs.lastCount = res
+	}
 	return res
 }
 
@@ -111,13 +119,7 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	if cs.isDraining() {
 		return cs.cfg.SyncInterval
 	}
-	// A Counter that has no count yet (a lease informer before its first
-	// list, a DNS cache before its first answer) may wait for one: not
-	// longer than a sync interval, so that an API server or a nameserver
-	// that does not answer costs the agent its count, never its servers.
-	cctx, cancel := context.WithTimeout(ctx, cs.cfg.SyncInterval)
-	counted := cs.count(cctx)
-	cancel()
+	counted := cs.count(ctx)
 	target := cs.target(ctx, counted)
 	if n := cs.serving(); n >= target {
 		// Whatever failed dials there were no longer keep the agent from

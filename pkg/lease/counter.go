@@ -155,9 +155,7 @@ func NewCounter(cfg CounterConfig) (*Counter, error) {
 	if _, err := labels.Parse(cfg.LabelSelector); err != nil {
 		return nil, fmt.Errorf("lease: invalid label selector %q: %w", cfg.LabelSelector, err)
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	c := &Counter{cfg: cfg, done: make(chan struct{}), leases: map[string]*counted{}, changed: make(chan struct{})}
 	leases := cfg.Client
 	lw := &cache.ListWatch{

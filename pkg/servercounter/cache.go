@@ -69,10 +69,11 @@ type CacheConfig struct {
 
 // CachedServerCounter caches the count of another [Counter].
 //
-// CountServers answers from one atomic load. Once the count has expired, the
-// next call starts one refresh in the background and answers the last count
-// until the refresh ends (stale-while-revalidate); however many callers
-// there are, one refresh runs at a time. A failed refresh keeps the last good
+// CountServers answers from one atomic load. The first refresh starts with
+// the cache, and once the count has expired another starts at once (with
+// CacheConfig.RefreshOnRead, at the next call); meanwhile calls answer the
+// last count (stale-while-revalidate), and however many callers there are,
+// one refresh runs at a time. A failed refresh keeps the last good
 // count. Before the first success the cache answers CacheConfig.Fallback:
 // CountServers never waits, and Count waits for the first refresh only as
 // long as its context lets it.
@@ -335,8 +336,8 @@ func (c *CachedServerCounter) Changed() <-chan struct{} {
 	return c.changed
 }
 
-// expire marks e stale, so that the next read asks for a refresh, unless a
-// newer count replaced it.
+// expire marks e stale, unless a newer count replaced it, and asks for a
+// refresh (with RefreshOnRead, it leaves that to the next read).
 func (c *CachedServerCounter) expire(e *entry) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

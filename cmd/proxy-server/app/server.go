@@ -126,9 +126,12 @@ func New(cfg options.Config, reg serve.Registry) (_ *Server, err error) {
 // Both are idle until used or run.
 func (s *Server) buildKube() (server.TokenAuthenticator, *lease.Publisher, error) {
 	cfg := s.cfg
+	var auth server.TokenAuthenticator
 	if cfg.AgentTokenFile != "" {
-		auth, err := server.NewTokenFileAuthenticator(cfg.AgentTokenFile)
-		return auth, nil, err
+		var err error
+		if auth, err = server.NewTokenFileAuthenticator(cfg.AgentTokenFile); err != nil {
+			return nil, nil, err
+		}
 	}
 	var rc *rest.Config
 	if cfg.TokenReview != nil || cfg.Leases != nil {
@@ -137,7 +140,7 @@ func (s *Server) buildKube() (server.TokenAuthenticator, *lease.Publisher, error
 			return nil, nil, err
 		}
 	}
-	var auth server.TokenAuthenticator
+	// Validate admits a token file or TokenReviews, not both.
 	if cfg.TokenReview != nil {
 		client, err := kubeclient.NewTokenReviews(rc)
 		if err != nil {

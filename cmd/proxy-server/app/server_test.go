@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,4 +83,42 @@ func TestRunServesThenReleasesEverything(t *testing.T) {
 	s.Close()
 	nettest.RequireReleased(t, ports...)
 	goleak.VerifyNone(t)
+}
+
+// A server that checks agents against a token file still publishes its
+// lease: the two are independent.
+func TestTokenFileServerPublishesItsLease(t *testing.T) {
+	leaseCalls := make(chan string, 100)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/leases") {
+			select {
+			case leaseCalls <- r.Method + " " + r.URL.Path:
+			default:
+			}
+		}
+		http.Error(w, "this API server has nothing", http.StatusServiceUnavailable)
+	}))
+	defer api.Close()
+	ports := nettest.FreePorts(t, 4)
+	o := testOptions(t, ports)
+	o.GracefulShutdownTimeout = 0
+	o.AgentTokenFile = filepath.Join(t.TempDir(), "tokens")
+	require.NoError(t, os.WriteFile(o.AgentTokenFile, []byte("secret\n"), 0o600))
+	require.NoError(t, kubeclient.WriteKubeconfig(o.Kube.Kubeconfig, api.URL, "t"))
+	require.Empty(t, o.Validate())
+	s, err := app.New(o.Config(), prometheus.NewRegistry())
+	require.NoError(t, err)
+	defer s.Close()
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	select {
+	case call := <-leaseCalls:
+		t.Logf("lease call: %s", call)
+	case <-time.After(30 * time.Second):
+		t.Error("the server with --agent-token-file made no lease call within 30s")
+	}
+	cancel()
+	proctest.RequireReturns(t, done, 30*time.Second)
 }
