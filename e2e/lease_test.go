@@ -78,7 +78,8 @@ func TestLeaseCounterAndPublisher(t *testing.T) {
 		}
 	}
 	countIs(3, 10*time.Second, "three publishers")
-	l, err := leases.Get(ctx, lease.NamePrefix+"s1", metav1.GetOptions{})
+	// Upstream's name, spelled out: the constant is what is under test.
+	l, err := leases.Get(ctx, "konnectivity-proxy-server-s1", metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, "s1", *l.Spec.HolderIdentity)
 	assert.Equal(t, int32(4), *l.Spec.LeaseDurationSeconds)
@@ -282,7 +283,8 @@ func TestLeasesSurviveAPIServerOutage(t *testing.T) {
 	var pauseErr error
 	for done := false; time.Now().Before(deadline); {
 		for _, a := range agents {
-			if tg := a.Target("leases"); minTarget[a.Name] == 0 || tg < minTarget[a.Name] {
+			tg := a.Target("leases")
+			if low, seen := minTarget[a.Name]; !seen || tg < low {
 				minTarget[a.Name] = tg
 			}
 		}

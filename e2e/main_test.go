@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/e2e/harness"
@@ -280,11 +281,13 @@ func waitAgents(t *testing.T, agents []*harness.Agent, source string, conns, tar
 	t.Helper()
 	start := time.Now()
 	for _, a := range agents {
-		var c, tg int
-		require.Eventually(t, func() bool {
-			c, tg = a.Connections(), a.Target(source)
-			return c == conns && tg == target
-		}, within, 50*time.Millisecond, "%s: want %d connections and %s target %d; has %d connections, target %d", a.Name, conns, source, target, c, tg)
+		if !assert.Eventually(t, func() bool {
+			return a.Connections() == conns && a.Target(source) == target
+		}, within, 50*time.Millisecond) {
+			// Read again: the message's arguments would be taken before
+			// the first poll.
+			t.Fatalf("%s: want %d connections and %s target %d within %v; has %d connections, target %d", a.Name, conns, source, target, within, a.Connections(), a.Target(source))
+		}
 	}
 	return time.Since(start)
 }

@@ -312,7 +312,8 @@ func TestDNSOutage(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		for _, a := range agents {
-			if tg := a.Target("dns"); minTarget[a.Name] == 0 || tg < minTarget[a.Name] {
+			tg := a.Target("dns")
+			if low, seen := minTarget[a.Name]; !seen || tg < low {
 				minTarget[a.Name] = tg
 			}
 		}
