@@ -112,7 +112,7 @@ func startAgent(t *testing.T, args ...string) (*proctest.Process, int) {
 	a := proctest.Start(t, proctest.Build(t, "cmd/proxy-agent"), slices.Concat(args, []string{"--health-server-host=127.0.0.1",
 		port("health-server-port", ports[0]), port("admin-server-port", ports[1])})...)
 	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0])
-	require.Eventually(t, func() bool { return proctest.Status(healthz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, "agent up")
+	proctest.RequireStatus(t, healthz, http.StatusOK, 20*time.Second, "agent up")
 	return a, ports[0]
 }
 
@@ -154,7 +154,7 @@ func agentTLS(certs pki.Files) []string {
 func waitReady(t *testing.T, port int, msg string) {
 	t.Helper()
 	readyz := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
-	require.Eventually(t, func() bool { return proctest.Status(readyz) == http.StatusOK }, 20*time.Second, 20*time.Millisecond, msg)
+	proctest.RequireStatus(t, readyz, http.StatusOK, 20*time.Second, msg)
 }
 
 // Two SIGTERMs sent back to back, as `kill PID; kill PID` does, stop the

@@ -32,7 +32,7 @@ func TestMetricsMatchUpstream(t *testing.T) {
 	serverMetrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", sp[2])
 	// Before the agent: every unlabelled series upstream has exists at
 	// start-up, and no labelled one.
-	require.Eventually(t, func() bool { return proctest.Status(serverMetrics) == http.StatusOK }, 20*time.Second, 20*time.Millisecond)
+	proctest.RequireStatus(t, serverMetrics, http.StatusOK, 20*time.Second)
 	checkStartUp(t, "server", serverMetrics)
 
 	_, healthPort := startAgent(t, append([]string{"--proxy-server-host=localhost", port("proxy-server-port", sp[1])}, agentTLS(certs)...)...)

@@ -44,8 +44,8 @@ func TestServerLetsOpenTunnelsFinishOnSIGTERM(t *testing.T) {
 				"--graceful-shutdown-timeout=20s")
 			proctest.Start(t, agentBin, "--insecure-plaintext", "--proxy-server-host=127.0.0.1", "--proxy-server-port="+p(0),
 				"--health-server-host=127.0.0.1", "--health-server-port="+p(3), "--admin-server-port="+p(4))
-			require.Eventually(t, func() bool { return proctest.Status("http://127.0.0.1:"+p(1)+"/readyz") == http.StatusOK },
-				20*time.Second, 20*time.Millisecond, "the agent never connected:\n%s", srv.Output())
+			proctest.RequireStatus(t, "http://127.0.0.1:"+p(1)+"/readyz", http.StatusOK,
+				20*time.Second, "the agent never connected:\n%s", srv.Output())
 
 			dial := churn.OverUnix(mode, socket)
 			c := churn.OpenStream(t, dial, target, chunk)

@@ -126,8 +126,8 @@ func TestTLSFilesRotateUnderLiveTunnels(t *testing.T) {
 				"--ca-cert="+agentVol.path("ca.crt"), "--agent-cert="+agentVol.path("tls.crt"), "--agent-key="+agentVol.path("tls.key"),
 				"--health-server-host=127.0.0.1", "--health-server-port="+p(4), "--admin-server-port="+p(5))
 			serverMetrics, agentMetrics := "http://127.0.0.1:"+p(2)+"/metrics", "http://127.0.0.1:"+p(4)+"/metrics"
-			require.Eventually(t, func() bool { return proctest.Status("http://127.0.0.1:"+p(2)+"/readyz") == http.StatusOK },
-				20*time.Second, 20*time.Millisecond, "the agent never connected:\n%s\n%s", srv.Output(), agent.Output())
+			proctest.RequireStatus(t, "http://127.0.0.1:"+p(2)+"/readyz", http.StatusOK,
+				20*time.Second, "the agent never connected:\n%s\n%s", srv.Output(), agent.Output())
 
 			// frontend dials as kube-apiserver does, trusting roots and
 			// presenting a client certificate of ca.

@@ -66,8 +66,7 @@ func StartTargets(tb testing.TB) Targets {
 func StartStreamer(tb testing.TB, n, size int, interval time.Duration) string {
 	tb.Helper()
 	stop := make(chan struct{})
-	tb.Cleanup(func() { close(stop) }) // runs before the listener's cleanup
-	return nettest.Serve(tb, func(c net.Conn) {
+	addr := nettest.Serve(tb, func(c net.Conn) {
 		var req [1]byte
 		if _, err := io.ReadFull(c, req[:]); err != nil {
 			return
@@ -88,6 +87,10 @@ func StartStreamer(tb testing.TB, n, size int, interval time.Duration) string {
 			}
 		}
 	})
+	// Registered after Serve's, so run before it (cleanups run last
+	// first): the handlers stop writing, then the listener closes.
+	tb.Cleanup(func() { close(stop) })
+	return addr
 }
 
 // OpenStream opens a tunnel through dial to a streamer (StartStreamer),

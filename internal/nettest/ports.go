@@ -35,14 +35,14 @@ func FreePortsOn(ip string, n int) ([]int, error) {
 			_ = l.Close()
 		}
 	}()
-	err := drawPorts(ip, func(port string) bool {
+	err := drawPorts(ip, func(port string) (bool, error) {
 		l, err := net.Listen("tcp", net.JoinHostPort(ip, port))
 		if err != nil {
-			return false
+			return false, err
 		}
 		ls = append(ls, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-		return len(ports) == n
+		return len(ports) == n, nil
 	})
 	return ports, err
 }
@@ -51,19 +51,19 @@ func FreePortsOn(ip string, n int) ([]int, error) {
 // UDP a moment ago, for servers such as DNS servers that listen on both.
 func FreeTCPUDPPortOn(ip string) (int, error) {
 	var port int
-	err := drawPorts(ip, func(p string) bool {
+	err := drawPorts(ip, func(p string) (bool, error) {
 		l, err := net.Listen("tcp", net.JoinHostPort(ip, p))
 		if err != nil {
-			return false
+			return false, err
 		}
 		defer l.Close()
 		u, err := net.ListenPacket("udp", l.Addr().String())
 		if err != nil {
-			return false
+			return false, err
 		}
 		_ = u.Close()
 		port = l.Addr().(*net.TCPAddr).Port
-		return true
+		return true, nil
 	})
 	return port, err
 }
@@ -74,20 +74,27 @@ func FreeTCPUDPPortOn(ip string) (int, error) {
 // connection the machine opens before the server it was meant for binds
 // it, and on a busy CI machine one does. Drawn at random, test
 // processes running at once rarely draw the same one. Where the range
-// leaves too little room below it, the kernel picks (port "0").
-func drawPorts(ip string, take func(port string) bool) error {
+// leaves too little room below it, the kernel picks (port "0"). take
+// returns why a port would not do; the last reason is in the error when
+// none did.
+func drawPorts(ip string, take func(port string) (done bool, err error)) error {
 	const lowest = 10000
 	highest := ephemeralLow() - 1
+	var last error
 	for range 1000 {
 		port := "0"
 		if highest-lowest > 1000 {
 			port = strconv.Itoa(lowest + rand.IntN(highest-lowest+1))
 		}
-		if take(port) {
+		done, err := take(port)
+		if done {
 			return nil
 		}
+		if err != nil {
+			last = err
+		}
 	}
-	return fmt.Errorf("find free ports on %s: none left after 1000 tries", ip)
+	return fmt.Errorf("find free ports on %s: none left after 1000 tries, the last refused with: %w", ip, last)
 }
 
 // ephemeralLow is the first port of the kernel's ephemeral range

@@ -250,10 +250,7 @@ func dialDirect(ctx context.Context, addr string) (net.Conn, error) {
 // the server's frontend on a Unix socket in p's mode. A tunnel lasts as
 // long as the context it was dialled with.
 func (p *pair) dial() dialFunc {
-	if p.mode == "grpc" {
-		return dialFunc(churn.GRPCOverUnix(p.socket))
-	}
-	return dialFunc(churn.ConnectOverUnix(p.socket))
+	return dialFunc(churn.OverUnix(p.mode, p.socket))
 }
 
 // fetch sends a GET of path on c and reads the whole response into buf,

@@ -75,7 +75,7 @@ func schedTable(b *testing.B, pairs []*pair, dials map[*pair]int, dir string) st
 			if err != nil {
 				b.Fatal(err)
 			}
-			n := float64(dials[p])
+			n := float64(max(dials[p], 1)) // at least the dial that ran while the trace ended
 			whose := map[string]string{"ours": "our", "upstream": "upstream's"}[p.impl]
 			fmt.Fprintf(&s, "| %s | %s %s | %.1f | %.1f | %.1f |\n", p.name, whose, role, float64(c.wakeups)/n, float64(c.created)/n, float64(c.syscalls)/n)
 		}

@@ -36,8 +36,12 @@ var (
 // downloads bulkSize once through each (direct, ours, upstream). It
 // reports ours/upstream and each against a direct connection: the median
 // over runs, with the range, and the load average beside each run; and
-// the CPU each process spent per GB. Run it with make bench-upstream;
-// BENCH_PROFILE=dir also writes CPU profiles of our processes.
+// the CPU each process spent per new tunnel and per GB, and the dial's
+// floor. Run it with make bench-upstream; BENCH_PROFILE=dir also writes
+// CPU profiles of our processes (downloads and new tunnels) and execution
+// traces of every process, and adds the table of wake-ups and system
+// calls per tunnel. The tables are written as soon as they are known, so
+// that a failure in profiling still leaves the run's figures.
 func BenchmarkUpstream(b *testing.B) {
 	up := upstream.Require(b)
 	if *burners > 0 {

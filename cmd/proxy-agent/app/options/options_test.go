@@ -136,12 +136,10 @@ func TestIgnoredFlagsAreReported(t *testing.T) {
 	assert.Equal(t, []string{"--warn-on-channel-limit", "--xfr-channel-size"}, serve.IgnoredFlags(fs))
 }
 
-// Config turns the flags into the agent's configuration once, with the
-// target policy the flags mean.
-// bothSources stands for the counter of DNS and leases together.
-// Config is data: whatever the flags ask for (DNS, leases at an API
-// server that is not there, TLS files), it starts nothing and reaches
-// nothing, so that a failure after it leaves nothing to stop.
+// Config turns the flags into the agent's configuration, with the target
+// policy the flags mean. It is data: whatever the flags ask for (DNS,
+// leases at an API server that is not there), it starts nothing and
+// reaches nothing, so that a failure after it leaves nothing to stop.
 //
 // It runs alone (not in parallel), so that any goroutine it finds is
 // Config's.
