@@ -31,6 +31,9 @@ type client struct {
 	// peerWindow is the server's flow-control window per tunnel, 0 when
 	// the handshake did not turn flow control on.
 	peerWindow int
+	// peerHeartbeat is the server's heartbeat interval, 0 when the
+	// handshake did not turn heartbeats on.
+	peerHeartbeat time.Duration
 	// logger is the logger of the context the client was dialed in, with
 	// the serverID.
 	logger klog.Logger
@@ -52,6 +55,19 @@ type client struct {
 	// (unix nanoseconds). Both for the liveness backstop, see stalled.
 	senders atomic.Int32
 	moved   atomic.Int64
+	// sent is when a packet was last sent (unix nanoseconds): a stream
+	// on which nothing was sent for the heartbeat interval gets one.
+	sent atomic.Int64
+	// waiting is when the receive loop began to wait for the next
+	// packet, 0 while it handles one; handling is when it began to
+	// handle one, 0 while it waits (unix nanoseconds). A server is
+	// silent only while the loop waits, and the loop is stuck only while
+	// it handles: see checkLiveness.
+	waiting, handling atomic.Int64
+	// dropped is set when the stream is given up on (dead, stuck or
+	// failed): it no longer counts as held while its tunnels wind down,
+	// and a new stream to the same server may take its place.
+	dropped atomic.Bool
 
 	// controlReady wakes controlLoop when sendControl queues a packet;
 	// buffer of 1.
@@ -137,7 +153,9 @@ func (c *client) send(p *pb.Packet) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	err := c.stream.Send(p)
-	c.moved.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	c.moved.Store(now)
+	c.sent.Store(now)
 	if err != nil {
 		c.cs.metrics.streamError(segmentSent, err, wire.PacketTypeName(p.GetType()))
 		return err
@@ -173,9 +191,7 @@ func (c *client) sendControl(p *pb.Packet, id int64) {
 	}
 	if len(c.controlKeys) >= maxControl { // the one being sent included
 		c.controlMu.Unlock()
-		c.cs.metrics.streamEnded(streamEndedControlBacklog)
-		c.logger.Info("Ended a proxy-server stream whose server left too many answers unread; the agent will connect again", "queued", maxControl)
-		c.cancel()
+		c.drop(streamEndedControlBacklog, "Ended a proxy-server stream whose server left too many answers unread; the agent will connect again", "queued", maxControl)
 		return
 	}
 	if c.controlKeys == nil {
@@ -209,9 +225,7 @@ func (c *client) controlLoop(ctx context.Context) {
 			return
 		case <-tick:
 			if c.stalled(c.cs.cfg.StreamStallTimeout) {
-				c.cs.metrics.streamEnded(streamEndedStalled)
-				c.logger.Info("Ended a proxy-server stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", c.cs.cfg.StreamStallTimeout)
-				c.cancel()
+				c.drop(streamEndedStalled, "Ended a proxy-server stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", c.cs.cfg.StreamStallTimeout)
 				return
 			}
 		case <-c.controlReady:
@@ -274,6 +288,56 @@ func (c *client) stalled(d time.Duration) bool {
 	return len(c.control) > 0
 }
 
+// drop gives up on the stream, stuck or dead for reason: msg and kv are
+// logged at level 0 and the end is counted under reason, once.
+func (c *client) drop(reason streamEndedReason, msg string, kv ...any) {
+	if c.giveUp() {
+		c.cs.metrics.streamEnded(reason)
+		c.logger.Info(msg, kv...)
+	}
+}
+
+// giveUp ends the stream. It stops counting as held at once, so that the
+// sync loop, woken, dials the replacement in its next round while the
+// stream's tunnels wind down. It reports whether this call gave up, for
+// the caller to say why once.
+func (c *client) giveUp() bool {
+	first := !c.dropped.Swap(true)
+	c.cancel()
+	if first {
+		c.cs.heldChanged()
+		c.cs.wakeSync()
+	}
+	return first
+}
+
+// checkLiveness does the periodic checks of a stream at now: a
+// HEARTBEAT if the agent sent nothing for its interval, and the end of a
+// stream whose server sent nothing for wire.SilenceLimit of its interval
+// while the receive loop waited (the server is dead, or the path to it),
+// or whose receive loop has been inside one packet for the stall timeout
+// (the loop waits on something it should not: the backstop ends it).
+func (c *client) checkLiveness(now time.Time) {
+	if c.dropped.Load() {
+		return
+	}
+	if hb := c.cs.cfg.Heartbeat; hb > 0 && c.peerHeartbeat > 0 && now.Sub(time.Unix(0, c.sent.Load())) >= hb {
+		c.sendControl(wire.Heartbeat(), 0)
+	}
+	if c.peerHeartbeat > 0 {
+		silence := wire.Silence(c.peerHeartbeat)
+		if w := c.waiting.Load(); w != 0 && now.Sub(time.Unix(0, w)) >= silence {
+			c.drop(streamEndedSilent, "Dropped a proxy-server that sent nothing, not even a heartbeat, for too long; the agent will connect again", "silence", silence, "serverHeartbeat", c.peerHeartbeat, "address", c.addr)
+			return
+		}
+	}
+	if d := c.cs.cfg.StreamStallTimeout; d > 0 {
+		if h := c.handling.Load(); h != 0 && now.Sub(time.Unix(0, h)) >= d {
+			c.drop(streamEndedReceiveStuck, "Ended a proxy-server stream whose receive loop was stuck inside one packet; the agent will connect again", "stallTimeout", d)
+		}
+	}
+}
+
 // drain sends DRAIN, once.
 func (c *client) drain() {
 	if c.drained.Swap(true) {
@@ -293,14 +357,27 @@ func (c *client) run(ctx context.Context, drain bool) {
 	}
 	// The stream's context ends with the stream: dials, blocked writes
 	// and controlLoop stop with it.
-	c.moved.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	c.moved.Store(now)
+	c.sent.Store(now)
 	c.wg.Go(func() { c.controlLoop(c.stream.Context()) })
 	err := c.receive(klog.NewContext(c.stream.Context(), c.logger))
-	if ctx.Err() == nil {
-		c.logger.V(2).Info("Lost proxy-server connection", "err", err)
+	switch {
+	case ctx.Err() != nil, c.dropped.Load():
+		// The agent stops, or gave up on the stream and said why.
+	case err != nil:
+		// The transport failed (a keepalive that went unanswered, a
+		// reset): a server lost, which an operator is to see.
+		if c.giveUp() {
+			c.logger.Info("Lost proxy-server connection; the agent will connect again", "address", c.addr, "err", err)
+		}
+	default:
+		if c.giveUp() {
+			c.logger.V(2).Info("Proxy-server ended the stream", "address", c.addr)
+		}
 	}
-
 	c.cancel()
+
 	c.mu.Lock()
 	c.closed = true
 	tunnels := c.tunnels
@@ -318,8 +395,14 @@ func (c *client) run(ctx context.Context, drain bool) {
 // receive reads packets until the stream ends.
 func (c *client) receive(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
+	defer c.handling.Store(0) // a loop that has ended is not stuck
 	for {
+		c.handling.Store(0)
+		c.waiting.Store(time.Now().UnixNano())
 		p, err := c.stream.Recv()
+		now := time.Now().UnixNano()
+		c.waiting.Store(0)
+		c.handling.Store(now)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -332,7 +415,7 @@ func (c *client) receive(ctx context.Context) error {
 			}
 			return err
 		}
-		c.moved.Store(time.Now().UnixNano())
+		c.moved.Store(now)
 		c.cs.metrics.packet(segmentReceived, p.GetType())
 		switch p.GetType() {
 		case pb.PacketType_DIAL_REQ:
@@ -388,6 +471,8 @@ func (c *client) receive(ctx context.Context) error {
 				logger.V(2).Info("Proxy-server is shutting down: its tunnels finish, and another server is sought")
 				c.cs.wakeSync()
 			}
+		case wire.PacketHeartbeat:
+			// Its arrival is all it says: the server is alive.
 		case pb.PacketType_DIAL_CLS:
 			// A frontend gave up on a pending dial. Our dial answers within
 			// DialTimeout anyway and the server drops the unmatched reply.

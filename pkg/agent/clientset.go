@@ -117,22 +117,42 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 	return cs, nil
 }
 
-// Connected returns the number of servers connected (distinct serverIDs).
+// Connected returns the number of servers held: distinct serverIDs with a
+// stream that the agent has not given up on.
 func (cs *ClientSet) Connected() int {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	return len(cs.clients)
+	return cs.heldLocked()
 }
 
-// serving counts the servers connected that are not going away: a server
-// that sent DRAIN is shutting down, its tunnels finish, and the sync loop
-// seeks another server in its place.
+// heldLocked counts the streams not given up on. Called with mu held.
+func (cs *ClientSet) heldLocked() int {
+	n := 0
+	for _, c := range cs.clients {
+		if !c.dropped.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+// heldChanged exports the number of servers held after a stream was
+// given up on.
+func (cs *ClientSet) heldChanged() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.metrics.setOpenServerConnections(cs.heldLocked())
+}
+
+// serving counts the servers held that are not going away: a server that
+// sent DRAIN is shutting down, its tunnels finish, and the sync loop seeks
+// another server in its place.
 func (cs *ClientSet) serving() int {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	n := 0
 	for _, c := range cs.clients {
-		if !c.serverDraining.Load() {
+		if !c.serverDraining.Load() && !c.dropped.Load() {
 			n++
 		}
 	}
@@ -259,10 +279,12 @@ func (cs *ClientSet) Run(ctx context.Context) error {
 // connection without the dial that made it.
 func (cs *ClientSet) add(ctx context.Context, c *client) dialResult {
 	cs.mu.Lock()
-	if _, dup := cs.clients[c.serverID]; dup || ctx.Err() != nil {
+	// A stream given up on is no duplicate: the new one takes its place
+	// while it winds down.
+	if old, dup := cs.clients[c.serverID]; dup && !old.dropped.Load() || ctx.Err() != nil {
 		cs.mu.Unlock()
 		c.closeUnstarted()
-		if dup {
+		if ctx.Err() == nil {
 			cs.metrics.serverDialed(dialDuplicate)
 			// The stream is closed, but its count is news: with
 			// SyncForever that is how counts are learnt, as upstream does.
@@ -275,7 +297,7 @@ func (cs *ClientSet) add(ctx context.Context, c *client) dialResult {
 	cs.metrics.serverDialed(dialOK)
 	cs.clients[c.serverID] = c
 	drain := cs.draining
-	cs.metrics.setOpenServerConnections(len(cs.clients))
+	cs.metrics.setOpenServerConnections(cs.heldLocked())
 	cs.clientsWG.Add(1)
 	cs.mu.Unlock()
 
@@ -293,14 +315,15 @@ func (cs *ClientSet) remove(c *client) {
 	if cs.clients[c.serverID] == c {
 		delete(cs.clients, c.serverID)
 	}
-	n := len(cs.clients)
-	cs.metrics.setOpenServerConnections(n)
+	cs.metrics.setOpenServerConnections(cs.heldLocked())
 	cs.mu.Unlock()
 }
 
 // probeLoop drops, every ProbeInterval, clients whose gRPC connection has
-// failed or whose stream has ended. The receive loop notices most ends
-// first; this catches connections that fail without the stream noticing.
+// failed or whose stream has ended, and checks the liveness of the others
+// (heartbeats, a silent server, a stuck receive loop: checkLiveness). The
+// receive loop notices most ends first; this catches connections that
+// fail without the stream noticing, and servers that die silently.
 func (cs *ClientSet) probeLoop(ctx context.Context) {
 	ticker := time.NewTicker(cs.cfg.ProbeInterval)
 	defer ticker.Stop()
@@ -322,14 +345,18 @@ func (cs *ClientSet) probe(ctx context.Context) {
 		clients = append(clients, c)
 	}
 	cs.mu.Unlock()
+	now := time.Now()
 	for _, c := range clients {
 		switch state := c.cc.GetState(); state {
 		case connectivity.TransientFailure, connectivity.Shutdown:
-			klog.FromContext(ctx).V(2).Info("Dropped proxy-server connection", "serverID", c.serverID, "state", state.String())
-			c.cancel()
+			if c.giveUp() {
+				klog.FromContext(ctx).V(2).Info("Dropped proxy-server connection", "serverID", c.serverID, "state", state.String())
+			}
 		default:
 			if c.ended() {
 				c.cancel()
+			} else {
+				c.checkLiveness(now)
 			}
 		}
 	}

@@ -152,10 +152,23 @@ type Config struct {
 	TunnelWindow int
 	// StreamStallTimeout is the liveness backstop: a server stream on
 	// which nothing has moved, in or out, for this long while packets
-	// wait to be sent is ended and dialled again, logged and counted in
-	// servercount_agent_streams_ended_total{reason="stalled"}. Default
-	// DefaultStreamStallTimeout; a negative value turns it off.
+	// wait to be sent, or whose receive loop has been inside one packet
+	// for this long, is ended and dialled again, logged and counted in
+	// servercount_agent_streams_ended_total{reason="stalled" or
+	// "receive_stuck"}. Default DefaultStreamStallTimeout; a negative
+	// value turns it off.
 	StreamStallTimeout time.Duration
+	// Heartbeat is the interval the agent offers servers
+	// (wire.HeaderHeartbeat): on a stream whose server answers in kind
+	// (servercount's), each end sends HEARTBEAT when it has sent nothing
+	// else for its interval, and a server from which nothing has arrived
+	// for wire.SilenceLimit of its own interval is dead, whatever the
+	// transport says: the stream is ended at once, stops counting as
+	// held, and the replacement is dialled in the same round. Zero means
+	// wire.DefaultHeartbeat; -1 turns heartbeats off. Upstream's servers
+	// ignore the offer: against them the gRPC keepalive in DialOptions is
+	// the liveness check.
+	Heartbeat time.Duration
 	// Registerer receives the agent's metrics. Nil means they are not
 	// registered.
 	Registerer prometheus.Registerer
@@ -204,6 +217,7 @@ func (cfg Config) withDefaults() Config {
 	cfg.MaxTunnelsPerServer = cmp.Or(cfg.MaxTunnelsPerServer, DefaultMaxTunnelsPerServer)
 	cfg.DialMode = cmp.Or(cfg.DialMode, DialLoadBalancer)
 	cfg.TunnelWindow = cmp.Or(cfg.TunnelWindow, wire.DefaultTunnelWindow)
+	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, wire.DefaultHeartbeat)
 	return cfg
 }
 
@@ -253,6 +267,9 @@ func (cfg Config) validate() error {
 	}
 	if err := wire.CheckTunnelWindow(cfg.TunnelWindow); err != nil {
 		errs = append(errs, fmt.Errorf("TunnelWindow %w (0 means the default)", err))
+	}
+	if err := wire.CheckHeartbeat(cfg.Heartbeat); err != nil {
+		errs = append(errs, fmt.Errorf("Heartbeat %w (0 means the default)", err))
 	}
 	for _, n := range []struct {
 		name string

@@ -69,7 +69,9 @@ func (cs *ClientSet) dialAddress(ctx context.Context, counted servercounter.Resu
 	used := map[string]bool{}
 	cs.mu.Lock()
 	for _, c := range cs.clients {
-		used[c.addr] = true
+		if !c.dropped.Load() {
+			used[c.addr] = true
+		}
 	}
 	cs.mu.Unlock()
 	for i := range eps {
@@ -98,6 +100,9 @@ func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) 
 	}
 	if cs.cfg.TunnelWindow > 0 {
 		md.Set(wire.HeaderTunnelWindow, strconv.Itoa(cs.cfg.TunnelWindow))
+	}
+	if cs.cfg.Heartbeat > 0 {
+		md.Set(wire.HeaderHeartbeat, wire.FormatHeartbeat(cs.cfg.Heartbeat))
 	}
 
 	// The same windows, message limit and codec as the server's (wire),
@@ -156,6 +161,11 @@ func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) 
 		// Flow control is on only if the server answered in kind; an
 		// upstream server does not.
 		c.peerWindow, _ = wire.ParseTunnelWindow(hdr.Get(wire.HeaderTunnelWindow))
+	}
+	if cs.cfg.Heartbeat > 0 {
+		// On only if the server answered in kind; an upstream server
+		// does not.
+		c.peerHeartbeat, _ = wire.ParseHeartbeat(hdr.Get(wire.HeaderHeartbeat))
 	}
 	return c, nil
 }

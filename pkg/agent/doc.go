@@ -50,7 +50,20 @@
 //
 // Liveness backstop: if a cycle nobody foresaw still forms, a stream on
 // which nothing has moved for [Config.StreamStallTimeout] while packets
-// wait to be sent is ended (logged at level 0, counted in
+// wait to be sent, or whose receive loop has been inside one packet for
+// as long, is ended (logged at level 0, counted in
 // servercount_agent_streams_ended_total) and dialled again: it costs
 // seconds, not a restart.
+//
+// # Liveness of servers
+//
+// A server the agent holds is proven alive within a bound. With
+// servercount's servers both ends send HEARTBEAT on a stream idle for
+// their interval ([Config.Heartbeat]), and a server from which nothing
+// arrived for wire.SilenceLimit of its interval is dropped: it stops
+// counting as held at once, and the sync loop dials its replacement in
+// the same round. Against upstream's servers, which send none, the gRPC
+// keepalive of DialOptions is the check. A slow endpoint dial sends a
+// HEARTBEAT after wire.DialProgress, so that the server does not take
+// the agent for unresponsive.
 package agent

@@ -63,6 +63,12 @@ const (
 	// streamEndedControlBacklog: the server left maxControl answers
 	// unread.
 	streamEndedControlBacklog streamEndedReason = "control_backlog"
+	// streamEndedSilent: the server sent nothing, not even a heartbeat,
+	// for wire.SilenceLimit of its heartbeat interval.
+	streamEndedSilent streamEndedReason = "silent"
+	// streamEndedReceiveStuck: the receive loop was inside one packet for
+	// StreamStallTimeout.
+	streamEndedReceiveStuck streamEndedReason = "receive_stuck"
 )
 
 // metrics holds the agent's collectors. It is safe for concurrent use.
@@ -122,7 +128,7 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 		controlQueued: ours.Gauge("control_queued_packets",
 			"Answers (CLOSE_RSP, refused DIAL_RSP) queued without waiting and not yet sent, across every server stream; at most 4096 per stream."),
 		streamsEnded: ours.CounterVec("streams_ended_total",
-			"Number of server streams the agent ended because they were stuck, by reason: stalled (nothing moved while packets waited), control_backlog (the server left too many answers unread).", "reason"),
+			"Number of server streams the agent ended because they were stuck or their server dead, by reason: stalled (nothing moved while packets waited), control_backlog (the server left too many answers unread), silent (the server sent nothing, not even a heartbeat, for 2.5 of its heartbeat intervals), receive_stuck (the receive loop was inside one packet for --stream-stall-timeout).", "reason"),
 		busiestServer: ours.GaugeFunc("busiest_server_tunnels",
 			"Tunnels, dials in flight included, on the server stream that has the most; DIAL_REQs over --max-tunnels-per-server are refused.", busiest),
 		dialDuration: upstream.Histogram("dial_duration_seconds",
@@ -140,7 +146,7 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 	for _, r := range []dialResult{dialOK, dialDuplicate, dialError} {
 		m.serverDials.WithLabelValues(string(r))
 	}
-	for _, r := range []streamEndedReason{streamEndedStalled, streamEndedControlBacklog} {
+	for _, r := range []streamEndedReason{streamEndedStalled, streamEndedControlBacklog, streamEndedSilent, streamEndedReceiveStuck} {
 		m.streamsEnded.WithLabelValues(string(r))
 	}
 	if err := metric.Register(reg, "agent metrics (is a second ClientSet using the same Registerer?)",

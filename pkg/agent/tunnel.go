@@ -91,6 +91,12 @@ func (t *tunnel) account(n int) bool {
 func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
 	logger := klog.FromContext(ctx).WithValues("address", req.GetAddress(), "dialID", req.GetRandom())
 	start := time.Now()
+	if c.peerHeartbeat > 0 {
+		// A slow endpoint must not make the agent look deaf: the server
+		// hears from it within wire.DialProgress of the DIAL_REQ.
+		progress := time.AfterFunc(wire.DialProgress, func() { c.sendControl(wire.Heartbeat(), 0) })
+		defer progress.Stop()
+	}
 	conn, err := c.dialEndpoint(ctx, req.GetProtocol(), req.GetAddress())
 	c.cs.endDial()
 	if err == nil {

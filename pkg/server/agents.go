@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/outage"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -30,8 +32,21 @@ type backend struct {
 	// peerWindow is the agent's flow-control window per tunnel, 0 when
 	// the handshake did not turn flow control on.
 	peerWindow int
+	// peerHeartbeat is the agent's heartbeat interval, 0 when the
+	// handshake did not turn heartbeats on.
+	peerHeartbeat time.Duration
 	// draining is set when the agent sends DRAIN on this stream.
 	draining atomic.Bool
+	// unresponsive is when the agent was taken for unresponsive (see
+	// Config.UnansweredDialTimeout), zero while it is not. Guarded by
+	// Server.mu.
+	unresponsive time.Time
+	// timeouts counts the backend dial timeouts in a row, with no
+	// DIAL_RSP between them. Guarded by Server.mu.
+	timeouts int
+	// answering logs, at level 0, that the agent stopped answering dials
+	// and that it answers again, once per outage.
+	answering *outage.Outage
 	// conns holds the established connections by connectID. Guarded by
 	// Server.mu.
 	conns map[int64]*tunnel
@@ -70,18 +85,28 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 			hdr.Set(wire.HeaderTunnelWindow, strconv.Itoa(s.cfg.TunnelWindow))
 		}
 	}
+	// Heartbeats, too, only when the agent offers them.
+	var peerHeartbeat time.Duration
+	if s.cfg.Heartbeat > 0 {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if d, ok := wire.ParseHeartbeat(md.Get(wire.HeaderHeartbeat)); ok {
+			peerHeartbeat = d
+			hdr.Set(wire.HeaderHeartbeat, wire.FormatHeartbeat(s.cfg.Heartbeat))
+		}
+	}
 	if err := stream.SendHeader(hdr); err != nil {
 		return fmt.Errorf("send handshake headers to agent %q: %w", capPeer(agentID), err)
 	}
 	s.metrics.setReportedServerCount(count)
 
-	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, peer: newPeer(stream, s.metrics, segmentToAgent), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow}
+	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, peer: newPeer(stream, s.metrics, segmentToAgent), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
+		answering: outage.New("have dials answered by agent "+capPeer(agentID), nil)}
 	if !s.addBackend(be) {
 		s.metrics.observeAgentRejection(RejectShuttingDown)
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
 	s.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
-	return s.waitStream(be.peer, be.logID)
+	return s.waitStream(be.peer)
 }
 
 // stopping reports whether Shutdown or Close has begun.
@@ -176,6 +201,11 @@ func (s *Server) addBackend(be *backend) bool {
 	s.metrics.addGRPCConns(methodAgentConnect, 1)
 	s.countReadyBackend(be, 1)
 	s.wg.Add(2)
+	if !s.sweeping {
+		// The liveness sweep runs from the first agent on.
+		s.sweeping = true
+		s.wg.Go(s.sweepLoop)
+	}
 	s.mu.Unlock()
 	s.goStream(be.peer, func() { s.serveAgent(be) })
 	return true
@@ -199,6 +229,10 @@ func (s *Server) removeBackendLocked(be *backend) {
 		s.metrics.addBackends(-1)
 		s.metrics.addGRPCConns(methodAgentConnect, -1)
 		s.countReadyBackend(be, -1)
+		if !be.unresponsive.IsZero() {
+			s.nUnresponsive--
+			s.metrics.addUnresponsive(-1)
+		}
 		return
 	}
 }
@@ -212,7 +246,7 @@ func (s *Server) serveAgent(be *backend) {
 			s.backendGone(be)
 			return
 		}
-		be.peer.received()
+		be.peer.arrived()
 		s.log.V(4).Info("Received packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_RSP:
@@ -227,6 +261,8 @@ func (s *Server) serveAgent(be *backend) {
 			if !be.draining.Swap(true) {
 				s.log.V(2).Info("Agent is draining", "agentID", be.logID)
 			}
+		case wire.PacketHeartbeat:
+			// Its arrival is all it says: the agent is alive.
 		default:
 			s.log.V(2).Info("Ignored unexpected packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		}
@@ -245,61 +281,86 @@ func (s *Server) countReadyBackend(be *backend, n int) {
 }
 
 // chooseLocked picks an agent stream for a dial to address by the
-// configured strategies, or returns nil.
-func (s *Server) chooseLocked(address string) *backend {
-	host := address
-	if h, _, err := net.SplitHostPort(address); err == nil {
-		host = h
-	}
+// configured strategies, and returns it with the strategy that found it,
+// or nil.
+func (s *Server) chooseLocked(address string) (*backend, Strategy) {
 	for _, st := range s.cfg.Strategies {
-		var match func(*backend) bool
-		switch st {
-		case StrategyDestHost:
-			match = func(b *backend) bool { return identifiersMatchHost(b.ids, host) }
-		case StrategyDefaultRoute:
-			match = func(b *backend) bool { return b.ids.DefaultRoute }
+		if be := s.pickLocked(matcher(st, address), nil); be != nil {
+			return be, st
 		}
-		if be := s.pickLocked(match); be != nil {
-			return be
+	}
+	return nil, ""
+}
+
+// matcher returns what strategy st accepts for a dial to address: nil
+// accepts every stream.
+func matcher(st Strategy, address string) func(*backend) bool {
+	switch st {
+	case StrategyDestHost:
+		host := address
+		if h, _, err := net.SplitHostPort(address); err == nil {
+			host = h
 		}
+		return func(b *backend) bool { return identifiersMatchHost(b.ids, host) }
+	case StrategyDefaultRoute:
+		return func(b *backend) bool { return b.ids.DefaultRoute }
 	}
 	return nil
 }
 
+// Tiers of a stream for a new dial, best first.
+const (
+	// tierReady: a stream the agent serves on.
+	tierReady = iota
+	// tierDraining: the agent sent DRAIN; it still serves.
+	tierDraining
+	// tierUnresponsive: the agent does not answer dials.
+	tierUnresponsive
+	tiers
+)
+
+// tierLocked is b's tier. Called with Server.mu held.
+func (b *backend) tierLocked() int {
+	switch {
+	case !b.unresponsive.IsZero():
+		return tierUnresponsive
+	case b.draining.Load():
+		return tierDraining
+	}
+	return tierReady
+}
+
 // pickLocked picks a random agent with a stream that match accepts (nil
-// accepts all), and returns that agent's oldest such stream that is not
-// draining. Agents whose matching streams all drain are used only when no
-// other agent matches.
-func (s *Server) pickLocked(match func(*backend) bool) *backend {
-	var ready, draining []*backend
+// accepts all), other than avoid, and returns that agent's oldest stream
+// of its best tier. Agents whose best stream is of a worse tier are
+// picked only when no agent has a better one: a draining agent, then an
+// unresponsive one, so that neither is ever left with nothing to pick.
+func (s *Server) pickLocked(match func(*backend) bool, avoid *backend) *backend {
+	var byTier [tiers][]*backend
 	for _, a := range s.agents {
-		var oldest, oldestReady *backend
+		var best *backend
+		bestTier := tiers
 		for _, b := range a.streams {
-			if match != nil && !match(b) {
+			if b == avoid || match != nil && !match(b) {
 				continue
 			}
-			if oldest == nil {
-				oldest = b
-			}
-			if !b.draining.Load() {
-				oldestReady = b
-				break
+			if t := b.tierLocked(); t < bestTier {
+				best, bestTier = b, t
+				if t == tierReady {
+					break
+				}
 			}
 		}
-		switch {
-		case oldestReady != nil:
-			ready = append(ready, oldestReady)
-		case oldest != nil:
-			draining = append(draining, oldest)
+		if best != nil {
+			byTier[bestTier] = append(byTier[bestTier], best)
 		}
 	}
-	if len(ready) == 0 {
-		ready = draining
+	for _, candidates := range byTier {
+		if len(candidates) > 0 {
+			return candidates[rand.IntN(len(candidates))]
+		}
 	}
-	if len(ready) == 0 {
-		return nil
-	}
-	return ready[rand.IntN(len(ready))]
+	return nil
 }
 
 func remoteAddr(ctx context.Context) string {

@@ -77,6 +77,25 @@ func ParseStrategies(s string) ([]Strategy, error) {
 // the 10 s read timeout of the konnectivity-client library.
 const DefaultFrontendWriteTimeout = 10 * time.Second
 
+// DefaultBackendDialTimeout bounds the wait for an agent's DIAL_RSP:
+// twice the 5 s that agents, upstream's and ours, take at most to answer
+// a dial to an endpoint that does not answer, so that only an agent that
+// does not answer at all reaches it. Upstream waits without limit.
+const DefaultBackendDialTimeout = 10 * time.Second
+
+// DefaultUnansweredDialTimeout is how long a dial may wait with nothing
+// from its agent since before the agent is taken for unresponsive. A
+// healthy agent answers a dial within milliseconds, or sends something
+// else meanwhile: ours sends HEARTBEAT when a dial is not answered within
+// wire.DialProgress. An idle upstream agent dialing a slow endpoint can
+// be taken for unresponsive for a while; that costs the dial a second
+// agent, and nothing more.
+const DefaultUnansweredDialTimeout = 2 * time.Second
+
+// backendDialTimeouts is how many backend dial timeouts in a row, with no
+// DIAL_RSP between them, make an agent unresponsive.
+const backendDialTimeouts = 3
+
 // DefaultStreamStallTimeout is how long nothing may move on an agent
 // stream while packets wait to be sent before the server ends it. It is
 // well above every bounded wait of a healthy stream (the 10 s write
@@ -108,10 +127,37 @@ type Config struct {
 	// client certificates are checked by the gRPC server's credentials,
 	// outside this package).
 	Authenticator TokenAuthenticator
-	// BackendDialTimeout bounds the wait for an agent's DIAL_RSP; when it
-	// passes, the frontend gets DIAL_RSP{error "timed out waiting for
-	// backend dial"}. Zero means no limit.
+	// BackendDialTimeout bounds the wait for an agent's DIAL_RSP. When
+	// it passes, the dial is sent to another agent if the strategy that
+	// chose the first finds one and the dial was not sent again already;
+	// else the frontend gets DIAL_RSP{error "timed out waiting for
+	// backend dial"}. Zero means [DefaultBackendDialTimeout]; a negative
+	// value means no limit (upstream's default).
 	BackendDialTimeout time.Duration
+	// UnansweredDialTimeout is how long a dial may wait with nothing at
+	// all received from its agent since it was sent before the agent is
+	// taken for unresponsive: a stopped process, a lock-up, a path that
+	// delivers nothing. Its pending dials are sent to other agents (once
+	// each, by the strategy that chose it), it gets new dials only when
+	// no other agent can take them, and if it stays so for
+	// StreamStallTimeout its stream is ended. At most half the agent
+	// streams are taken for unresponsive at once, and a stream whose
+	// agent is the last to serve one of its destHost identifiers is not
+	// ended. An agent that answers a dial is responsive again.
+	// backendDialTimeouts timeouts in a row do the same for an agent that
+	// sends something but answers no dial. Zero means
+	// [DefaultUnansweredDialTimeout]; a negative value turns it off.
+	UnansweredDialTimeout time.Duration
+	// Heartbeat is the interval the server answers an agent's heartbeat
+	// offer with (wire.HeaderHeartbeat): on a stream whose agent offers
+	// one (servercount's), each end sends HEARTBEAT when it has sent
+	// nothing else for its interval, and an agent from which nothing has
+	// arrived for wire.SilenceLimit of its own interval is dead: its
+	// stream is ended, its pending dials fail, and its tunnels close.
+	// Zero means wire.DefaultHeartbeat; -1 turns heartbeats off.
+	// Upstream's agents do not offer: against them the gRPC keepalive
+	// the caller sets is the liveness check.
+	Heartbeat time.Duration
 	// FrontendWriteTimeout bounds the wait for room in a slow frontend's
 	// queue (see the package doc). Zero means
 	// [DefaultFrontendWriteTimeout].
@@ -161,8 +207,11 @@ func (cfg Config) withDefaults() (Config, error) {
 			errs = append(errs, fmt.Errorf("unknown proxy strategy %q: valid strategies are %s", st, validStrategyNames()))
 		}
 	}
-	if cfg.BackendDialTimeout < 0 {
-		errs = append(errs, fmt.Errorf("backend dial timeout %v is negative: use 0 for no limit", cfg.BackendDialTimeout))
+	cfg.BackendDialTimeout = cmp.Or(cfg.BackendDialTimeout, DefaultBackendDialTimeout)
+	cfg.UnansweredDialTimeout = cmp.Or(cfg.UnansweredDialTimeout, DefaultUnansweredDialTimeout)
+	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, wire.DefaultHeartbeat)
+	if err := wire.CheckHeartbeat(cfg.Heartbeat); err != nil {
+		errs = append(errs, fmt.Errorf("heartbeat %w (0 means the default)", err))
 	}
 	if cfg.FrontendWriteTimeout < 0 {
 		errs = append(errs, fmt.Errorf("frontend write timeout %v is negative: use 0 for the default %v", cfg.FrontendWriteTimeout, DefaultFrontendWriteTimeout))
@@ -174,4 +223,17 @@ func (cfg Config) withDefaults() (Config, error) {
 		errs = append(errs, fmt.Errorf("tunnel window %w (0 means the default)", err))
 	}
 	return cfg, errors.Join(errs...)
+}
+
+// sweepPeriod is how often the liveness sweep (Server.sweep) runs: often
+// enough for each of its checks to act within a fifth of its interval or
+// timeout, and at least every second.
+func (cfg Config) sweepPeriod() time.Duration {
+	p := time.Second
+	for _, d := range []time.Duration{cfg.Heartbeat / 5, cfg.StreamStallTimeout / 4, cfg.UnansweredDialTimeout / 4} {
+		if d > 0 {
+			p = min(p, d)
+		}
+	}
+	return max(p, wire.MinHeartbeat/5)
 }

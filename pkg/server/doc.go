@@ -77,11 +77,32 @@
 //     else waits on a writer but a full queue's senders, none of them a
 //     receive loop of the same stream.
 //
+//   - An agent stream's receive loop hands DIAL_RSP and CLOSE_RSP to a
+//     frontend with frontend.answer, which never waits: a gRPC
+//     frontend's control queue. One frontend with a full queue therefore
+//     never holds up another frontend's dial on the same agent stream.
+//     Its waits for room for DATA (without flow control) end with the
+//     agent stream too.
+//
 // Liveness backstop: if a cycle nobody foresaw still forms, an agent
 // stream on which nothing has moved for [Config.StreamStallTimeout] while
-// packets wait to be sent is ended (logged at level 0, counted in
+// packets wait to be sent, or whose receive loop has been inside one
+// packet for as long, is ended (logged at level 0, counted in
 // servercount_server_streams_ended_total), and its agent dials again: it
 // costs seconds, not a restart.
+//
+// # Liveness of agents
+//
+// Every agent stream the server routes to is proven alive within a
+// bound. With servercount's agents both ends send HEARTBEAT on a stream
+// idle for [Config.Heartbeat], and a stream from which nothing arrived
+// for wire.SilenceLimit of the agent's interval is ended: a stopped
+// process, a black hole or a frozen relay costs seconds. Upstream's
+// agents send none; the gRPC keepalive the caller sets covers them. An
+// agent whose transport lives but which answers no dial is taken for
+// unresponsive ([Config.UnansweredDialTimeout]): its dials go to other
+// agents and it gets new ones only when nobody else can take them. One
+// goroutine (sweep.go) checks every agent stream, whatever their number.
 //
 // # Flow control
 //

@@ -47,7 +47,7 @@ func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
 	}()
 	s.log.V(2).Info("Frontend connected", "remote", remoteAddr(stream.Context()))
 	s.goStream(f.peer, f.serve)
-	return s.waitStream(f.peer, "")
+	return s.waitStream(f.peer)
 }
 
 // serve is the frontend's receive loop.
@@ -95,7 +95,7 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 		f.peer.sendControl(wire.DialRsp(req.GetRandom(), 0, "invalid dial request: "+err.Error()), req.GetRandom())
 		return
 	}
-	t, err := f.s.startDial(f, req.GetAddress(), req.GetRandom())
+	_, be, err := f.s.startDial(f, req.GetProtocol(), req.GetAddress(), req.GetRandom())
 	if err != nil {
 		f.s.log.V(2).Info("Dial refused", "address", capPeer(req.GetAddress()), "dialID", req.GetRandom(), "err", err)
 		// A shutting-down server answers too: during a graceful stop
@@ -104,10 +104,12 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 		f.peer.sendControl(wire.DialRsp(req.GetRandom(), 0, err.Error()), req.GetRandom())
 		return
 	}
-	f.s.log.V(4).Info("Forwarded dial to agent", "agentID", t.be.logID, "address", capPeer(req.GetAddress()), "dialID", req.GetRandom())
+	f.s.log.V(4).Info("Forwarded dial to agent", "agentID", be.logID, "address", capPeer(req.GetAddress()), "dialID", req.GetRandom())
 	// If the agent stream has ended, backendGone answers the dial; if
-	// this frontend has, gone drops it.
-	f.s.sendToAgent(t.be, pkt, f.peer.done)
+	// this frontend has, gone drops it. If the dial is retried on
+	// another agent meanwhile, the one chosen first gets DIAL_CLS after
+	// this and answers nothing that counts.
+	f.s.sendToAgent(be, pkt, f.peer.done)
 }
 
 // forward sends DATA or CLOSE_REQ for connectID to its agent, or answers
@@ -241,11 +243,19 @@ func (f *grpcFrontend) gone() {
 	f.s.log.V(2).Info("Frontend disconnected", "connections", len(ts), "err", f.peer.reason)
 }
 
-func (f *grpcFrontend) deliver(pkt *client.Packet) {
-	if err := f.peer.send(pkt, f.s.cfg.FrontendWriteTimeout, f.s.quit); errors.Is(err, errSlowFrontend) {
+func (f *grpcFrontend) deliver(pkt *client.Packet, abort <-chan struct{}) {
+	if err := f.peer.send(pkt, f.s.cfg.FrontendWriteTimeout, f.s.quit, abort); errors.Is(err, errSlowFrontend) {
 		f.s.log.Info("Ended a frontend stream that did not read for too long", "timeout", f.s.cfg.FrontendWriteTimeout)
 		f.peer.end(errSlowFrontend)
 	}
+}
+
+func (f *grpcFrontend) answer(pkt *client.Packet) {
+	id := pkt.GetCloseResponse().GetConnectID()
+	if pkt.GetType() == client.PacketType_DIAL_RSP {
+		id = pkt.GetDialResponse().GetRandom()
+	}
+	f.peer.sendControl(pkt, id)
 }
 
 func (f *grpcFrontend) track(t *tunnel) { f.pending[t.random] = t }

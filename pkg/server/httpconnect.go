@@ -56,7 +56,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	ht := &httpTunnel{s: s, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{}), queued: queuedBytes{m: s.metrics}}
 	// Whatever is left in data when the tunnel ends is dropped with it.
 	defer ht.queued.stop()
-	t, err := s.startDial(ht, r.Host, 0)
+	t, be, err := s.startDial(ht, "tcp", r.Host, 0)
 	switch {
 	case errors.Is(err, errShuttingDown):
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -65,24 +65,20 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	log := s.log.WithValues("address", capPeer(r.Host), "agentID", t.be.logID, "dialID", t.random)
+	log := s.log.WithValues("address", capPeer(r.Host), "agentID", be.logID, "dialID", t.random)
 
-	var timeout <-chan time.Time
-	if d := s.cfg.BackendDialTimeout; d > 0 {
-		timer := time.NewTimer(d)
-		defer timer.Stop()
-		timeout = timer.C
-	}
+	// The dial's own timer (BackendDialTimeout) answers it if no agent
+	// does; the answer may come while the request still waits for room
+	// in the queue of the agent chosen first, when the dial was sent to
+	// another one meanwhile.
+	var rsp *client.DialResponse
 	req := wire.DialReq("tcp", r.Host, t.random)
 	select {
-	case t.be.peer.out <- req:
-	case <-t.be.peer.done:
+	case be.peer.out <- req:
+	case rsp = <-ht.dialed:
+	case <-be.peer.done:
 		s.closeFromFrontend(t)
 		http.Error(w, "sending the dial request to the agent failed: agent stream closed", http.StatusBadGateway)
-		return
-	case <-timeout:
-		s.closeFromFrontend(t)
-		http.Error(w, "sending the dial request to the agent timed out", http.StatusGatewayTimeout)
 		return
 	case <-r.Context().Done():
 		s.closeFromFrontend(t)
@@ -97,15 +93,16 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	// disconnect was seen first: closeFromFrontend drops the dial if it
 	// is still pending and otherwise sends CLOSE_REQ, where dropping the
 	// pending dial alone would leave an established tunnel open forever.
-	var rsp *client.DialResponse
-	select {
-	case rsp = <-ht.dialed:
-	case <-r.Context().Done():
-		s.closeFromFrontend(t)
-		return
-	case <-s.quit:
-		http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
-		return
+	if rsp == nil {
+		select {
+		case rsp = <-ht.dialed:
+		case <-r.Context().Done():
+			s.closeFromFrontend(t)
+			return
+		case <-s.quit:
+			http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
+			return
+		}
 	}
 	if rsp.GetError() != "" {
 		code := dialErrorStatus(rsp.GetError())
@@ -269,7 +266,7 @@ func (ht *httpTunnel) closeConn() {
 	}
 }
 
-func (ht *httpTunnel) deliver(pkt *client.Packet) {
+func (ht *httpTunnel) deliver(pkt *client.Packet, abort <-chan struct{}) {
 	switch pkt.GetType() {
 	case client.PacketType_DIAL_RSP:
 		select {
@@ -293,6 +290,7 @@ func (ht *httpTunnel) deliver(pkt *client.Packet) {
 			ht.queued.add(dataLen(pkt))
 		case <-ht.closed:
 		case <-ht.s.quit:
+		case <-abort:
 		case <-timer.C:
 			ht.s.log.Info("Closed an HTTP CONNECT client that did not read for too long", "timeout", ht.s.cfg.FrontendWriteTimeout)
 			ht.shutdown()
@@ -302,6 +300,9 @@ func (ht *httpTunnel) deliver(pkt *client.Packet) {
 		ht.shutdown()
 	}
 }
+
+// answer is deliver: a DIAL_RSP or CLOSE_RSP never waits here.
+func (ht *httpTunnel) answer(pkt *client.Packet) { ht.deliver(pkt, nil) }
 
 func (ht *httpTunnel) track(*tunnel)            {}
 func (ht *httpTunnel) established(*tunnel) bool { return true }

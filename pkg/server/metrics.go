@@ -80,9 +80,34 @@ const (
 	// StreamEndedControlBacklog: the peer left more control packets
 	// unread than a stream may queue.
 	StreamEndedControlBacklog StreamEndedReason = "control_backlog"
+	// StreamEndedSilent: an agent with heartbeats on sent nothing, not
+	// even a heartbeat, for wire.SilenceLimit of its interval.
+	StreamEndedSilent StreamEndedReason = "silent"
+	// StreamEndedReceiveStuck: the stream's receive loop was inside one
+	// packet for Config.StreamStallTimeout.
+	StreamEndedReceiveStuck StreamEndedReason = "receive_stuck"
+	// StreamEndedUnresponsive: the agent answered none of its dials for
+	// Config.StreamStallTimeout.
+	StreamEndedUnresponsive StreamEndedReason = "unresponsive"
 )
 
-var streamEndedReasons = []StreamEndedReason{StreamEndedStalled, StreamEndedControlBacklog}
+var streamEndedReasons = []StreamEndedReason{StreamEndedStalled, StreamEndedControlBacklog, StreamEndedSilent, StreamEndedReceiveStuck, StreamEndedUnresponsive}
+
+// RetryReason is the reason label of the dial retries counter.
+type RetryReason string
+
+// Why a pending dial was sent to another agent.
+const (
+	// RetryUnresponsive: its agent sent nothing for
+	// Config.UnansweredDialTimeout after the dial, or left
+	// unresponsiveTimeouts dials in a row unanswered.
+	RetryUnresponsive RetryReason = "unresponsive"
+	// RetryTimeout: its agent did not answer within
+	// Config.BackendDialTimeout.
+	RetryTimeout RetryReason = "timeout"
+)
+
+var retryReasons = []RetryReason{RetryUnresponsive, RetryTimeout}
 
 // TunnelEndedReason is the reason label of the tunnels ended counter.
 type TunnelEndedReason string
@@ -117,11 +142,14 @@ type metrics struct {
 	reportedCount   prometheus.Gauge
 	agentRejection  *prometheus.CounterVec
 	waitingForAgent prometheus.Gauge
+	waitingForFe    prometheus.Gauge
 	duplicateDials  prometheus.Counter
 	queuedBytes     prometheus.Gauge
 	controlQueued   prometheus.Gauge
 	streamsEnded    *prometheus.CounterVec
 	tunnelsEnded    *prometheus.CounterVec
+	unresponsive    prometheus.Gauge
+	dialRetries     *prometheus.CounterVec
 
 	readyBackends *prometheus.GaugeVec
 	dialDuration  prometheus.Histogram
@@ -167,6 +195,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Number of agent streams refused at the handshake, by reason.", "reason"),
 		waitingForAgent: ours.Gauge("frontends_waiting_for_agent",
 			"Number of frontends (gRPC streams and HTTP CONNECT tunnels) whose next packet waits for room in an agent stream's send queue: an agent that does not read holds them."),
+		waitingForFe: ours.Gauge("deliveries_waiting_for_frontend",
+			"Number of packets for gRPC frontends waiting for room in a frontend's send queue, each for at most --frontend-write-timeout: a frontend that does not read holds them. Never an agent stream's receive loop with flow control on."),
 		duplicateDials: ours.Counter("duplicate_dials_total",
 			"Number of dials refused as duplicates: a frontend reused the random of a pending dial, or an agent answered with a connectID the frontend already uses."),
 		queuedBytes: ours.Gauge("queued_bytes",
@@ -174,7 +204,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		controlQueued: ours.Gauge("control_queued_packets",
 			"Control packets (CLOSE_REQ, CLOSE_RSP, DIAL_RSP errors) that receive loops queued without waiting and that are not yet sent, across every stream; at most 4096 per stream."),
 		streamsEnded: ours.CounterVec("streams_ended_total",
-			"Number of streams the server ended because they were stuck, by reason: stalled (nothing moved while packets waited), control_backlog (the peer left too many control packets unread).", "reason"),
+			"Number of streams the server ended because they were stuck or their agent dead, by reason: stalled (nothing moved while packets waited), control_backlog (the peer left too many control packets unread), silent (the agent sent nothing, not even a heartbeat, for 2.5 of its heartbeat intervals), receive_stuck (the receive loop was inside one packet for --stream-stall-timeout), unresponsive (the agent answered no dial for --stream-stall-timeout).", "reason"),
+		unresponsive: ours.Gauge("unresponsive_agent_streams",
+			"Agent streams taken for unresponsive: a dial waited --unanswered-dial-timeout with nothing from the agent since, or several dials in a row timed out. They get new dials only when no other agent can take them; at most half the agent streams are."),
+		dialRetries: ours.CounterVec("dial_retries_total",
+			"Number of pending dials sent again to another agent, by reason: unresponsive (their agent was taken for unresponsive), timeout (their agent did not answer within --backend-dial-timeout). A dial is retried once at most.", "reason"),
 		tunnelsEnded: ours.CounterVec("tunnels_ended_total",
 			"Number of tunnels the server ended because they were stuck, by reason: no_credit (a frontend's data waited too long for the agent's flow-control credit).", "reason"),
 		readyBackends: upstream.GaugeVec("ready_backends",
@@ -204,9 +238,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range tunnelEndedReasons {
 		m.tunnelsEnded.WithLabelValues(string(r))
 	}
+	for _, r := range retryReasons {
+		m.dialRetries.WithLabelValues(string(r))
+	}
 	if err := metric.Register(reg, "proxy-server metrics (is another Server registered on the same registry?)",
-		m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.duplicateDials, m.queuedBytes,
-		m.controlQueued, m.streamsEnded, m.tunnelsEnded,
+		m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.waitingForFe, m.duplicateDials, m.queuedBytes,
+		m.controlQueued, m.streamsEnded, m.tunnelsEnded, m.unresponsive, m.dialRetries,
 		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors); err != nil {
 		return nil, err
 	}
@@ -236,6 +273,11 @@ func (m *metrics) addQueuedBytes(n int)   { m.queuedBytes.Add(float64(n)) }
 func (m *metrics) addControlQueued(n int) { m.controlQueued.Add(float64(n)) }
 func (m *metrics) observeStreamEnded(r StreamEndedReason) {
 	m.streamsEnded.WithLabelValues(string(r)).Inc()
+}
+func (m *metrics) addWaitingForFrontend(n int) { m.waitingForFe.Add(float64(n)) }
+func (m *metrics) addUnresponsive(n int) { m.unresponsive.Add(float64(n)) }
+func (m *metrics) observeDialRetry(r RetryReason) {
+	m.dialRetries.WithLabelValues(string(r)).Inc()
 }
 func (m *metrics) observeTunnelEnded(r TunnelEndedReason) {
 	m.tunnelsEnded.WithLabelValues(string(r)).Inc()

@@ -45,6 +45,15 @@ var (
 	// errStalled ends an agent stream on which nothing moved for
 	// Config.StreamStallTimeout while packets waited to be sent.
 	errStalled = errors.New("nothing moved on the stream while packets waited")
+	// errSilent ends an agent stream with heartbeats on from which
+	// nothing arrived for wire.SilenceLimit of the agent's interval.
+	errSilent = errors.New("the agent sent nothing, not even a heartbeat, for too long")
+	// errReceiveStuck ends an agent stream whose receive loop was inside
+	// one packet for Config.StreamStallTimeout.
+	errReceiveStuck = errors.New("the stream's receive loop was stuck inside one packet")
+	// errUnresponsive ends an agent stream whose agent answered no dial
+	// for Config.StreamStallTimeout.
+	errUnresponsive = errors.New("the agent answered no dial for too long")
 )
 
 // peer is one gRPC stream, agent or frontend, seen from the server. Its
@@ -82,6 +91,17 @@ type peer struct {
 	// stalled.
 	moved   atomic.Int64
 	sending atomic.Bool
+	// sent is when writeLoop last sent a packet, and received when the
+	// receive loop last took one (unix nanoseconds): an agent stream on
+	// which nothing was sent for the heartbeat interval gets a HEARTBEAT,
+	// and a dial is unanswered while nothing was received since.
+	sent, received atomic.Int64
+	// waiting is when the receive loop began to wait for the next
+	// packet, 0 while it handles one; handling is when it began to
+	// handle one, 0 while it waits (unix nanoseconds). A peer is silent
+	// only while the loop waits, and the loop is stuck only while it
+	// handles: see Server.checkStream.
+	waiting, handling atomic.Int64
 
 	// metrics counts the packets sent, under segment (to_agent or
 	// to_client).
@@ -109,7 +129,10 @@ type controlKey struct {
 // newPeer returns the peer of stream, whose sends m counts under segment.
 func newPeer(stream packetStream, m *metrics, segment string) *peer {
 	p := &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), controlReady: make(chan struct{}, 1), metrics: m, segment: segment, queued: queuedBytes{m: m}}
-	p.moved.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	p.moved.Store(now)
+	p.sent.Store(now)
+	p.received.Store(now)
 	return p
 }
 
@@ -126,16 +149,21 @@ func (p *peer) end(reason error) {
 	})
 }
 
-// send queues pkt, waiting for room until the stream ends or quit closes
-// (errPeerGone) or, if d > 0, for at most d (errSlowFrontend). A receive
-// loop never calls it on its own stream: it uses sendControl.
-func (p *peer) send(pkt *client.Packet, d time.Duration, quit <-chan struct{}) error {
+// send queues pkt, waiting for room until the stream ends or quit or
+// abort closes (errPeerGone) or, if d > 0, for at most d
+// (errSlowFrontend). A receive loop never calls it on its own stream: it
+// uses sendControl.
+func (p *peer) send(pkt *client.Packet, d time.Duration, quit, abort <-chan struct{}) error {
 	// Room now takes no timer.
 	select {
 	case p.out <- pkt:
 		p.queued.add(dataLen(pkt))
 		return nil
 	default:
+	}
+	if p.segment == segmentToClient {
+		p.metrics.addWaitingForFrontend(1)
+		defer p.metrics.addWaitingForFrontend(-1)
 	}
 	var timeout <-chan time.Time
 	if d > 0 {
@@ -150,6 +178,8 @@ func (p *peer) send(pkt *client.Packet, d time.Duration, quit <-chan struct{}) e
 	case <-p.done:
 		return errPeerGone
 	case <-quit:
+		return errPeerGone
+	case <-abort:
 		return errPeerGone
 	case <-timeout:
 		return errSlowFrontend
@@ -247,7 +277,9 @@ func (p *peer) writeLoop() {
 		p.sending.Store(true)
 		err := p.stream.Send(pkt)
 		p.sending.Store(false)
-		p.moved.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		p.moved.Store(now)
+		p.sent.Store(now)
 		p.queued.add(-dataLen(pkt))           // control packets carry no data: 0
 		wire.Recycle(pkt.GetData().GetData()) // Send has copied it
 		if err != nil {
@@ -264,9 +296,13 @@ func (p *peer) writeLoop() {
 
 // recv returns the next packet of the stream, counted under segment from.
 // A failed receive is counted, but for EOF (the peer's clean end), and
-// ends the stream.
+// ends the stream. It records when the receive loop waits and when it
+// handles a packet (waiting, handling), until the next recv.
 func (p *peer) recv(from string) (*client.Packet, error) {
+	p.handling.Store(0)
+	p.waiting.Store(time.Now().UnixNano())
 	pkt, err := p.stream.Recv()
+	p.waiting.Store(0)
 	if err != nil {
 		if !errors.Is(err, io.EOF) {
 			p.metrics.streamError(from, err, wire.PacketTypeNone)
@@ -278,8 +314,30 @@ func (p *peer) recv(from string) (*client.Packet, error) {
 	return pkt, nil
 }
 
-// received records that a packet arrived on the stream.
-func (p *peer) received() { p.moved.Store(time.Now().UnixNano()) }
+// arrived records that a packet arrived on an agent stream, and that
+// the receive loop handles it from now.
+func (p *peer) arrived() {
+	now := time.Now().UnixNano()
+	p.moved.Store(now)
+	p.received.Store(now)
+	p.handling.Store(now)
+}
+
+// idle reports how long the receive loop has waited for a packet at now,
+// 0 while it handles one.
+func (p *peer) idle(now time.Time) time.Duration { return since(now, p.waiting.Load()) }
+
+// busy reports how long the receive loop has been handling one packet at
+// now, 0 while it waits.
+func (p *peer) busy(now time.Time) time.Duration { return since(now, p.handling.Load()) }
+
+// since is now minus t, a time in unix nanoseconds; 0 when t is 0.
+func since(now time.Time, t int64) time.Duration {
+	if t == 0 {
+		return 0
+	}
+	return now.Sub(time.Unix(0, t))
+}
 
 // stalled reports whether packets have waited to be sent while nothing
 // moved on the stream, in or out, for d: the stream is stuck, whatever

@@ -7,7 +7,6 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -48,6 +47,12 @@ type Server struct {
 	nBackends int
 	// nextSeq orders agent streams by age. Guarded by mu.
 	nextSeq uint64
+	// nUnresponsive counts the agent streams taken for unresponsive.
+	// Guarded by mu.
+	nUnresponsive int
+	// sweeping is set when the liveness sweep has started. Guarded by
+	// mu.
+	sweeping bool
 	// pending holds the dials sent to an agent and not yet answered, by
 	// the dial's random. Guarded by mu.
 	pending map[int64]*tunnel
@@ -218,37 +223,15 @@ func (s *Server) goStream(p *peer, recv func()) {
 // even when they are blocked in Recv or Send: that is why neither runs on
 // the handler's goroutine. The client's going away is watched here, not
 // only through Recv, because the receive loop may be waiting for room in
-// an agent's queue instead of receiving.
-//
-// For an agent stream (agentID not empty) it is also the liveness
-// backstop: a stream on which nothing has moved for
-// Config.StreamStallTimeout while packets wait to be sent is stuck,
-// whatever the cause, and is ended, so that the agent dials again.
-func (s *Server) waitStream(p *peer, agentID string) error {
-	var tick <-chan time.Time
-	if d := s.cfg.StreamStallTimeout; agentID != "" && d > 0 {
-		ticker := time.NewTicker(d / 4)
-		defer ticker.Stop()
-		tick = ticker.C
-	}
-	for done := false; !done; {
-		select {
-		case <-p.done:
-			done = true
-		case <-p.stream.Context().Done():
-			p.end(p.stream.Context().Err())
-			done = true
-		case <-s.quit:
-			p.end(errShuttingDown)
-			done = true
-		case <-tick:
-			if p.stalled(s.cfg.StreamStallTimeout) {
-				s.log.Info("Ended an agent stream on which nothing moved while packets waited; the agent will connect again", "agentID", agentID, "stallTimeout", s.cfg.StreamStallTimeout)
-				s.metrics.observeStreamEnded(StreamEndedStalled)
-				p.end(errStalled)
-				done = true
-			}
-		}
+// an agent's queue instead of receiving. An agent stream's liveness is
+// the sweep's (sweep.go), which ends p when it is stuck or its agent dead.
+func (s *Server) waitStream(p *peer) error {
+	select {
+	case <-p.done:
+	case <-p.stream.Context().Done():
+		p.end(p.stream.Context().Err())
+	case <-s.quit:
+		p.end(errShuttingDown)
 	}
 	switch err := p.reason; {
 	case err == nil, errors.Is(err, io.EOF):
@@ -257,7 +240,7 @@ func (s *Server) waitStream(p *peer, agentID string) error {
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, errSlowFrontend), errors.Is(err, errControlBacklog):
 		return status.Error(codes.ResourceExhausted, err.Error())
-	case errors.Is(err, errStalled):
+	case errors.Is(err, errStalled), errors.Is(err, errSilent), errors.Is(err, errReceiveStuck), errors.Is(err, errUnresponsive):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()

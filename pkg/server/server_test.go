@@ -61,9 +61,9 @@ func TestParseStrategies(t *testing.T) {
 
 func TestNewReportsEveryProblem(t *testing.T) {
 	t.Parallel()
-	_, err := server.New(server.Config{Strategies: []server.Strategy{"nearest"}, BackendDialTimeout: -time.Second})
+	_, err := server.New(server.Config{Strategies: []server.Strategy{"nearest"}, Heartbeat: time.Nanosecond})
 	require.Error(t, err)
-	for _, want := range []string{"server ID is empty", `unknown proxy strategy "nearest"`, "backend dial timeout -1s is negative"} {
+	for _, want := range []string{"server ID is empty", `unknown proxy strategy "nearest"`, "heartbeat 1ns: want 10ms to 1h0m0s, or -1 for none"} {
 		assert.ErrorContains(t, err, want)
 	}
 }

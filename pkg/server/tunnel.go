@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"io"
 	"math/rand/v2"
 	"time"
 
@@ -35,9 +36,17 @@ var (
 type frontend interface {
 	// deliver hands pkt (DIAL_RSP, DATA or CLOSE_RSP) to the frontend. It
 	// waits at most Config.FrontendWriteTimeout for room and tears the
-	// frontend down if it stays full. It is never called with Server.mu
-	// held.
-	deliver(pkt *client.Packet)
+	// frontend down if it stays full; it gives up, dropping pkt, when
+	// abort closes (nil: never), so that an agent stream's receive loop
+	// that waits here ends with its stream. It is never called with
+	// Server.mu held.
+	deliver(pkt *client.Packet, abort <-chan struct{})
+	// answer hands pkt, a DIAL_RSP or CLOSE_RSP, to the frontend without
+	// waiting, after what deliver handed it before: that is how an agent
+	// stream's receive loop answers a frontend, so that it never waits on
+	// one. A frontend that leaves too many answers unread is ended. It is
+	// never called with Server.mu held.
+	answer(pkt *client.Packet)
 	// track records t as a pending dial of the frontend. Called with
 	// Server.mu held.
 	track(t *tunnel)
@@ -52,18 +61,33 @@ type frontend interface {
 // tunnel is one dial, then one connection, between a frontend and an agent
 // stream.
 type tunnel struct {
-	fe     frontend
+	fe frontend
+	// be is the agent stream of the dial, then of the connection. It
+	// changes only while the dial is pending, when the dial is sent to
+	// another agent (retry). Guarded by Server.mu while the dial is
+	// pending; fixed after.
 	be     *backend
 	random int64
+	// protocol and address are the dial's, and strategy the one that
+	// chose be: what a retry sends, and to whom. Fixed.
+	protocol, address string
+	strategy          Strategy
+	// retried is set once the dial was sent to a second agent: a dial is
+	// retried once at most. attempt counts the agents it was sent to, so
+	// that the timer of an earlier one does nothing. Both guarded by
+	// Server.mu.
+	retried bool
+	attempt int
 	// connectID is the agent's ID for the connection, 0 while the dial is
 	// pending. Guarded by Server.mu.
 	connectID int64
 	// timer fires Config.BackendDialTimeout after the dial was sent; nil
 	// without a timeout. Guarded by Server.mu.
 	timer *time.Timer
-	// dialed is when the dial was sent to the agent, and established when
-	// its DIAL_RSP made the tunnel, for the duration histograms.
-	// established is guarded by Server.mu.
+	// dialed is when the dial was sent to its agent (the last one, after
+	// a retry), and established when its DIAL_RSP made the tunnel, for
+	// the duration histograms and the unresponsive check. Both guarded by
+	// Server.mu.
 	dialed, established time.Time
 
 	// With flow control (see internal/flow), set before the tunnel is
@@ -102,14 +126,16 @@ func (s *Server) closeFromAgentLocked(t *tunnel, pkt *client.Packet) (direct boo
 	return false
 }
 
-// startDial chooses an agent for address and records a pending dial for
-// fe. A zero random means "choose one" (for HTTP CONNECT). The caller then
-// queues the DIAL_REQ on t.be.
-func (s *Server) startDial(fe frontend, address string, random int64) (*tunnel, error) {
+// startDial chooses an agent for a dial to address over protocol and
+// records a pending dial for fe. A zero random means "choose one" (for
+// HTTP CONNECT). The caller then queues the DIAL_REQ on the returned
+// stream, which is t.be as startDial returns (t.be may change later, if
+// the dial is retried).
+func (s *Server) startDial(fe frontend, protocol, address string, random int64) (*tunnel, *backend, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed || s.shuttingDown {
-		return nil, errShuttingDown
+		return nil, nil, errShuttingDown
 	}
 	if random == 0 {
 		for random == 0 || s.pending[random] != nil {
@@ -117,22 +143,63 @@ func (s *Server) startDial(fe frontend, address string, random int64) (*tunnel, 
 		}
 	} else if s.pending[random] != nil {
 		s.metrics.observeDuplicateDial()
-		return nil, errDuplicateDial
+		return nil, nil, errDuplicateDial
 	}
-	be := s.chooseLocked(address)
+	be, st := s.chooseLocked(address)
 	if be == nil {
 		s.metrics.observeDialFailure(DialFailureNoAgent)
-		return nil, errNoAgent
+		return nil, nil, errNoAgent
 	}
-	t := &tunnel{fe: fe, be: be, random: random, dialed: time.Now()}
+	t := &tunnel{fe: fe, be: be, random: random, protocol: protocol, address: address, strategy: st, dialed: time.Now()}
 	s.pending[random] = t
 	be.pending[random] = t
 	fe.track(t)
-	if d := s.cfg.BackendDialTimeout; d > 0 {
-		t.timer = time.AfterFunc(d, func() { s.dialTimedOut(t) })
-	}
+	s.armDialTimerLocked(t)
 	s.metrics.addPendingDials(1)
-	return t, nil
+	return t, be, nil
+}
+
+// armDialTimerLocked starts the BackendDialTimeout of t's attempt, the
+// last one's stopped. Called with Server.mu held.
+func (s *Server) armDialTimerLocked(t *tunnel) {
+	t.attempt++
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	if d := s.cfg.BackendDialTimeout; d > 0 {
+		attempt := t.attempt
+		t.timer = time.AfterFunc(d, func() { s.dialTimedOut(t, attempt) })
+	}
+}
+
+// retryLocked sends pending dial t, if it was not sent again already, to
+// another agent that t's strategy accepts and that answers dials, and
+// tells its agent (DIAL_CLS) that it need not answer. It reports whether
+// it did; send then queues the packets, once Server.mu is unlocked.
+// Called with Server.mu held.
+func (s *Server) retryLocked(t *tunnel, reason RetryReason) (send func(), ok bool) {
+	if t.retried || s.pending[t.random] != t {
+		return nil, false
+	}
+	old := t.be
+	nb := s.pickLocked(matcher(t.strategy, t.address), old)
+	if nb == nil || nb.tierLocked() == tierUnresponsive {
+		return nil, false
+	}
+	delete(old.pending, t.random)
+	nb.pending[t.random] = t
+	t.be, t.retried, t.dialed = nb, true, time.Now()
+	s.armDialTimerLocked(t)
+	s.metrics.observeDialRetry(reason)
+	s.log.V(2).Info("Sent a dial to another agent", "reason", reason, "agentID", old.logID, "newAgentID", nb.logID, "dialID", t.random)
+	req := wire.DialReq(t.protocol, t.address, t.random)
+	return func() {
+		// Without waiting: a sweep or a timer sends them, never a
+		// frontend's loop; an agent that leaves too many unread loses
+		// its stream.
+		nb.peer.sendControl(req, t.random)
+		old.peer.sendControl(wire.DialCls(t.random), t.random)
+	}, true
 }
 
 // dropPendingLocked forgets a pending dial everywhere, counting it as a
@@ -155,20 +222,41 @@ func (s *Server) dropPendingLocked(t *tunnel, reason DialFailureReason) bool {
 	return true
 }
 
-// dialTimedOut answers a dial the agent did not answer within
-// Config.BackendDialTimeout. A late DIAL_RSP then finds no pending dial,
-// and a connection it opened is closed.
-func (s *Server) dialTimedOut(t *tunnel) {
+// dialTimedOut handles a dial whose agent did not answer within
+// Config.BackendDialTimeout (of attempt): it is sent to another agent if
+// it can be (retryLocked), else answered with an error. A late DIAL_RSP
+// then finds no pending dial, and a connection it opened is closed. An
+// agent that leaves backendDialTimeouts dials in a row unanswered is
+// taken for unresponsive.
+func (s *Server) dialTimedOut(t *tunnel, attempt int) {
 	s.mu.Lock()
-	if s.closed || !s.dropPendingLocked(t, DialFailureBackendDialTimeout) {
+	if s.closed || s.pending[t.random] != t || t.attempt != attempt {
 		s.mu.Unlock()
 		return
 	}
+	be := t.be
+	be.timeouts++
+	var sends []func()
+	if be.timeouts >= backendDialTimeouts {
+		sends = s.markUnresponsiveLocked(be, time.Now(), "dials in a row timed out")
+	}
+	if send, ok := s.retryLocked(t, RetryTimeout); ok {
+		sends = append(sends, send)
+		s.mu.Unlock()
+		for _, send := range sends {
+			send()
+		}
+		return
+	}
+	s.dropPendingLocked(t, DialFailureBackendDialTimeout)
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
-	s.log.V(2).Info("Backend dial timed out", "agentID", t.be.logID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
-	t.fe.deliver(wire.DialRsp(t.random, 0, errTextDialTimeout))
+	for _, send := range sends {
+		send()
+	}
+	s.log.V(2).Info("Backend dial timed out", "agentID", be.logID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
+	t.fe.answer(wire.DialRsp(t.random, 0, errTextDialTimeout))
 }
 
 // cancelDial drops fe's pending dial random (DIAL_CLS, or the frontend
@@ -187,6 +275,8 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	s.mu.Lock()
 	t := be.pending[rsp.GetRandom()]
 	if t == nil {
+		// A late answer is an answer: the agent is responsive.
+		s.answeredLocked(be)
 		s.mu.Unlock()
 		s.metrics.observeDialFailure(DialFailureUnrecognizedResponse)
 		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
@@ -195,6 +285,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 		}
 		return
 	}
+	s.answeredLocked(be)
 	failed := rsp.GetError() != "" || rsp.GetConnectID() == 0
 	reason := DialFailureReason("")
 	if failed {
@@ -203,7 +294,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	s.dropPendingLocked(t, reason)
 	if failed {
 		s.mu.Unlock()
-		t.fe.deliver(pkt)
+		t.fe.answer(pkt)
 		return
 	}
 	t.connectID = rsp.GetConnectID()
@@ -211,7 +302,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 		s.metrics.observeDuplicateDial()
 		s.mu.Unlock()
 		be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
-		t.fe.deliver(wire.DialRsp(t.random, 0, errTextDuplicateID))
+		t.fe.answer(wire.DialRsp(t.random, 0, errTextDuplicateID))
 		return
 	}
 	be.conns[t.connectID] = t
@@ -226,7 +317,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 		go s.pump(t)
 	}
 	s.mu.Unlock()
-	t.fe.deliver(pkt)
+	t.fe.answer(pkt)
 }
 
 // pump delivers a flow-controlled tunnel's DATA from its queue to its
@@ -246,16 +337,16 @@ func (s *Server) pump(t *tunnel) {
 			break
 		}
 		s.metrics.addQueuedBytes(-len(b))
-		t.fe.deliver(wire.Data(t.connectID, b))
+		t.fe.deliver(wire.Data(t.connectID, b), nil)
 		if grant := t.q.Release(len(b)); grant > 0 {
-			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), 0, s.quit)
+			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), 0, s.quit, nil)
 		}
 	}
 	s.mu.Lock()
 	last := t.last
 	s.mu.Unlock()
 	if last != nil {
-		t.fe.deliver(last)
+		t.fe.deliver(last, nil)
 	}
 	// Only now, after its last packet: a frontend packet for the tunnel
 	// answered "unknown connectID" before it would overtake the data.
@@ -296,14 +387,14 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 		return
 	}
 	if len(pkt.GetData().GetData()) <= wire.MaxDataPayload {
-		t.fe.deliver(pkt) // forwarded as it came: no new packet to build
+		t.fe.deliver(pkt, be.peer.done) // forwarded as it came: no new packet to build
 		return
 	}
 	// Queued in pieces, each waiting for room like any packet, so that the
 	// frontend's queue holds at most queueSize x MaxDataPayload bytes
 	// whatever size the agent sends.
 	wire.SplitData(pkt.GetData().GetData(), func(piece []byte) bool {
-		t.fe.deliver(wire.Data(id, piece))
+		t.fe.deliver(wire.Data(id, piece), be.peer.done)
 		return true
 	})
 }
@@ -410,7 +501,7 @@ func (s *Server) endStuckTunnel(t *tunnel, reason TunnelEndedReason) {
 	s.metrics.observeTunnelEnded(reason)
 	s.log.Info("Ended a tunnel whose agent granted no flow-control credit for too long", "agentID", t.be.logID, "connectionID", t.connectID, "timeout", s.cfg.FrontendWriteTimeout)
 	if direct {
-		t.fe.deliver(wire.CloseRsp(t.connectID, errTextNoCredit))
+		t.fe.deliver(wire.CloseRsp(t.connectID, errTextNoCredit), nil)
 	}
 	t.be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
 }
@@ -423,7 +514,7 @@ func (s *Server) onAgentCloseResponse(be *backend, pkt *client.Packet) {
 	direct := t != nil && s.closeFromAgentLocked(t, pkt)
 	s.mu.Unlock()
 	if direct {
-		t.fe.deliver(pkt)
+		t.fe.answer(pkt)
 	}
 }
 
@@ -576,10 +667,16 @@ func (s *Server) backendGone(be *backend) {
 		}
 	}
 	s.mu.Unlock()
+	// The answers say why the stream ended, without waiting: this runs
+	// on the stream's receive loop.
+	why := ""
+	if err := be.peer.reason; err != nil && !errors.Is(err, io.EOF) {
+		why = ": " + capPeer(err.Error())
+	}
 	for _, t := range dials {
-		t.fe.deliver(wire.DialRsp(t.random, 0, errTextBackendClosed))
+		t.fe.answer(wire.DialRsp(t.random, 0, errTextBackendClosed+why))
 	}
 	for _, t := range direct {
-		t.fe.deliver(wire.CloseRsp(t.connectID, errTextAgentGone))
+		t.fe.answer(wire.CloseRsp(t.connectID, errTextAgentGone+why))
 	}
 }

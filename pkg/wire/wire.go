@@ -108,11 +108,14 @@ func ParseWindowUpdate(pkt *client.Packet) (connectID int64, n int, ok bool) {
 const PacketTypeNone = "Unknown"
 
 // PacketTypeName names typ for metric labels: upstream's names, "WINDOW",
-// or "UNKNOWN" for any other number, so that a peer sending made-up types
-// cannot make a series for each.
+// "HEARTBEAT", or "UNKNOWN" for any other number, so that a peer sending
+// made-up types cannot make a series for each.
 func PacketTypeName(typ client.PacketType) string {
-	if typ == PacketWindow {
+	switch typ {
+	case PacketWindow:
 		return "WINDOW"
+	case PacketHeartbeat:
+		return "HEARTBEAT"
 	}
 	if _, known := client.PacketType_name[int32(typ)]; !known {
 		return "UNKNOWN"

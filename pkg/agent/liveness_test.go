@@ -1,0 +1,132 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// testHeartbeat is the heartbeat interval of these tests: a silent server
+// is dead after wire.SilenceLimit of it.
+const testHeartbeat = 40 * time.Millisecond
+
+// heartbeatServer starts a hostile server named id that answers the
+// agent's heartbeat offer with testHeartbeat, and then sends only what
+// the test makes it send.
+func heartbeatServer(t *testing.T, tt testTLS, id string) *adversary.HostileServer {
+	t.Helper()
+	return newTestServer(t, tt, adversary.ServerConfig{ID: id, Count: "1", Metadata: []string{wire.HeaderHeartbeat, wire.FormatHeartbeat(testHeartbeat)}})
+}
+
+// A server that took up heartbeats and then sends nothing (a frozen
+// process, a black hole, a relay that forwards nothing: the transport
+// looks fine) is dropped within wire.SilenceLimit of its interval, logged
+// at level 0 and counted; it stops counting as held at once, and the
+// agent dials again. Meanwhile the agent sent its own heartbeats.
+func TestSilentServerIsDroppedAndDialledAgain(t *testing.T) {
+	tt := newTestTLS(t)
+	srv := heartbeatServer(t, tt, "s1")
+	cfg := testConfig(tt, srv.Addr())
+	cfg.Heartbeat = testHeartbeat
+	a, logs := runLogged(t, cfg)
+
+	ss := srv.NextStream(t)
+	assert.Equal(t, []string{wire.FormatHeartbeat(testHeartbeat)}, ss.Metadata().Get(wire.HeaderHeartbeat), "the agent did not offer heartbeats")
+	require.Equal(t, wire.PacketHeartbeat, ss.Next(t).GetType(), "the agent sent no heartbeat on an idle stream")
+	<-ss.Done() // the agent dropped it
+	require.Eventually(t, func() bool { return srv.Opened() >= 2 }, waitFor, tick, "the agent did not dial again")
+	v, _ := a.metric(t, "servercount_agent_streams_ended_total", "reason", "silent")
+	assert.GreaterOrEqual(t, v, 1.0)
+	assert.Contains(t, logs.String(), "Dropped a proxy-server that sent nothing, not even a heartbeat, for too long")
+}
+
+// A server that sends heartbeats keeps its stream however long it is idle.
+func TestHeartbeatingServerIsKept(t *testing.T) {
+	tt := newTestTLS(t)
+	srv := heartbeatServer(t, tt, "s1")
+	cfg := testConfig(tt, srv.Addr())
+	cfg.Heartbeat = testHeartbeat
+	a := startAgent(t, cfg)
+	ss := srv.NextStream(t)
+
+	// Twelve of the agent's heartbeats, answered by the server's: five
+	// silences' worth.
+	for n := 0; n < 12; {
+		if p := ss.Next(t); p.GetType() == wire.PacketHeartbeat {
+			n++
+			ss.Send(t, wire.Heartbeat())
+		}
+	}
+	assert.EqualValues(t, 1, srv.Opened(), "a server that sends heartbeats was dropped")
+	assert.Equal(t, 1, a.Connected())
+}
+
+// A server that does not take up heartbeats (upstream's) gets none and is
+// not held to them: it stays, silent, through many silences' worth of
+// sync rounds.
+func TestServerWithoutHeartbeatsIsNotHeldToThem(t *testing.T) {
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	cfg := testConfig(tt, srv.Addr())
+	cfg.Heartbeat = testHeartbeat
+	a := startAgent(t, cfg)
+	ss := srv.NextStream(t)
+	a.waitSyncRounds(t, float64(5*wire.Silence(testHeartbeat)/cfg.SyncInterval))
+	assert.EqualValues(t, 1, srv.Opened())
+	select {
+	case p := <-ss.Packets():
+		t.Fatalf("the agent sent %v to a server that did not take up heartbeats", wire.PacketTypeName(p.GetType()))
+	default:
+	}
+}
+
+// When one of two servers goes silent while a tunnel is open on it, the
+// agent drops it, keeps the other, and dials the replacement (here the
+// same server on a new stream, which takes the dropped stream's place: a
+// stream given up on is not a duplicate).
+func TestSilentServerIsReplaced(t *testing.T) {
+	tt := newTestTLS(t)
+	s1, s2 := heartbeatServer(t, tt, "s1"), heartbeatServer(t, tt, "s2")
+	counter, _ := dnsCounter(t, s1.Addr(), s2.Addr())
+	cfg := testConfig(tt, "127.0.0.1:1") // the load balancer is never needed
+	cfg.DialMode, cfg.TargetPolicy = DialResolved, TargetCounted
+	cfg.Counter = counter
+	cfg.Heartbeat = testHeartbeat
+	a := startAgent(t, cfg)
+
+	// s2 keeps its stream alive; s1's first stream holds a tunnel whose
+	// target the test keeps open, and goes silent.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		ss := s2.NextStream(t)
+		for {
+			select {
+			case <-stop:
+				return
+			case p := <-ss.Packets():
+				if p.GetType() == wire.PacketHeartbeat {
+					_ = ss.SendPacket(wire.Heartbeat())
+				}
+			}
+		}
+	}()
+	target := newTestTarget(t, false)
+	first := s1.NextStream(t)
+	first.Send(t, wire.DialReq("tcp", target.addr, 1))
+	conn := target.accepted(t)
+	defer conn.Close()
+	for first.Next(t).GetType() != pb.PacketType_DIAL_RSP {
+	}
+
+	<-first.Done()
+	second := s1.NextStream(t)
+	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick, "the new stream to s1 was not kept")
+	second.End()
+}

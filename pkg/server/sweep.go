@@ -1,0 +1,213 @@
+package server
+
+import (
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// The liveness sweep: one goroutine per Server, whatever the number of
+// agents, checks every agent stream every Config.sweepPeriod. An idle
+// fleet of thousands of agents then costs one wake-up per period, not one
+// per stream.
+//
+// What it checks, and what it does:
+//   - a stream on which nothing moved while packets waited
+//     (StreamStallTimeout) is ended: the backstop of the package doc;
+//   - a stream whose receive loop has been inside one packet for
+//     StreamStallTimeout is ended: the loop waits on something it should
+//     never wait on, and only ending the stream frees it;
+//   - on a stream with heartbeats on, a HEARTBEAT goes out when nothing
+//     was sent for the server's interval, and the stream is ended when
+//     nothing arrived for wire.SilenceLimit of the agent's interval while
+//     the receive loop waited: a stopped process, a black hole or a
+//     frozen relay, found in seconds rather than by TCP in minutes;
+//   - an agent that leaves a dial unanswered for UnansweredDialTimeout
+//     with nothing received since is taken for unresponsive: its dials go
+//     to other agents (retryLocked), it gets new ones only when nobody
+//     else can take them (pickLocked), and after StreamStallTimeout so,
+//     its stream is ended, within the bounds of mayEndLocked.
+
+// sweepLoop runs the sweep until the Server closes.
+func (s *Server) sweepLoop() {
+	ticker := time.NewTicker(s.cfg.sweepPeriod())
+	defer ticker.Stop()
+	var streams []*backend
+	for {
+		select {
+		case <-s.quit:
+			return
+		case now := <-ticker.C:
+			streams = s.sweep(now, streams[:0])
+		}
+	}
+}
+
+// sweep does one round at now. It returns streams, the agent streams it
+// checked, for the next round to reuse the array.
+func (s *Server) sweep(now time.Time, streams []*backend) []*backend {
+	s.mu.Lock()
+	for _, a := range s.agents {
+		streams = append(streams, a.streams...)
+	}
+	var actions []func()
+	for _, be := range streams {
+		actions = append(actions, s.checkAnswersLocked(be, now)...)
+	}
+	s.mu.Unlock()
+	for _, act := range actions {
+		act()
+	}
+	for _, be := range streams {
+		s.checkStream(be, now)
+	}
+	clear(streams) // no stream kept alive until the next round
+	return streams
+}
+
+// checkStream does the checks of one agent stream that need no lock:
+// the stall backstop, a stuck receive loop, heartbeats and silence.
+func (s *Server) checkStream(be *backend, now time.Time) {
+	p := be.peer
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	if d := s.cfg.StreamStallTimeout; d > 0 {
+		if p.stalled(d) {
+			s.endStream(be, StreamEndedStalled, errStalled, "Ended an agent stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", d)
+			return
+		}
+		if p.busy(now) >= d {
+			s.endStream(be, StreamEndedReceiveStuck, errReceiveStuck, "Ended an agent stream whose receive loop was stuck inside one packet; the agent will connect again", "stallTimeout", d)
+			return
+		}
+	}
+	if be.peerHeartbeat == 0 {
+		return
+	}
+	if silence := wire.Silence(be.peerHeartbeat); p.idle(now) >= silence {
+		s.endStream(be, StreamEndedSilent, errSilent, "Ended the stream of an agent that sent nothing, not even a heartbeat, for too long: its process is stopped or the path to it is broken", "silence", silence, "agentHeartbeat", be.peerHeartbeat)
+		return
+	}
+	if since(now, p.sent.Load()) >= s.cfg.Heartbeat {
+		p.sendControl(wire.Heartbeat(), 0)
+	}
+}
+
+// endStream ends be for reason (err, the stream's status), logged at
+// level 0 with msg and kv and counted.
+func (s *Server) endStream(be *backend, reason StreamEndedReason, err error, msg string, kv ...any) {
+	s.metrics.observeStreamEnded(reason)
+	s.log.Info(msg, append([]any{"agentID", be.logID}, kv...)...)
+	be.peer.end(err)
+}
+
+// checkAnswersLocked takes be for unresponsive when a dial of its has
+// waited UnansweredDialTimeout with nothing received from it since, and
+// ends the stream of one that has been unresponsive for
+// StreamStallTimeout. It returns what to do once Server.mu is unlocked.
+// Called with Server.mu held.
+func (s *Server) checkAnswersLocked(be *backend, now time.Time) []func() {
+	if !be.unresponsive.IsZero() {
+		if d := s.cfg.StreamStallTimeout; d > 0 && now.Sub(be.unresponsive) >= d && s.mayEndLocked(be) {
+			return []func(){func() {
+				s.endStream(be, StreamEndedUnresponsive, errUnresponsive, "Ended the stream of an agent that answered no dial for too long; its pending dials fail, and it may connect again", "unresponsiveFor", now.Sub(be.unresponsive).Round(time.Second).String())
+			}}
+		}
+		return nil
+	}
+	d := s.cfg.UnansweredDialTimeout
+	if d <= 0 || len(be.pending) == 0 {
+		return nil
+	}
+	var oldest time.Time
+	for _, t := range be.pending {
+		if oldest.IsZero() || t.dialed.Before(oldest) {
+			oldest = t.dialed
+		}
+	}
+	if now.Sub(oldest) < d || !time.Unix(0, be.peer.received.Load()).Before(oldest) {
+		return nil
+	}
+	return s.markUnresponsiveLocked(be, now, "a dial waited with nothing received from the agent since")
+}
+
+// markUnresponsiveLocked takes be for unresponsive, unless it is already
+// or half the agent streams are: then it changes nothing, so that the
+// agents left to pick are never fewer than half. Its pending dials are
+// sent to other agents. It returns what to do once Server.mu is unlocked:
+// the retries' packets and the log. Called with Server.mu held.
+func (s *Server) markUnresponsiveLocked(be *backend, now time.Time, why string) []func() {
+	if !be.unresponsive.IsZero() {
+		return nil
+	}
+	if 2*(s.nUnresponsive+1) > s.nBackends {
+		s.log.V(2).Info("Agent answers no dials, but half the agent streams are taken for unresponsive already: it keeps its share", "agentID", be.logID, "why", why)
+		return nil
+	}
+	be.unresponsive = now
+	s.nUnresponsive++
+	s.metrics.addUnresponsive(1)
+	var actions []func()
+	for _, t := range be.pending { // retryLocked deletes t from be.pending: safe in a range
+		if send, ok := s.retryLocked(t, RetryUnresponsive); ok {
+			actions = append(actions, send)
+		}
+	}
+	retried := len(actions)
+	return append(actions, func() {
+		be.answering.Failed(s.log, errors.New(why), "agentID", be.logID, "retriedDials", retried)
+	})
+}
+
+// answeredLocked records that be answered a dial: it is responsive. Called
+// with Server.mu held.
+func (s *Server) answeredLocked(be *backend) {
+	be.timeouts = 0
+	if be.unresponsive.IsZero() {
+		return
+	}
+	be.unresponsive = time.Time{}
+	s.nUnresponsive--
+	s.metrics.addUnresponsive(-1)
+	be.answering.Recovered(s.log, "agentID", be.logID)
+}
+
+// mayEndLocked reports whether the stream of unresponsive agent be may be
+// ended. Not when destHost is among the strategies and no responsive
+// stream of another agent claims one of be's host identifiers: that
+// host's dials have nowhere else to go, and an agent that may yet answer
+// is better than none. Called with Server.mu held.
+func (s *Server) mayEndLocked(be *backend) bool {
+	if !slices.Contains(s.cfg.Strategies, StrategyDestHost) {
+		return true
+	}
+	for _, list := range [][]string{be.ids.Host, be.ids.IPv4, be.ids.IPv6} {
+		for _, id := range list {
+			if !s.servedElsewhereLocked(be, id) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// servedElsewhereLocked reports whether a responsive stream of an agent
+// other than be's claims host. Called with Server.mu held.
+func (s *Server) servedElsewhereLocked(be *backend, host string) bool {
+	for id, a := range s.agents {
+		if id == be.agentID {
+			continue
+		}
+		for _, b := range a.streams {
+			if b.unresponsive.IsZero() && identifiersMatchHost(b.ids, host) {
+				return true
+			}
+		}
+	}
+	return false
+}
