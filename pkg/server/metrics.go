@@ -275,7 +275,7 @@ func (m *metrics) observeStreamEnded(r StreamEndedReason) {
 	m.streamsEnded.WithLabelValues(string(r)).Inc()
 }
 func (m *metrics) addWaitingForFrontend(n int) { m.waitingForFe.Add(float64(n)) }
-func (m *metrics) addUnresponsive(n int) { m.unresponsive.Add(float64(n)) }
+func (m *metrics) addUnresponsive(n int)       { m.unresponsive.Add(float64(n)) }
 func (m *metrics) observeDialRetry(r RetryReason) {
 	m.dialRetries.WithLabelValues(string(r)).Inc()
 }
