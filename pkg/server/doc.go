@@ -47,14 +47,12 @@
 // unread loses its stream.
 //
 // The waits that remain, and why none closes a cycle:
-//
 //   - A frontend's receive loop (a gRPC frontend stream, or an HTTP
 //     CONNECT client's reader) waits for room in an agent stream's data
 //     queue: back-pressure on that frontend. The agent's writer waits
 //     only for the agent to read, and an agent's receive loop never waits
 //     on its server (pkg/agent keeps the same rule), so the queue drains.
 //     The wait ends with the frontend, the agent stream or the Server.
-//
 //   - The same loop, for a flow-controlled tunnel, never waits for the
 //     agent's credit: data without credit goes to the tunnel's outbox,
 //     sent by a goroutine of the tunnel's own. Only when one tunnel has a
@@ -63,7 +61,6 @@
 //     alone is ended. (Not waiting at all would need unbounded buffers or
 //     dropped data: a frontend stream has one HTTP/2 window for all its
 //     tunnels.)
-//
 //   - An agent stream's receive loop hands an agent's DATA to a
 //     frontend. With flow control it queues it in the tunnel's queue,
 //     which always has room (the agent may not send beyond the window),
@@ -73,15 +70,12 @@
 //     has no other back-pressure. That bounded wait can be part of a
 //     chain through a frontend that reads only after it has written, but
 //     the bound breaks it.
-//
 //   - pump (per flow-controlled tunnel) waits for its frontend, bounded
 //     as above, and for room for WINDOW in the agent's data queue, which
 //     drains as above.
-//
 //   - Writers wait in Send for their peer's HTTP/2 window, and nothing
 //     else waits on a writer but a full queue's senders, none of them a
 //     receive loop of the same stream.
-//
 //   - An agent stream's receive loop hands DIAL_RSP and CLOSE_RSP to a
 //     frontend with frontend.answer, which never waits: a gRPC
 //     frontend's control queue. One frontend with a full queue therefore
