@@ -243,7 +243,14 @@ func explainAgent(m Metrics, r *Report) {
 	}
 	r.Facts = append(r.Facts, fact)
 	if held < target {
-		r.Problems = append(r.Problems, fmt.Sprintf("%g proxy-server(s) missing: the agent keeps dialing; requests that kube-apiserver sends through the missing servers fail for this node.", target-held))
+		missing := fmt.Sprintf("%g proxy-server(s) missing", target-held)
+		if d, ok := m.value("servercount_agent_missing_servers_seconds"); ok && d > 0 {
+			missing += fmt.Sprintf(" for %s", time.Duration(d*float64(time.Second)).Round(time.Second))
+		}
+		r.Problems = append(r.Problems, missing+": the agent keeps dialing; requests that kube-apiserver sends through the missing servers fail for this node.")
+	}
+	if ready, ok := m.value("servercount_agent_ready"); ok && ready == 0 && held > 0 {
+		r.Problems = append(r.Problems, "Not ready (/readyz fails): with --readiness-all-servers, a counted proxy-server has been missing for longer than --readiness-grace-period. /readyz?verbose lists what is counted, held and dialled.")
 	}
 	if dns, ok := m.value("servercount_agent_dns_server_count"); ok && source == "dns" && dns < target {
 		r.Facts = append(r.Facts, fmt.Sprintf("DNS now says %g, fewer than the target: a lower count must last --server-count-hold-down before the agent aims for it.", dns))
@@ -291,6 +298,12 @@ func explainServer(m Metrics, r *Report) {
 	}
 	if rej := m.byLabel("servercount_server_agent_rejections_total", "reason"); len(rej) > 0 {
 		r.Problems = append(r.Problems, "Agent streams refused at the handshake since start: "+counts(rej)+".")
+	}
+	if n, _ := m.value("servercount_server_unresponsive_agent_streams"); n > 0 {
+		r.Problems = append(r.Problems, fmt.Sprintf("%g agent stream(s) answer no dials (the agent is stopped, locked up or cut off): their dials go to other agents, and they get new ones only when no other agent can take them.", n))
+	}
+	if retries := m.byLabel("servercount_server_dial_retries_total", "reason"); len(retries) > 0 {
+		r.Facts = append(r.Facts, "Dials sent again to another agent since start: "+counts(retries)+".")
 	}
 	if waiting, _ := m.value("servercount_server_frontends_waiting_for_agent"); waiting > 0 {
 		r.Problems = append(r.Problems, fmt.Sprintf("%g frontend(s) wait for room in an agent's queue: an agent that does not read holds them.", waiting))

@@ -40,11 +40,14 @@ func read(t *testing.T, url string) (*explain.Report, error) {
 // fleet is one real proxy-server and one real agent (pkg/server and
 // pkg/agent over real gRPC and TLS) whose agent counts 3 servers where
 // only one exists, with the agent's metrics served over HTTP.
-func fleet(t *testing.T, count int) (serverURL, agentURL string) {
+func fleet(t *testing.T, count int, change ...func(*agent.Config)) (serverURL, agentURL string) {
 	env := proxytest.NewEnv(t, "explain")
 	srv := proxytest.StartServer(t, env, proxytest.ServerOptions{ID: "s1"})
 	cfg := proxytest.FastAgentConfig("a1", srv.AgentAddr())
 	cfg.Counter, cfg.TargetPolicy = servercounter.StaticServerCounter(count), agent.TargetCounted
+	for _, c := range change {
+		c(&cfg)
+	}
 	a := proxytest.StartAgent(t, env, cfg)
 	hs := httptest.NewServer(promhttp.HandlerFor(a.Registry(), promhttp.HandlerOpts{}))
 	t.Cleanup(hs.Close)
@@ -78,6 +81,15 @@ func TestAgentMissingServers(t *testing.T) {
 		assert.Contains(c, strings.Join(r.Facts, "\n"), "1 agent stream(s) connected.")
 		assert.True(c, r.Healthy(), "problems: %q", r.Problems)
 	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// With --readiness-all-servers, an agent that has missed counted servers
+// past the grace period is not ready, and the report says so and for how
+// long they have been missing.
+func TestAgentNotReady(t *testing.T) {
+	_, agentURL := fleet(t, 3, func(c *agent.Config) { c.ReadyWhenAll = true })
+	r := explainEventually(t, agentURL, "Not ready (/readyz fails)")
+	assert.Regexp(t, `2 proxy-server\(s\) missing for \d+s`, strings.Join(r.Problems, "\n"))
 }
 
 // An agent that holds what it counts is healthy, and the text says so.

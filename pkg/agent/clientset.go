@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,8 @@ type ClientSet struct {
 	cfg     Config
 	metrics *metrics
 	policy  *targetPolicy
+	// now is the time of Config.Clock.
+	now func() time.Time
 	// serverOutage logs failed server dials at level 0, once per outage.
 	serverOutage *outage.Outage
 	// serverPort is ServerAddress's port: the port of an address that the
@@ -64,6 +67,13 @@ type ClientSet struct {
 	// lastCount is the Counter's last result, answered when a read fails.
 	// Guarded by mu.
 	lastCount servercounter.Result
+	// missingSince is when the agent began to serve on fewer servers than
+	// its target, zero while it serves on them all, as the sync loop last
+	// saw. Guarded by mu.
+	missingSince time.Time
+	// dialing is the address of the server dial in flight, empty when
+	// none is. Guarded by mu.
+	dialing string
 	// nextEndpoint rotates where a resolved dial starts in the endpoint
 	// list, so that an unreachable server does not starve the others.
 	// Used only by the sync loop.
@@ -88,6 +98,7 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 	_, port, _ := net.SplitHostPort(cfg.ServerAddress) // checked by validate
 	cs := &ClientSet{
 		cfg: cfg,
+		now: clk.Now,
 		policy: &targetPolicy{
 			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown,
 			maxCount: cfg.ServerCountMax, now: clk.Now,
@@ -99,7 +110,7 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 		lastCount:    servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},
 	}
 	cs.serverPort, _ = strconv.Atoi(port) // checked by validate
-	m, err := newMetrics(cfg.Registerer, cs.busiestServerTunnels)
+	m, err := newMetrics(cfg.Registerer, cs.busiestServerTunnels, cs.readinessGauges)
 	if err != nil {
 		return nil, err
 	}
@@ -214,8 +225,89 @@ func (cs *ClientSet) endDial() {
 	cs.metrics.dialEnded()
 }
 
-// Ready reports whether at least one server is connected.
-func (cs *ClientSet) Ready() bool { return cs.Connected() > 0 }
+// Ready reports whether the agent is ready: it holds at least one server
+// and, with Config.ReadyWhenAll, it has not served on fewer servers than
+// its target for longer than Config.ReadinessGracePeriod.
+func (cs *ClientSet) Ready() bool { return cs.Readiness().Ready }
+
+// Readiness is what the agent's readiness is made of, for /readyz's
+// report and servercount explain.
+type Readiness struct {
+	// Ready is what Ready reports.
+	Ready bool
+	// Target is the number of servers the agent aims for, and Source
+	// where that number came from.
+	Target int
+	Source string
+	// Serving are the serverIDs of the servers held that are not going
+	// away (no DRAIN, not given up on), sorted; Held counts every server
+	// held, those that sent DRAIN included.
+	Serving []string
+	Held    int
+	// Dialing is the address of a server dial in flight, empty when none
+	// is.
+	Dialing string
+	// MissingFor is how long the agent has served on fewer servers than
+	// Target, 0 when it serves on them all.
+	MissingFor time.Duration
+	// AllServers and GracePeriod are Config.ReadyWhenAll and
+	// Config.ReadinessGracePeriod.
+	AllServers  bool
+	GracePeriod time.Duration
+}
+
+// Readiness returns the agent's readiness now.
+func (cs *ClientSet) Readiness() Readiness {
+	now := cs.now()
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	r := Readiness{
+		Target: cs.lastTarget, Source: cs.lastSource, Held: cs.heldLocked(), Dialing: cs.dialing,
+		AllServers: cs.cfg.ReadyWhenAll, GracePeriod: cs.cfg.ReadinessGracePeriod,
+	}
+	for id, c := range cs.clients {
+		if !c.dropped.Load() && !c.serverDraining.Load() {
+			r.Serving = append(r.Serving, id)
+		}
+	}
+	slices.Sort(r.Serving)
+	if len(r.Serving) < r.Target && !cs.missingSince.IsZero() {
+		r.MissingFor = now.Sub(cs.missingSince)
+	}
+	r.Ready = r.Held > 0
+	if r.AllServers && len(r.Serving) < r.Target && r.MissingFor > r.GracePeriod {
+		r.Ready = false
+	}
+	return r
+}
+
+// noteServing records, for readiness, whether the agent serves on as many
+// servers as target at now.
+func (cs *ClientSet) noteServing(serving, target int, now time.Time) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	switch {
+	case serving >= target:
+		cs.missingSince = time.Time{}
+	case cs.missingSince.IsZero():
+		cs.missingSince = now
+	}
+}
+
+// readinessGauges returns, for the metrics, whether the agent is ready
+// and how long it has served on fewer servers than its target.
+func (cs *ClientSet) readinessGauges() (ready bool, missingFor time.Duration) {
+	r := cs.Readiness()
+	return r.Ready, r.MissingFor
+}
+
+// setDialing records the address of the server dial in flight, empty
+// when it is over.
+func (cs *ClientSet) setDialing(addr string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.dialing = addr
+}
 
 // Drain sends one DRAIN packet on each open stream and stops the sync
 // loop opening new server connections. Existing streams keep serving

@@ -169,6 +169,15 @@ type Config struct {
 	// ignore the offer: against them the gRPC keepalive in DialOptions is
 	// the liveness check.
 	Heartbeat time.Duration
+	// ReadyWhenAll makes Ready, and so /readyz, report whether the agent
+	// holds every server it counts (the target): it fails once fewer have
+	// been held for longer than ReadinessGracePeriod, and passes again
+	// when all are. False is upstream's meaning: at least one server held.
+	ReadyWhenAll bool
+	// ReadinessGracePeriod is how long, with ReadyWhenAll, fewer servers
+	// than the target may be held before the agent is not ready. Zero
+	// means no grace.
+	ReadinessGracePeriod time.Duration
 	// Registerer receives the agent's metrics. Nil means they are not
 	// registered.
 	Registerer prometheus.Registerer
@@ -248,6 +257,7 @@ func (cfg Config) validate() error {
 		{"HandshakeTimeout", cfg.HandshakeTimeout},
 		{"EndpointWriteTimeout", cfg.EndpointWriteTimeout},
 		{"HoldDown", cfg.HoldDown},
+		{"ReadinessGracePeriod", cfg.ReadinessGracePeriod},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("%s is %v: want a positive duration, or 0 for the default", d.name, d.v))

@@ -28,7 +28,9 @@ func (cs *ClientSet) dialServer(ctx context.Context, counted servercounter.Resul
 		return dialNone
 	}
 	logger := klog.FromContext(ctx).WithValues("serverAddress", addr)
+	cs.setDialing(addr)
 	c, err := cs.connect(ctx, addr)
+	cs.setDialing("")
 	if err != nil {
 		cs.metrics.serverDialed(dialError)
 		// At level 0, once per outage: a refused port, a wrong CA or an

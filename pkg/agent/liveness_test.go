@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -9,6 +12,7 @@ import (
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -129,4 +133,68 @@ func TestSilentServerIsReplaced(t *testing.T) {
 	second := s1.NextStream(t)
 	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick, "the new stream to s1 was not kept")
 	second.End()
+}
+
+// get returns the status and body of GET url, or 0 when it fails.
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// With ReadyWhenAll, /readyz is 503 once a counted server has been
+// missing for longer than the grace period, and 200 again once every
+// counted server is held; ?verbose says what is counted, held and
+// dialled. Without it, one server is enough, as upstream's.
+func TestReadinessWhenAllServers(t *testing.T) {
+	tt := newTestTLS(t)
+	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
+	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "2"})
+	lb := newTestLB(t) // s2's address, which answers nothing at first
+	counter, _ := dnsCounter(t, s1.Addr(), lb.Addr())
+	cfg := testConfig(tt, "127.0.0.1:1")
+	cfg.DialMode, cfg.TargetPolicy, cfg.Counter = DialResolved, TargetCounted, counter
+	cfg.ReadyWhenAll, cfg.ReadinessGracePeriod = true, 200*time.Millisecond
+	a := startAgent(t, cfg)
+	hs := httptest.NewServer(a.Health())
+	defer hs.Close()
+
+	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
+	require.Eventually(t, func() bool { code, _ := get(hs.URL + "/readyz"); return code == http.StatusServiceUnavailable },
+		waitFor, tick, "/readyz passed with a counted server missing past the grace")
+	_, body := get(hs.URL + "/readyz?verbose")
+	assert.Contains(t, body, "counted: 2 proxy-servers (dns)")
+	assert.Contains(t, body, "held: 1, serving on 1: s1")
+	assert.Contains(t, body, "readiness: every counted server, after 200ms")
+	v, _ := a.metric(t, "servercount_agent_ready")
+	assert.Equal(t, 0.0, v)
+
+	lb.SetBackends(s2.Addr())
+	require.Eventually(t, func() bool { code, _ := get(hs.URL + "/readyz"); return code == http.StatusOK },
+		waitFor, tick, "/readyz failed with every counted server held")
+	_, body = get(hs.URL + "/readyz?verbose")
+	assert.Contains(t, body, "held: 2, serving on 2: s1, s2")
+	v, _ = a.metric(t, "servercount_agent_ready")
+	assert.Equal(t, 1.0, v)
+}
+
+// By default readiness is upstream's: one server held is ready, however
+// many are counted.
+func TestReadinessIsUpstreamsByDefault(t *testing.T) {
+	tt := newTestTLS(t)
+	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
+	counter, _ := dnsCounter(t, s1.Addr(), nettest.Refused(t, "127.0.0.1"))
+	cfg := testConfig(tt, "127.0.0.1:1")
+	cfg.DialMode, cfg.TargetPolicy, cfg.Counter = DialResolved, TargetCounted, counter
+	a := startAgent(t, cfg)
+	hs := httptest.NewServer(a.Health())
+	defer hs.Close()
+	require.Eventually(t, func() bool { return a.Connected() == 1 && a.Readiness().MissingFor > 0 }, waitFor, tick)
+	code, body := get(hs.URL + "/readyz?verbose")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, "readiness: one server (upstream's)")
 }

@@ -89,6 +89,8 @@ type metrics struct {
 	queuedBytes       prometheus.Gauge
 	controlQueued     prometheus.Gauge
 	streamsEnded      *prometheus.CounterVec
+	ready             prometheus.GaugeFunc
+	missing           prometheus.GaugeFunc
 }
 
 // segment is a packet's way between agent and server: upstream's
@@ -103,10 +105,23 @@ var (
 )
 
 // newMetrics builds the collectors and registers them on reg, unless reg
-// is nil. busiest returns the tunnels of the busiest server stream, read
-// at each scrape.
-func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, error) {
+// is nil. busiest returns the tunnels of the busiest server stream, and
+// readiness whether the agent is ready and how long it has served on
+// fewer servers than its target, both read at each scrape.
+func newMetrics(reg prometheus.Registerer, busiest func() float64, readiness func() (bool, time.Duration)) (*metrics, error) {
 	m := &metrics{
+		ready: ours.GaugeFunc("ready",
+			"1 while the agent is ready, as /readyz answers: it holds a server and, with --readiness-all-servers, it has not held fewer than it counts for longer than --readiness-grace-period.", func() float64 {
+				if ok, _ := readiness(); ok {
+					return 1
+				}
+				return 0
+			}),
+		missing: ours.GaugeFunc("missing_servers_seconds",
+			"How long the agent has served on fewer proxy-servers than it aims for (target_server_count); 0 while it serves on them all.", func() float64 {
+				_, d := readiness()
+				return d.Seconds()
+			}),
 		openServerConns: upstream.Gauge("open_server_connections",
 			"Current number of open server connections."),
 		knownServerCount: upstream.Gauge("known_server_count",
@@ -153,7 +168,7 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64) (*metrics, er
 		m.openServerConns, m.knownServerCount, m.endpointDialFails, m.openEndpointConns,
 		m.serverDials, m.targetCount, m.syncRounds, m.dialsInFlight, m.busiestServer,
 		m.dialDuration, m.streamPackets, m.streamErrors, m.connFailures, m.queuedBytes,
-		m.controlQueued, m.streamsEnded); err != nil {
+		m.controlQueued, m.streamsEnded, m.ready, m.missing); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -121,6 +121,7 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	}
 	counted := cs.count(ctx)
 	target := cs.target(ctx, counted)
+	cs.noteServing(cs.serving(), target, cs.now())
 	if n := cs.serving(); n >= target {
 		// Whatever failed dials there were no longer keep the agent from
 		// its target (the target may have dropped).
@@ -138,7 +139,9 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 	case dialOK:
 		bo.Reset()
 		// The new server's count may have raised the target.
-		if cs.serving() < cs.target(ctx, counted) {
+		target = cs.target(ctx, counted)
+		cs.noteServing(cs.serving(), target, cs.now())
+		if cs.serving() < target {
 			return 0
 		}
 		return cs.cfg.SyncInterval

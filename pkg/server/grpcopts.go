@@ -9,9 +9,14 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// grpcMinPingInterval is upstream's enforcement: clients that ping more
-// often are dropped ("too many pings").
-const grpcMinPingInterval = 30 * time.Second
+// grpcMinPingInterval is how often a client may ping: half the least
+// gRPC clients can be set to (10 s), so that the jitter of timers and
+// scheduling never makes a client at that least look too eager.
+// Upstream's servers enforce 30 s and drop clients that ping more often
+// ("too many pings"), so that an agent whose --keepalive-time was
+// lowered to find a dead server sooner loses its stream to the server it
+// wanted to keep; ours let it.
+const grpcMinPingInterval = 5 * time.Second
 
 // GRPCMaxHeaderListSize bounds the headers of one gRPC stream, agent or
 // frontend. An agent's handshake is an agentID (a UUID), agentIdentifiers
@@ -26,8 +31,9 @@ const GRPCMaxHeaderListSize = 64 << 10
 // frontend gRPC servers should use with a Server (add credentials to
 // them): large flow-control windows, a 16 MiB message limit, a
 // [GRPCMaxHeaderListSize] header limit, no read buffer of gRPC's own,
-// [wire.Codec] for packets, and upstream's keepalive enforcement (pings
-// no more often than every 30 s, allowed without an active stream).
+// [wire.Codec] for packets, and a keepalive enforcement that allows
+// pings every 5 s, with or without an active stream (see
+// grpcMinPingInterval).
 //
 // gRPC's 32 KiB read buffer per connection was half of what an idle
 // agent stream cost the server: over TLS it only copies what crypto/tls

@@ -40,7 +40,15 @@ type Options struct {
 	InsecurePlaintext bool
 
 	ServiceAccountTokenPath string
-	KeepaliveTime           time.Duration
+	// KeepaliveTime and KeepaliveTimeout are the gRPC keepalive: a ping
+	// after KeepaliveTime with nothing received, and the connection
+	// dropped when its answer does not come within KeepaliveTimeout. It
+	// is what finds a dead upstream server; ours send heartbeats.
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
+	// HeartbeatInterval is the heartbeat interval offered to servers (0:
+	// none).
+	HeartbeatInterval time.Duration
 	SyncInterval            time.Duration
 	SyncIntervalCap         time.Duration
 	ProbeInterval           time.Duration
@@ -68,6 +76,10 @@ type Options struct {
 	// DrainTimeout bounds a drain (0: no bound): after the first signal
 	// the agent serves until a second one or until this has passed.
 	DrainTimeout time.Duration
+	// ReadinessAllServers makes /readyz fail while the agent has held
+	// fewer servers than it counts for longer than ReadinessGracePeriod.
+	ReadinessAllServers  bool
+	ReadinessGracePeriod time.Duration
 
 	HealthServerHost         string
 	HealthServerPort         int
@@ -91,7 +103,10 @@ func NewOptions() *Options {
 		AgentID:              serve.IDFromEnv("PROXY_AGENT_ID"),
 		ProxyServerHost:      "127.0.0.1",
 		ProxyServerPort:      8091,
-		KeepaliveTime:        time.Hour,
+		KeepaliveTime:        DefaultKeepaliveTime,
+		KeepaliveTimeout:     DefaultKeepaliveTimeout,
+		HeartbeatInterval:    wire.DefaultHeartbeat,
+		ReadinessGracePeriod: DefaultReadinessGracePeriod,
 		SyncInterval:         agent.DefaultSyncInterval,
 		SyncIntervalCap:      agent.DefaultSyncIntervalCap,
 		ProbeInterval:        agent.DefaultProbeInterval,
@@ -111,6 +126,25 @@ func NewOptions() *Options {
 		DrainTimeout:         DefaultDrainTimeout,
 	}
 }
+
+// The gRPC keepalive's defaults: a dead upstream server is dropped
+// within 50 s of its last packet, where upstream's agent, pinging after
+// an hour, holds it for an hour. 35 s stays above the 30 s that upstream's
+// servers enforce between pings (they close the connection of a client
+// that pings more often), with room for timers and scheduling. Against
+// servercount's servers the heartbeats find a dead one sooner, and these
+// pings are never sent: the heartbeats are read activity.
+const (
+	DefaultKeepaliveTime    = 35 * time.Second
+	DefaultKeepaliveTimeout = 15 * time.Second
+)
+
+// DefaultReadinessGracePeriod is how long, with --readiness-all-servers,
+// a counted server may be missing before /readyz fails: longer than a
+// server's replacement takes in a rollout (a new pod, its readiness, the
+// agent's next dial), short enough that a server the agent cannot reach
+// shows within a minute.
+const DefaultReadinessGracePeriod = time.Minute
 
 // DefaultDrainTimeout bounds a drain: long enough for requests in flight
 // (kube-apiserver's own timeouts are a minute), short enough that an
@@ -134,7 +168,9 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.StringSliceVar(&o.ALPNProtos, "alpn-proto", o.ALPNProtos, "ALPN protocols to offer the proxy-servers")
 	fs.BoolVar(&o.InsecurePlaintext, "insecure-plaintext", o.InsecurePlaintext, "connect without TLS; for local use only")
 	fs.StringVar(&o.ServiceAccountTokenPath, "service-account-token-path", o.ServiceAccountTokenPath, "file of a bearer token to present to the proxy-servers, re-read on each connection")
-	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "time between keepalive pings (servers drop agents pinging more often than every 30s)")
+	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "ping a proxy-server after this long with nothing received from it (upstream's servers drop agents pinging more often than every 30s)")
+	fs.DurationVar(&o.KeepaliveTimeout, "keepalive-timeout", o.KeepaliveTimeout, "drop a proxy-server whose answer to a keepalive ping does not come within this long")
+	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "with proxy-servers that take them up (servercount's), send a heartbeat on a stream idle for this long, and drop a server that sent nothing for 2.5 of its own intervals; 0 sends and expects none")
 	fs.DurationVar(&o.SyncInterval, "sync-interval", o.SyncInterval, "time between attempts to connect to missing proxy-servers")
 	fs.DurationVar(&o.SyncIntervalCap, "sync-interval-cap", o.SyncIntervalCap, "longest time between attempts after failures")
 	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "time between health checks of server connections")
@@ -148,6 +184,8 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.StreamStallTimeout, "stream-stall-timeout", o.StreamStallTimeout, "end and redial a proxy-server stream on which nothing moved for this long while packets waited to be sent; 0 never does")
 	fs.IntVar(&o.TunnelWindow, "tunnel-window", o.TunnelWindow, "bytes per tunnel and direction a proxy-server may send ahead of what the endpoint has read, with servers that take up flow control (servercount's); -1 turns flow control off")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "after the first SIGTERM, drain and keep serving until a second signal or until this has passed (0: no bound)")
+	fs.BoolVar(&o.ReadinessAllServers, "readiness-all-servers", o.ReadinessAllServers, "make /readyz fail (503) while the agent has held fewer proxy-servers than it counts for longer than --readiness-grace-period; by default /readyz passes with one server, as upstream's")
+	fs.DurationVar(&o.ReadinessGracePeriod, "readiness-grace-period", o.ReadinessGracePeriod, "with --readiness-all-servers, how long a counted server may be missing before /readyz fails")
 	fs.StringVar(&o.HealthServerHost, "health-server-host", o.HealthServerHost, "address for the health port (empty: all)")
 	fs.IntVar(&o.HealthServerPort, "health-server-port", o.HealthServerPort, "port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.AdminBindAddress, "admin-bind-address", o.AdminBindAddress, "address for the admin port")
@@ -185,8 +223,12 @@ func (o *Options) Validate() []error {
 		_, tlsErrs := o.clientTLS()
 		errs = append(errs, tlsErrs...)
 	}
-	if o.SyncInterval <= 0 || o.ProbeInterval <= 0 || o.KeepaliveTime <= 0 {
-		errs = append(errs, errors.New("--sync-interval, --probe-interval and --keepalive-time must be positive"))
+	if o.SyncInterval <= 0 || o.ProbeInterval <= 0 {
+		errs = append(errs, errors.New("--sync-interval and --probe-interval must be positive"))
+	}
+	errs = append(errs, serve.CheckLivenessFlags(o.KeepaliveTime, o.KeepaliveTimeout, o.HeartbeatInterval)...)
+	if o.ReadinessGracePeriod < 0 {
+		errs = append(errs, fmt.Errorf("invalid --readiness-grace-period %v: must not be negative", o.ReadinessGracePeriod))
 	}
 	if o.SyncIntervalCap < o.SyncInterval {
 		errs = append(errs, fmt.Errorf("--sync-interval-cap %v must be at least --sync-interval %v", o.SyncIntervalCap, o.SyncInterval))
@@ -256,9 +298,11 @@ func (o *Options) Config() Config {
 	a.ServerCountMax = o.Count.DNS.Max
 	a.MaxConcurrentDials, a.MaxTunnelsPerServer = o.MaxConcurrentDials, o.MaxTunnelsPerServer
 	a.EndpointWriteTimeout, a.TunnelWindow = o.EndpointWriteTimeout, o.TunnelWindow
-	a.StreamStallTimeout = serve.StallTimeout(o.StreamStallTimeout)
+	a.StreamStallTimeout = serve.Off(o.StreamStallTimeout)
 	a.Insecure = o.InsecurePlaintext
-	a.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, PermitWithoutStream: true})}
+	a.Heartbeat = serve.Off(o.HeartbeatInterval)
+	a.DialOptions = []grpc.DialOption{grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: o.KeepaliveTime, Timeout: o.KeepaliveTimeout, PermitWithoutStream: true})}
+	a.ReadyWhenAll, a.ReadinessGracePeriod = o.ReadinessAllServers, o.ReadinessGracePeriod
 	cfg := Config{
 		Agent:           a,
 		ServerName:      o.ProxyServerHost,

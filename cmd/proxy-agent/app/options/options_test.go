@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,6 +17,7 @@ import (
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 func TestMain(m *testing.M) {
@@ -94,6 +96,12 @@ func TestValidate(t *testing.T) {
 		{Name: "bad flow control", Args: []string{"--tunnel-window=0", "--endpoint-write-timeout=0"},
 			WantErr: []string{"invalid --tunnel-window 0: want 1 to 1073741824 bytes, or -1 for no flow control", "invalid --endpoint-write-timeout 0s: must be positive"}},
 		{Name: "negative hold-down", Args: []string{"--server-count-hold-down=-1s"}, WantErr: []string{"invalid --server-count-hold-down"}},
+		{Name: "liveness", Args: []string{"--keepalive-time=40s", "--keepalive-timeout=10s", "--heartbeat-interval=2s"}},
+		{Name: "heartbeats off", Args: []string{"--heartbeat-interval=0"}},
+		{Name: "bad liveness", Args: []string{"--keepalive-time=0", "--keepalive-timeout=-1s", "--heartbeat-interval=5ms"},
+			WantErr: []string{"invalid --keepalive-time 0s: must be positive", "invalid --keepalive-timeout -1s: must be positive", "invalid --heartbeat-interval 5ms: want 10ms to 1h0m0s, or 0 to send and expect none"}},
+		{Name: "readiness", Args: []string{"--readiness-all-servers", "--readiness-grace-period=0"}},
+		{Name: "negative readiness grace", Args: []string{"--readiness-all-servers", "--readiness-grace-period=-1s"}, WantErr: []string{"invalid --readiness-grace-period -1s: must not be negative"}},
 		{Name: "every problem at once", Args: []string{"--agent-id=", "--proxy-server-host=", "--probe-interval=0s"},
 			WantErr: []string{"--agent-id must not be empty", "--proxy-server-host must not be empty", "must be positive"}},
 	})
@@ -189,6 +197,22 @@ func TestConfig(t *testing.T) {
 			assert.Equal(t, agent.DefaultMaxTunnelsPerServer, a.MaxTunnelsPerServer)
 			assert.Equal(t, servercounter.StaticServerCounter(1), a.Counter, "app.New builds the count, not Config")
 			assert.Same(t, o.Count, cfg.Count)
+			assert.Equal(t, wire.DefaultHeartbeat, a.Heartbeat)
+			assert.False(t, a.ReadyWhenAll, "readiness is upstream's by default")
 		})
 	}
+}
+
+// The liveness flags: 0 turns heartbeats off, which the package spells
+// -1, and the readiness flags reach the agent as given.
+func TestLivenessConfig(t *testing.T) {
+	o := options.NewOptions()
+	require.NoError(t, o.Flags().Parse([]string{"--insecure-plaintext", "--heartbeat-interval=0", "--readiness-all-servers", "--readiness-grace-period=10s"}))
+	require.Empty(t, o.Validate())
+	a := o.Config().Agent
+	assert.Equal(t, time.Duration(-1), a.Heartbeat)
+	assert.True(t, a.ReadyWhenAll)
+	assert.Equal(t, 10*time.Second, a.ReadinessGracePeriod)
+	assert.Equal(t, options.DefaultKeepaliveTime, o.KeepaliveTime)
+	assert.Equal(t, options.DefaultKeepaliveTimeout, o.KeepaliveTimeout)
 }

@@ -59,10 +59,23 @@ type Options struct {
 	AdminPort         int
 	EnableProfiling   bool
 
-	ProxyStrategies         []server.Strategy
-	KeepaliveTime           time.Duration
-	FrontendKeepaliveTime   time.Duration
+	ProxyStrategies []server.Strategy
+	// KeepaliveTime and KeepaliveTimeout are the gRPC keepalive to
+	// agents: a ping after KeepaliveTime with nothing received, and the
+	// stream ended when its answer does not come within KeepaliveTimeout.
+	// It is what finds a stopped upstream agent; ours send heartbeats.
+	KeepaliveTime         time.Duration
+	KeepaliveTimeout      time.Duration
+	FrontendKeepaliveTime time.Duration
+	// HeartbeatInterval is the heartbeat interval answered to agents that
+	// offer one (0: none).
+	HeartbeatInterval time.Duration
+	// BackendDialTimeout bounds the wait for an agent's DIAL_RSP (0: no
+	// bound, as upstream's flag means), and UnansweredDialTimeout the
+	// wait with nothing from the agent before it is taken for
+	// unresponsive (0: never).
 	BackendDialTimeout      time.Duration
+	UnansweredDialTimeout   time.Duration
 	GracefulShutdownTimeout time.Duration
 	// ShutdownDelay is how long the server keeps taking new frontends
 	// after SIGTERM, not ready, before it stops listening.
@@ -119,14 +132,28 @@ func NewOptions() *Options {
 		AdminBindAddress:        "127.0.0.1",
 		AdminPort:               8095,
 		ProxyStrategies:         []server.Strategy{server.StrategyDefault},
-		KeepaliveTime:           time.Hour,
+		KeepaliveTime:           DefaultKeepaliveTime,
+		KeepaliveTimeout:        DefaultKeepaliveTimeout,
 		FrontendKeepaliveTime:   time.Hour,
+		HeartbeatInterval:       wire.DefaultHeartbeat,
+		BackendDialTimeout:      server.DefaultBackendDialTimeout,
+		UnansweredDialTimeout:   server.DefaultUnansweredDialTimeout,
 		GracefulShutdownTimeout: 15 * time.Second,
 		DNS:                     counting.NewDNSOptions(),
 		Leases:                  counting.NewPublishOptions(),
 		Kube:                    kubeclient.Options{ContentType: kubeclient.DefaultContentType},
 	}
 }
+
+// The gRPC keepalive to agents: a stopped upstream agent (SIGSTOP, a
+// frozen node) is dropped within 45 s of its last packet, where
+// upstream's server, pinging after an hour, keeps routing dials to it.
+// Agents of servercount send heartbeats, which are read activity: they
+// never get these pings.
+const (
+	DefaultKeepaliveTime    = 30 * time.Second
+	DefaultKeepaliveTimeout = 15 * time.Second
+)
 
 // Flags returns the flags, bound to o.
 func (o *Options) Flags() *pflag.FlagSet {
@@ -158,9 +185,12 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.BoolVar(&o.EnableProfiling, "enable-profiling", o.EnableProfiling, "serve pprof on the admin port")
 	fs.BoolVar(&o.EnableContentionProfiler, "enable-contention-profiling", o.EnableContentionProfiler, "accepted for compatibility; ignored")
 	serve.ParsedVar(fs, &o.ProxyStrategies, "proxy-strategies", string(server.StrategyDefault), server.ParseStrategies, "comma-separated strategies to pick an agent: default, destHost, defaultRoute")
-	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "time between keepalive pings to agents")
+	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "ping an agent after this long with nothing received from it")
+	fs.DurationVar(&o.KeepaliveTimeout, "keepalive-timeout", o.KeepaliveTimeout, "end the stream of an agent whose answer to a keepalive ping does not come within this long")
 	fs.DurationVar(&o.FrontendKeepaliveTime, "frontend-keepalive-time", o.FrontendKeepaliveTime, "time between keepalive pings to frontends")
-	fs.DurationVar(&o.BackendDialTimeout, "backend-dial-timeout", o.BackendDialTimeout, "give up on an agent's dial after this long (0: wait)")
+	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "with agents that offer them (servercount's), send a heartbeat on a stream idle for this long, and end the stream of an agent that sent nothing for 2.5 of its own intervals; 0 sends and expects none")
+	fs.DurationVar(&o.BackendDialTimeout, "backend-dial-timeout", o.BackendDialTimeout, "give up on an agent's dial after this long, sending it once to another agent where the strategy allows (0: wait without limit)")
+	fs.DurationVar(&o.UnansweredDialTimeout, "unanswered-dial-timeout", o.UnansweredDialTimeout, "take an agent from which nothing arrived for this long after a dial for unresponsive: its dials go to other agents, and it gets new ones only when no other can take them (0: never)")
 	fs.DurationVar(&o.FrontendWriteTimeout, "frontend-write-timeout", o.FrontendWriteTimeout, "end a frontend that takes none of its data for this long")
 	fs.DurationVar(&o.StreamStallTimeout, "stream-stall-timeout", o.StreamStallTimeout, "end an agent stream on which nothing moved for this long while packets waited to be sent (the agent connects again); 0 never does")
 	fs.IntVar(&o.TunnelWindow, "tunnel-window", o.TunnelWindow, "bytes per tunnel and direction an agent may send ahead of what its frontend has read, with agents that offer flow control (servercount's); -1 turns flow control off")
@@ -199,8 +229,9 @@ func (o *Options) Validate() []error {
 	errs = append(errs, serve.CheckPorts(map[string]int{"--server-port": o.ServerPort, "--agent-port": o.AgentPort, "--health-port": o.HealthPort, "--admin-port": o.AdminPort})...)
 	errs = append(errs, o.validateTLS()...)
 	errs = append(errs, checkFiles(fileFlag{"--agent-token-file", o.AgentTokenFile}, fileFlag{"--kubeconfig", o.Kube.Kubeconfig})...)
-	if o.KeepaliveTime <= 0 || o.FrontendKeepaliveTime <= 0 {
-		errs = append(errs, errors.New("--keepalive-time and --frontend-keepalive-time must be positive"))
+	errs = append(errs, serve.CheckLivenessFlags(o.KeepaliveTime, o.KeepaliveTimeout, o.HeartbeatInterval)...)
+	if o.FrontendKeepaliveTime <= 0 {
+		errs = append(errs, fmt.Errorf("invalid --frontend-keepalive-time %v: must be positive", o.FrontendKeepaliveTime))
 	}
 	errs = append(errs, o.DNS.Validate()...)
 	if (o.AgentNamespace == "") != (o.AgentServiceAccount == "") {
@@ -217,8 +248,8 @@ func (o *Options) Validate() []error {
 	}
 	errs = append(errs, o.Leases.Validate()...)
 	errs = append(errs, serve.CheckStreamFlags(o.StreamStallTimeout, "--frontend-write-timeout", o.FrontendWriteTimeout, o.TunnelWindow)...)
-	if o.BackendDialTimeout < 0 || o.GracefulShutdownTimeout < 0 || o.ShutdownDelay < 0 {
-		errs = append(errs, errors.New("--backend-dial-timeout, --graceful-shutdown-timeout and --shutdown-delay-duration must not be negative"))
+	if o.BackendDialTimeout < 0 || o.UnansweredDialTimeout < 0 || o.GracefulShutdownTimeout < 0 || o.ShutdownDelay < 0 {
+		errs = append(errs, errors.New("--backend-dial-timeout, --unanswered-dial-timeout, --graceful-shutdown-timeout and --shutdown-delay-duration must not be negative"))
 	}
 	return errs
 }
@@ -352,8 +383,8 @@ type Config struct {
 	UDSName                          string
 	DeleteExistingUDSFile            bool
 	// KeepaliveTime and FrontendKeepaliveTime space the pings to agents
-	// and frontends.
-	KeepaliveTime, FrontendKeepaliveTime time.Duration
+	// and frontends; KeepaliveTimeout bounds an agent's answer.
+	KeepaliveTime, KeepaliveTimeout, FrontendKeepaliveTime time.Duration
 	// ShutdownDelay and GracefulShutdownTimeout are the steps of a
 	// shutdown: new frontends still taken, then open tunnels let finish.
 	ShutdownDelay, GracefulShutdownTimeout time.Duration
@@ -366,13 +397,15 @@ type Config struct {
 func (o *Options) Config() Config {
 	cfg := Config{
 		Server: server.Config{
-			ServerID:             o.ServerID,
-			Counter:              servercounter.StaticServerCounter(o.ServerCount),
-			Strategies:           o.ProxyStrategies,
-			BackendDialTimeout:   o.BackendDialTimeout,
-			FrontendWriteTimeout: o.FrontendWriteTimeout,
-			TunnelWindow:         o.TunnelWindow,
-			StreamStallTimeout:   serve.StallTimeout(o.StreamStallTimeout),
+			ServerID:              o.ServerID,
+			Counter:               servercounter.StaticServerCounter(o.ServerCount),
+			Strategies:            o.ProxyStrategies,
+			BackendDialTimeout:    serve.Off(o.BackendDialTimeout),
+			UnansweredDialTimeout: serve.Off(o.UnansweredDialTimeout),
+			Heartbeat:             serve.Off(o.HeartbeatInterval),
+			FrontendWriteTimeout:  o.FrontendWriteTimeout,
+			TunnelWindow:          o.TunnelWindow,
+			StreamStallTimeout:    serve.Off(o.StreamStallTimeout),
 		},
 		ServerCount:             o.ServerCount,
 		AgentTokenFile:          o.AgentTokenFile,
@@ -386,6 +419,7 @@ func (o *Options) Config() Config {
 		UDSName:                 o.UDSName,
 		DeleteExistingUDSFile:   o.DeleteExistingUDSFile,
 		KeepaliveTime:           o.KeepaliveTime,
+		KeepaliveTimeout:        o.KeepaliveTimeout,
 		FrontendKeepaliveTime:   o.FrontendKeepaliveTime,
 		ShutdownDelay:           o.ShutdownDelay,
 		GracefulShutdownTimeout: o.GracefulShutdownTimeout,

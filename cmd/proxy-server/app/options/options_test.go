@@ -14,6 +14,7 @@ import (
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/flagtest"
 	"github.com/servercount/servercount/pkg/server"
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 func TestMain(m *testing.M) {
@@ -75,6 +76,9 @@ func TestValidate(t *testing.T) {
 		{Name: "bad cipher suite", Args: append([]string{"--cipher-suites=TLS_NULL"}, tlsFlags...), WantParseErr: `invalid argument "TLS_NULL" for "--cipher-suites" flag: unknown cipher suite "TLS_NULL"`},
 		{Name: "bad tls version", Args: append([]string{"--tls-min-version=1.3"}, tlsFlags...), WantParseErr: `invalid argument "1.3" for "--tls-min-version" flag: unknown TLS version "1.3"`},
 		{Name: "bad port", Args: append([]string{"--agent-port=99999"}, tlsFlags...), WantErr: []string{"invalid --agent-port 99999"}},
+		{Name: "liveness", Args: append([]string{"--keepalive-time=1m", "--keepalive-timeout=5s", "--heartbeat-interval=1s", "--unanswered-dial-timeout=3s", "--backend-dial-timeout=0"}, tlsFlags...)},
+		{Name: "bad liveness", Args: append([]string{"--keepalive-timeout=0", "--heartbeat-interval=2h", "--unanswered-dial-timeout=-1s", "--frontend-keepalive-time=0"}, tlsFlags...),
+			WantErr: []string{"invalid --keepalive-timeout 0s: must be positive", "invalid --heartbeat-interval 2h0m0s", "--unanswered-dial-timeout", "invalid --frontend-keepalive-time 0s: must be positive"}},
 	})
 }
 
@@ -140,6 +144,11 @@ func TestConfig(t *testing.T) {
 	assert.Equal(t, "s1", cfg.Server.ServerID)
 	assert.Equal(t, 3, cfg.Server.Counter.CountServers(), "--server-count until app.New adds DNS")
 	assert.Equal(t, time.Duration(-1), cfg.Server.StreamStallTimeout, "the flag's 0 is never")
+	assert.Equal(t, server.DefaultBackendDialTimeout, cfg.Server.BackendDialTimeout)
+	assert.Equal(t, server.DefaultUnansweredDialTimeout, cfg.Server.UnansweredDialTimeout)
+	assert.Equal(t, wire.DefaultHeartbeat, cfg.Server.Heartbeat)
+	assert.Equal(t, options.DefaultKeepaliveTime, cfg.KeepaliveTime)
+	assert.Equal(t, options.DefaultKeepaliveTimeout, cfg.KeepaliveTimeout)
 	assert.Nil(t, cfg.Server.Authenticator, "app.New builds the authenticator")
 	assert.Same(t, o.DNS, cfg.DNS)
 	assert.Same(t, o.Leases, cfg.Leases)
