@@ -21,11 +21,11 @@ import (
 const testHeartbeat = 40 * time.Millisecond
 
 // heartbeatServer starts a hostile server named id that answers the
-// agent's heartbeat offer with testHeartbeat, and then sends only what
-// the test makes it send.
-func heartbeatServer(t *testing.T, tt testTLS, id string) *adversary.HostileServer {
+// agent's heartbeat offer with interval, and then sends only what the
+// test makes it send.
+func heartbeatServer(t *testing.T, tt testTLS, id string, interval time.Duration) *adversary.HostileServer {
 	t.Helper()
-	return newTestServer(t, tt, adversary.ServerConfig{ID: id, Count: "1", Metadata: []string{wire.HeaderHeartbeat, wire.FormatHeartbeat(testHeartbeat)}})
+	return newTestServer(t, tt, adversary.ServerConfig{ID: id, Count: "1", Metadata: []string{wire.HeaderHeartbeat, wire.FormatHeartbeat(interval)}})
 }
 
 // A server that took up heartbeats and then sends nothing (a frozen
@@ -35,7 +35,7 @@ func heartbeatServer(t *testing.T, tt testTLS, id string) *adversary.HostileServ
 // agent dials again. Meanwhile the agent sent its own heartbeats.
 func TestSilentServerIsDroppedAndDialledAgain(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := heartbeatServer(t, tt, "s1")
+	srv := heartbeatServer(t, tt, "s1", testHeartbeat)
 	cfg := testConfig(tt, srv.Addr())
 	cfg.Heartbeat = testHeartbeat
 	a, logs := runLogged(t, cfg)
@@ -50,12 +50,16 @@ func TestSilentServerIsDroppedAndDialledAgain(t *testing.T) {
 	assert.Contains(t, logs.String(), "Dropped a proxy-server that sent nothing, not even a heartbeat, for too long")
 }
 
-// A server that sends heartbeats keeps its stream however long it is idle.
+// A server that sends heartbeats keeps its stream however long it is
+// idle. The interval leaves a loaded machine room: the server answers
+// each of the agent's heartbeats, which come an interval apart, and
+// silence is two and a half.
 func TestHeartbeatingServerIsKept(t *testing.T) {
+	const heartbeat = 250 * time.Millisecond
 	tt := newTestTLS(t)
-	srv := heartbeatServer(t, tt, "s1")
+	srv := heartbeatServer(t, tt, "s1", heartbeat)
 	cfg := testConfig(tt, srv.Addr())
-	cfg.Heartbeat = testHeartbeat
+	cfg.Heartbeat = heartbeat
 	a := startAgent(t, cfg)
 	ss := srv.NextStream(t)
 
@@ -96,12 +100,14 @@ func TestServerWithoutHeartbeatsIsNotHeldToThem(t *testing.T) {
 // stream given up on is not a duplicate).
 func TestSilentServerIsReplaced(t *testing.T) {
 	tt := newTestTLS(t)
-	s1, s2 := heartbeatServer(t, tt, "s1"), heartbeatServer(t, tt, "s2")
+	// Intervals that leave a loaded machine room to keep s2.
+	const heartbeat = 250 * time.Millisecond
+	s1, s2 := heartbeatServer(t, tt, "s1", heartbeat), heartbeatServer(t, tt, "s2", heartbeat)
 	counter, _ := dnsCounter(t, s1.Addr(), s2.Addr())
 	cfg := testConfig(tt, "127.0.0.1:1") // the load balancer is never needed
 	cfg.DialMode, cfg.TargetPolicy = DialResolved, TargetCounted
 	cfg.Counter = counter
-	cfg.Heartbeat = testHeartbeat
+	cfg.Heartbeat = heartbeat
 	a := startAgent(t, cfg)
 
 	// s2 keeps its stream alive; s1's first stream holds a tunnel whose
