@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -28,7 +27,10 @@ type Balancer struct {
 	mu       sync.Mutex // guards the fields below
 	backends []string
 	conns    map[net.Conn]struct{}
-	closed   bool
+	// frozen holds, by backend, a channel closed by Freeze: the relays to
+	// that backend stop forwarding.
+	frozen map[string]chan struct{}
+	closed bool
 
 	wg sync.WaitGroup // every goroutine the balancer started
 }
@@ -46,6 +48,7 @@ func New(backends ...string) (*Balancer, error) {
 		l: l, ctx: ctx, cancel: cancel,
 		backends: append([]string(nil), backends...),
 		conns:    map[net.Conn]struct{}{},
+		frozen:   map[string]chan struct{}{},
 	}
 	lb.wg.Go(lb.serve)
 	return lb, nil
@@ -70,6 +73,28 @@ func (lb *Balancer) Cut() {
 	for c := range lb.conns {
 		_ = c.Close()
 	}
+}
+
+// Freeze makes every relay to backend, open or to come, stop forwarding
+// in both directions, its sockets left open: a load balancer or proxy
+// whose process froze, or a path that drops everything while both ends'
+// kernels still hold their connections. Nothing is closed and nothing
+// reset; what either end sends is read by the relay and goes no further.
+// Only Close ends the relays.
+func (lb *Balancer) Freeze(backend string) {
+	lb.mu.Lock()
+	defer lb.mu.Unlock()
+	close(lb.frozenLocked(backend))
+}
+
+// frozenLocked returns backend's freeze channel. Called with mu held.
+func (lb *Balancer) frozenLocked(backend string) chan struct{} {
+	ch := lb.frozen[backend]
+	if ch == nil {
+		ch = make(chan struct{})
+		lb.frozen[backend] = ch
+	}
+	return ch
 }
 
 // Close stops accepting, cuts every relayed connection, aborts the dials
@@ -122,13 +147,35 @@ func (lb *Balancer) relay(c net.Conn, backend string) {
 		return
 	}
 	defer lb.untrack(c, b)
+	lb.mu.Lock()
+	frozen := lb.frozenLocked(backend)
+	lb.mu.Unlock()
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
 		// Through a buffer, not io.Copy's splice(2): Linux's splice holds a
 		// pipe (two files) per direction of every relayed connection,
 		// which a balancer outside the process does not cost, and which
 		// would double the open files of a fleet behind this one.
-		_, _ = io.CopyBuffer(writerOnly{dst}, src, make([]byte, 32<<10))
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			select {
+			case <-frozen:
+				// Frozen: forward nothing more, not even an end.
+				<-lb.ctx.Done()
+				done <- struct{}{}
+				return
+			default:
+			}
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
 		// Half-close so that the other direction can finish, then end both.
 		if tc, ok := dst.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
@@ -165,6 +212,3 @@ func (lb *Balancer) untrack(cs ...net.Conn) {
 	}
 }
 
-// writerOnly hides every method of a net.Conn but Write, so that io.Copy
-// cannot take the ReadFrom (splice) path.
-type writerOnly struct{ io.Writer }

@@ -106,3 +106,32 @@ func TestBalancerCutKeepsAccepting(t *testing.T) {
 	_, name := greeting(t, lb)
 	assert.Equal(t, "a", name)
 }
+
+// A frozen backend's relays forward nothing, in either direction, and
+// close nothing: the client's connection stays open and silent, as
+// behind a proxy that froze, until the balancer closes.
+func TestFreeze(t *testing.T) {
+	a := echo(t, "a")
+	lb, err := balancer.New(a)
+	require.NoError(t, err)
+	c, name := greeting(t, lb)
+	require.Equal(t, "a", name)
+	lb.Freeze(a)
+	_, err = c.Write([]byte("x"))
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, err = c.Read(make([]byte, 1))
+	var ne net.Error
+	require.ErrorAs(t, err, &ne, "a frozen relay forwarded something, or closed")
+	assert.True(t, ne.Timeout(), "a frozen relay forwarded something, or closed: %v", err)
+
+	// A new connection to the frozen backend is frozen from the start.
+	c2, err := net.Dial("tcp", lb.Addr())
+	require.NoError(t, err)
+	defer c2.Close()
+	require.NoError(t, c2.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
+	_, err = c2.Read(make([]byte, 1))
+	require.ErrorAs(t, err, &ne)
+	assert.True(t, ne.Timeout())
+	require.NoError(t, lb.Close())
+}

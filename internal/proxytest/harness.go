@@ -98,8 +98,11 @@ type ServerOptions struct {
 	// Authenticator, if set, checks the agents' bearer tokens.
 	Authenticator server.TokenAuthenticator
 	// BackendDialTimeout bounds the wait for an agent's DIAL_RSP; default
-	// no limit.
+	// server.DefaultBackendDialTimeout.
 	BackendDialTimeout time.Duration
+	// Heartbeat is server.Config.Heartbeat: 0 for the default, -1 for
+	// none.
+	Heartbeat time.Duration
 	// Addr is the listen address of the agent port; default "127.0.0.1:0".
 	// The frontend and health ports listen on port 0 of the same host, and
 	// the server certificate names that host, so that servers can be put
@@ -165,6 +168,7 @@ func StartServer(tb testing.TB, env *Env, opts ServerOptions) *Server {
 		Strategies:           opts.Strategies,
 		Authenticator:        opts.Authenticator,
 		BackendDialTimeout:   opts.BackendDialTimeout,
+		Heartbeat:            opts.Heartbeat,
 		FrontendWriteTimeout: opts.FrontendWriteTimeout,
 		TunnelWindow:         opts.TunnelWindow,
 		Registerer:           opts.Registry,
