@@ -211,4 +211,3 @@ func (lb *Balancer) untrack(cs ...net.Conn) {
 		delete(lb.conns, c)
 	}
 }
-

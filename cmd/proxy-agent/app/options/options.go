@@ -49,10 +49,10 @@ type Options struct {
 	// HeartbeatInterval is the heartbeat interval offered to servers (0:
 	// none).
 	HeartbeatInterval time.Duration
-	SyncInterval            time.Duration
-	SyncIntervalCap         time.Duration
-	ProbeInterval           time.Duration
-	SyncForever             bool
+	SyncInterval      time.Duration
+	SyncIntervalCap   time.Duration
+	ProbeInterval     time.Duration
+	SyncForever       bool
 
 	// Count are the count-source flags: DNS, leases, the cap, the
 	// fallback and how to combine them.
