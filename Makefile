@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn upstream upstream-suite parity cross images push image-test rules-test
+.PHONY: docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn faults upstream upstream-suite parity cross images push image-test rules-test
 
 all: lint test build
 
@@ -153,6 +153,13 @@ soak:
 CHURN_DURATION ?= 60s
 churn:
 	$(GO) test -count=1 -v -timeout 40m -run TestChurnProcesses ./internal/churn -churn.process-duration=$(CHURN_DURATION)
+
+## faults: the fault matrix (issue 31): servers frozen, black-holed, cut off
+## and stopped, agents stopped and deaf, through our binaries (held to the
+## issue's bounds) and upstream's (measured), as processes; needs root for
+## its network namespaces; writes the table to faults.md
+faults:
+	$(GO) test -count=1 -v -timeout 25m -parallel 8 -run TestFaultMatrix ./internal/faults -faults -faults.out=$(CURDIR)/faults.md
 
 ## upstream-suite: upstream's own integration suite (its ./tests) against
 ## our proxy-agent; every test must pass but the one that fails here with

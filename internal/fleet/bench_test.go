@@ -18,6 +18,7 @@ import (
 // The benchmarks' flags, after -args or through BENCH_FLEET_FLAGS.
 var (
 	flagAgents      = flag.Int("fleet.agents", 1000, "agents in each benchmark's fleet")
+	flagIdle        = flag.Duration("fleet.idle", 60*time.Second, "how long BenchmarkIdleCost measures an idle fleet, in each phase")
 	flagHeapProfile = flag.String("fleet.server-heap-profile", "",
 		"BenchmarkServerProcess writes the server process's heap profile, with every agent connected, to this file (an absolute path)")
 	flagSteady = flag.Duration("fleet.steady", 60*time.Second, "how long BenchmarkSteady watches a converged fleet")

@@ -224,8 +224,8 @@ func (f *Fleet) newAgent(i int, tokenDir string) *Agent {
 	cfg.ServerCountMax = a.dns.Max
 	cfg.Registerer = a.reg
 	cfg.DialOptions = []grpc.DialOption{
-		// --keepalive-time's default.
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: time.Hour, PermitWithoutStream: true}),
+		// --keepalive-time's and --keepalive-timeout's defaults.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 35 * time.Second, Timeout: 15 * time.Second, PermitWithoutStream: true}),
 		grpc.WithTransportCredentials(credentials.NewTLS(f.env.ClientTLS(f.tb, a.ID))),
 	}
 	if f.cfg.EditAgent != nil {

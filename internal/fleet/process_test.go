@@ -204,3 +204,91 @@ func writeTLSFiles(b *testing.B, f *Fleet, pair *pki.Pair) (dir, cert, key, ca s
 	require.NoError(b, err)
 	return dir, cert, key, ca
 }
+
+// BenchmarkIdleCost measures what liveness costs an idle fleet: the CPU
+// that one proxy-server binary, as a process, and the -fleet.agents
+// agents of the fleet (this process) spend over -fleet.idle while nothing
+// is asked of them, first with the server's heartbeats off
+// (--heartbeat-interval=0: the agents' offers go unanswered, so neither
+// end sends any, as between upstream's binaries), then with the default
+// 5 s, in the same run. The agents move from the first server to the
+// second through DNS, as in a rollout.
+func BenchmarkIdleCost(b *testing.B) {
+	raiseFileLimit(b)
+	bin := proctest.Build(b, "cmd/proxy-server")
+	n := *flagAgents
+	f := New(b, Config{Agents: n, Servers: 1})
+	pair, err := f.env.CA.Server("proxy-server-process")
+	require.NoError(b, err)
+	_, cert, key, ca := writeTLSFiles(b, f, pair)
+	type phase struct{ server, agents time.Duration }
+	measure := func(heartbeat string, started bool) phase {
+		ports := nettest.FreePorts(b, 4)
+		p := proctest.Start(b, bin, "--server-id=server-"+heartbeat, "--mode=grpc", "--heartbeat-interval="+heartbeat,
+			"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
+			"--server-port="+strconv.Itoa(ports[0]), "--agent-port="+strconv.Itoa(ports[1]),
+			"--health-port="+strconv.Itoa(ports[2]), "--admin-port="+strconv.Itoa(ports[3]),
+			"--cluster-cert="+cert, "--cluster-key="+key, "--cluster-ca-cert="+ca,
+			"--server-cert="+cert, "--server-key="+key, "--server-ca-cert="+ca)
+		metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
+		streams := func() float64 {
+			m, err := proctest.Scrape(metrics)
+			if err != nil {
+				return -1
+			}
+			v, _ := m.Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "Connect")
+			return v
+		}
+		f.PublishAddrs(net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])))
+		if !started {
+			f.StartAgents()
+		}
+		require.Eventually(b, func() bool { return streams() == float64(n) }, benchWait, 100*time.Millisecond,
+			"%d agents never all connected to the server with heartbeats %s (%v streams)\n%s", n, heartbeat, streams(), p.Output())
+		// Settle: start-up garbage, the agents' last dials, the old
+		// server's streams.
+		settle := time.NewTimer(15 * time.Second)
+		select {
+		case <-settle.C:
+		case <-b.Context().Done():
+		}
+		server0, agents0 := processCPU(b, p.Process.Pid), cpuTime()
+		idle := time.NewTimer(*flagIdle)
+		select {
+		case <-idle.C:
+		case <-b.Context().Done():
+		}
+		got := phase{processCPU(b, p.Process.Pid) - server0, cpuTime() - agents0}
+		require.Equal(b, float64(n), streams(), "agent streams dropped while idle with heartbeats %s", heartbeat)
+		return got
+	}
+	off := measure("0", false)
+	on := measure("5s", true)
+	secs := flagIdle.Seconds()
+	perStream := func(d time.Duration) float64 { return float64(d.Microseconds()) / secs / float64(n) }
+	b.ReportMetric(float64(n), "agents")
+	b.ReportMetric(float64(off.server.Milliseconds())/secs, "server-cpu-ms/s-off")
+	b.ReportMetric(float64(on.server.Milliseconds())/secs, "server-cpu-ms/s-heartbeats")
+	b.ReportMetric(perStream(on.server-off.server), "server-cpu-us/s-per-stream-for-heartbeats")
+	b.ReportMetric(float64(off.agents.Milliseconds())/secs, "agents-cpu-ms/s-off")
+	b.ReportMetric(float64(on.agents.Milliseconds())/secs, "agents-cpu-ms/s-heartbeats")
+	b.ReportMetric(perStream(on.agents-off.agents), "agents-cpu-us/s-per-stream-for-heartbeats")
+	if off.server > 0 {
+		b.ReportMetric(float64(on.server)/float64(off.server), "server-cpu-ratio")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// processCPU is the CPU time process pid has used, from /proc/<pid>/stat
+// (user and system, in clock ticks of 10 ms).
+func processCPU(b *testing.B, pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(b, err)
+	// The command may hold spaces: the fields start after its ')'.
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	utime, err := strconv.ParseInt(fields[11], 10, 64)
+	require.NoError(b, err)
+	stime, err := strconv.ParseInt(fields[12], 10, 64)
+	require.NoError(b, err)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
