@@ -222,7 +222,9 @@ func BenchmarkIdleCost(b *testing.B) {
 	require.NoError(b, err)
 	_, cert, key, ca := writeTLSFiles(b, f, pair)
 	type phase struct{ server, agents time.Duration }
-	measure := func(heartbeat string, started bool) phase {
+	// measure starts a server with heartbeat, publishes it in place of
+	// previous, which it then stops, and measures the idle fleet.
+	measure := func(heartbeat string, previous *proctest.Process) (phase, *proctest.Process) {
 		ports := nettest.FreePorts(b, 4)
 		p := proctest.Start(b, bin, "--server-id=server-"+heartbeat, "--mode=grpc", "--heartbeat-interval="+heartbeat,
 			"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
@@ -240,8 +242,10 @@ func BenchmarkIdleCost(b *testing.B) {
 			return v
 		}
 		f.PublishAddrs(net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])))
-		if !started {
+		if previous == nil {
 			f.StartAgents()
+		} else {
+			previous.Kill() // the agents drop it and dial the new one
 		}
 		require.Eventually(b, func() bool { return streams() == float64(n) }, benchWait, 100*time.Millisecond,
 			"%d agents never all connected to the server with heartbeats %s (%v streams)\n%s", n, heartbeat, streams(), p.Output())
@@ -260,10 +264,10 @@ func BenchmarkIdleCost(b *testing.B) {
 		}
 		got := phase{processCPU(b, p.Process.Pid) - server0, cpuTime() - agents0}
 		require.Equal(b, float64(n), streams(), "agent streams dropped while idle with heartbeats %s", heartbeat)
-		return got
+		return got, p
 	}
-	off := measure("0", false)
-	on := measure("5s", true)
+	off, first := measure("0", nil)
+	on, _ := measure("5s", first)
 	secs := flagIdle.Seconds()
 	perStream := func(d time.Duration) float64 { return float64(d.Microseconds()) / secs / float64(n) }
 	b.ReportMetric(float64(n), "agents")
