@@ -279,7 +279,7 @@ func (cfg Config) validate() error {
 		errs = append(errs, fmt.Errorf("TunnelWindow %w (0 means the default)", err))
 	}
 	if err := wire.CheckHeartbeat(cfg.Heartbeat); err != nil {
-		errs = append(errs, fmt.Errorf("Heartbeat %w (0 means the default)", err))
+		errs = append(errs, fmt.Errorf("Config.Heartbeat %w (0 means the default)", err))
 	}
 	for _, n := range []struct {
 		name string
