@@ -5,16 +5,13 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
-	"net/http"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/explain"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pki"
 	"github.com/servercount/servercount/internal/proctest"
@@ -95,7 +92,7 @@ func startServer(t *testing.T, bin, id string, count int, ns *netNS, c certs, ex
 		s.Process = proctest.Start(t, bin, args...)
 	}
 	s.Name = "proxy-server " + id
-	waitFor(t, 30*time.Second, s.Name+" ready to serve agents", func() bool { _, ok := scrape(s.metrics); return ok }, s.Process)
+	waitFor(t, 30*time.Second, s.Name+" ready to serve agents", func() bool { _, err := proctest.Scrape(s.metrics); return err == nil }, s.Process)
 	return s
 }
 
@@ -132,47 +129,14 @@ func (a *agentProc) held() float64 {
 	return value(a.metrics, "konnectivity_network_proxy_agent_open_server_connections")
 }
 
-// scrapeClient reads metrics; a scrape of a black-holed server gives up
-// soon.
-var scrapeClient = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-
-// scrape reads the metrics at url.
-func scrape(url string) (explain.Metrics, bool) {
-	resp, err := scrapeClient.Get(url)
-	if err != nil {
-		return nil, false
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, false
-	}
-	m, err := explain.Parse(resp.Body)
-	return m, err == nil
-}
-
-// value is the sum of the samples of name at url, -1 when there is none.
+// value is the sum of the samples of name at url (5 s at most for a
+// black-holed server), -1 when there is none.
 func value(url, name string) float64 {
-	m, ok := scrape(url)
-	if !ok || m[name] == nil {
+	m, err := proctest.Scrape(url)
+	if err != nil || m[name] == nil {
 		return -1
 	}
-	var v float64
-	for _, s := range m[name].Metric {
-		v += sampleValue(s)
-	}
-	return v
-}
-
-func sampleValue(s *dto.Metric) float64 {
-	switch {
-	case s.Gauge != nil:
-		return s.Gauge.GetValue()
-	case s.Counter != nil:
-		return s.Counter.GetValue()
-	case s.Untyped != nil:
-		return s.Untyped.GetValue()
-	}
-	return 0
+	return m.Sum(name)
 }
 
 // pollEvery is how often the matrix reads what it watches: the

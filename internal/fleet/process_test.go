@@ -113,21 +113,12 @@ func procStatus(pid int, field string) (int, error) {
 // its resident memory, Go heap and goroutines idle with every agent
 // connected, less the same idle with none, divided by the agents.
 func BenchmarkServerProcess(b *testing.B) {
-	raiseFileLimit(b) // the server process inherits the raised limit
-	bin := proctest.Build(b, "cmd/proxy-server")
 	n := *flagAgents
 	f := New(b, Config{Agents: n, Servers: 1})
-	pair, err := f.env.CA.Server("proxy-server-process")
-	require.NoError(b, err)
-	_, cert, key, ca := writeTLSFiles(b, f, pair)
-	ports := nettest.FreePorts(b, 4)
-	p := proctest.Start(b, bin, "--server-id=server-process", "--mode=grpc",
-		"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
-		"--server-port="+strconv.Itoa(ports[0]), "--agent-port="+strconv.Itoa(ports[1]),
-		"--health-port="+strconv.Itoa(ports[2]), "--admin-port="+strconv.Itoa(ports[3]),
-		"--cluster-cert="+cert, "--cluster-key="+key, "--cluster-ca-cert="+ca,
-		"--server-cert="+cert, "--server-key="+key, "--server-ca-cert="+ca,
-		"--enable-profiling") // for /debug/pprof/heap?gc=1: a GC before each sample
+	start := serverProcess(b, f)
+	// --enable-profiling for /debug/pprof/heap?gc=1: a GC before each
+	// sample.
+	p, ports := start("server-process", "--enable-profiling")
 	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
 	scrape := func() proctest.Metrics {
 		m, err := proctest.Scrape(metrics)
@@ -184,6 +175,27 @@ func BenchmarkServerProcess(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
+// serverProcess returns what starts a proxy-server binary as a process
+// for f's agents, with TLS from f's CA, on loopback ports: the frontend,
+// agent, health and admin ports, in that order. extra are more flags.
+// The process inherits a raised file limit.
+func serverProcess(b *testing.B, f *Fleet) func(id string, extra ...string) (*proctest.Process, []int) {
+	raiseFileLimit(b)
+	bin := proctest.Build(b, "cmd/proxy-server")
+	pair, err := f.env.CA.Server("proxy-server-process")
+	require.NoError(b, err)
+	_, cert, key, ca := writeTLSFiles(b, f, pair)
+	return func(id string, extra ...string) (*proctest.Process, []int) {
+		ports := nettest.FreePorts(b, 4)
+		return proctest.Start(b, bin, append([]string{"--server-id=" + id, "--mode=grpc",
+			"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
+			"--server-port=" + strconv.Itoa(ports[0]), "--agent-port=" + strconv.Itoa(ports[1]),
+			"--health-port=" + strconv.Itoa(ports[2]), "--admin-port=" + strconv.Itoa(ports[3]),
+			"--cluster-cert=" + cert, "--cluster-key=" + key, "--cluster-ca-cert=" + ca,
+			"--server-cert=" + cert, "--server-key=" + key, "--server-ca-cert=" + ca}, extra...)...), ports
+	}
+}
+
 // saveURL writes the body of a GET of url to path.
 func saveURL(b *testing.B, url, path string) {
 	resp, err := http.Get(url)
@@ -214,24 +226,14 @@ func writeTLSFiles(b *testing.B, f *Fleet, pair *pki.Pair) (dir, cert, key, ca s
 // 5 s, in the same run. The agents move from the first server to the
 // second through DNS, as in a rollout.
 func BenchmarkIdleCost(b *testing.B) {
-	raiseFileLimit(b)
-	bin := proctest.Build(b, "cmd/proxy-server")
 	n := *flagAgents
 	f := New(b, Config{Agents: n, Servers: 1})
-	pair, err := f.env.CA.Server("proxy-server-process")
-	require.NoError(b, err)
-	_, cert, key, ca := writeTLSFiles(b, f, pair)
+	start := serverProcess(b, f)
 	type phase struct{ server, agents time.Duration }
 	// measure starts a server with heartbeat, publishes it in place of
 	// previous, which it then stops, and measures the idle fleet.
 	measure := func(heartbeat string, previous *proctest.Process) (phase, *proctest.Process) {
-		ports := nettest.FreePorts(b, 4)
-		p := proctest.Start(b, bin, "--server-id=server-"+heartbeat, "--mode=grpc", "--heartbeat-interval="+heartbeat,
-			"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
-			"--server-port="+strconv.Itoa(ports[0]), "--agent-port="+strconv.Itoa(ports[1]),
-			"--health-port="+strconv.Itoa(ports[2]), "--admin-port="+strconv.Itoa(ports[3]),
-			"--cluster-cert="+cert, "--cluster-key="+key, "--cluster-ca-cert="+ca,
-			"--server-cert="+cert, "--server-key="+key, "--server-ca-cert="+ca)
+		p, ports := start("server-"+heartbeat, "--heartbeat-interval="+heartbeat)
 		metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
 		streams := func() float64 {
 			m, err := proctest.Scrape(metrics)
