@@ -23,7 +23,8 @@ import (
 // heartbeats, the agent held the frozen server for an hour and the
 // replacement had no agent.
 func TestFrozenServerIsDroppedAtBothEndsAndReplaced(t *testing.T) {
-	const heartbeat = 200 * time.Millisecond
+	// Long enough that a loaded machine does not make s2 look silent.
+	const heartbeat = 500 * time.Millisecond
 	env := NewEnv(t, "frozen")
 	target := nettest.StartTarget(t, Echo).Addr()
 	opts := func(id string) ServerOptions {

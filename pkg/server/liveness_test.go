@@ -137,7 +137,9 @@ func dialAll(t *testing.T, e *env, target string, n int) int {
 func TestUnresponsiveAgentsDialsGoToAnother(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg, UnansweredDialTimeout: 100 * time.Millisecond})
+	// Long enough that a loaded machine does not make the good agent
+	// look unresponsive.
+	e := startEnv(t, server.Config{Registerer: reg, UnansweredDialTimeout: time.Second})
 	good := startAgent(t, e, agentOpts{id: "good"})
 	deaf, err := connectAgent(t, e, agentOpts{id: "deaf"})
 	require.NoError(t, err)
@@ -208,7 +210,7 @@ func TestLoneUnresponsiveAgentKeepsItsDials(t *testing.T) {
 func TestUnresponsiveAgentIsEnded(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg, UnansweredDialTimeout: 50 * time.Millisecond, StreamStallTimeout: 500 * time.Millisecond})
+	e := startEnv(t, server.Config{Registerer: reg, UnansweredDialTimeout: 500 * time.Millisecond, StreamStallTimeout: time.Second})
 	startAgent(t, e, agentOpts{id: "good"})
 	_, err := connectAgent(t, e, agentOpts{id: "deaf"})
 	require.NoError(t, err)
@@ -232,7 +234,7 @@ func TestLastAgentOfADestHostIsKept(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{
 		Registerer: reg, Strategies: []server.Strategy{server.StrategyDestHost, server.StrategyDefault},
-		UnansweredDialTimeout: 20 * time.Millisecond, StreamStallTimeout: 100 * time.Millisecond, BackendDialTimeout: time.Second,
+		UnansweredDialTimeout: 50 * time.Millisecond, StreamStallTimeout: 200 * time.Millisecond, BackendDialTimeout: 2 * time.Second,
 	})
 	other := startAgent(t, e, agentOpts{id: "node-b", identifiers: "host=node-b"})
 	_, err := connectAgent(t, e, agentOpts{id: "node-a", identifiers: "host=node-a"})
