@@ -261,6 +261,14 @@ func TestDNSCountSearchList(t *testing.T) {
 		{name: "srv name uses search", qname: "_agent._tcp.proxy", wantCount: 3, wantName: "_agent._tcp." + svc},
 		{name: "trailing dot means no search", qname: "proxy.", wantCount: 0, wantName: "proxy.", wantNames: []string{"proxy."}},
 		{name: "absent everywhere is zero for the name as given", qname: "nothere", wantCount: 0, wantName: "nothere."},
+		// Issue 32: a name that already ends in a search domain is asked
+		// as it is first, where ndots:5 would have a resolver ask three
+		// names that cannot exist before it.
+		{name: "a name in a search domain is asked first", qname: "proxy.kube-system.svc.cluster.local", wantCount: 3, wantName: svc,
+			wantNames: []string{svc, "proxy.kube-system.svc.cluster.local.kube-system.svc.cluster.local.", "proxy.kube-system.svc.cluster.local.svc.cluster.local.", "proxy.kube-system.svc.cluster.local.cluster.local."}},
+		{name: "an srv name in a search domain is asked first", qname: "_agent._tcp.proxy.kube-system.svc.cluster.local", wantCount: 3, wantName: "_agent._tcp." + svc},
+		{name: "a name in no search domain is searched", qname: "proxy.kube-system.svc", wantCount: 3, wantName: svc,
+			wantNames: []string{"proxy.kube-system.svc.kube-system.svc.cluster.local.", "proxy.kube-system.svc.svc.cluster.local.", svc, "proxy.kube-system.svc."}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -273,6 +281,30 @@ func TestDNSCountSearchList(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantCount, res.Count)
 			assert.Equal(t, tc.wantName, res.Name)
+		})
+	}
+}
+
+// Issue 32: the documented name costs what its record type costs in a
+// pod's resolv.conf (ndots:5, three search domains): A and AAAA, one
+// query each, or one SRV query; counted at the DNS server.
+func TestDNSCountQueriesPerRefreshInAPod(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		qname string
+		want  int
+	}{
+		{qname: "proxy.kube-system.svc.cluster.local", want: 2},
+		{qname: "_agent._tcp.proxy.kube-system.svc.cluster.local", want: 1},
+	} {
+		t.Run(tc.qname, func(t *testing.T) {
+			t.Parallel()
+			srv := newHeadless3Server(t)
+			c := newCounter(t, srv, tc.qname, func(c *servercounter.Config) { c.ResolvConf = searchResolvConf })
+			res, err := c.Count(t.Context())
+			require.NoError(t, err)
+			require.Equal(t, 3, res.Count)
+			assert.Equal(t, tc.want, srv.Queries("udp")+srv.Queries("tcp"), "queries for one count")
 		})
 	}
 }
