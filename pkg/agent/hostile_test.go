@@ -115,7 +115,7 @@ func cachedDNSCounter(t *testing.T, dnsAddr string, timeout time.Duration) *serv
 	t.Helper()
 	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: srvName, Servers: []string{dnsAddr}, Timeout: timeout})
 	require.NoError(t, err)
-	cache, err := servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{Expiry: 20 * time.Millisecond, MinExpiry: 10 * time.Millisecond, ExactFirstExpiry: true})
+	cache, err := servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{Expiry: 20 * time.Millisecond, MinExpiry: 10 * time.Millisecond, ExactExpiry: true})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cache.Close() })
 	return cache

@@ -19,7 +19,7 @@ const shortSvc = "p.example."
 // plain atomic load: the floor. Each read is a direct call, as callers
 // make it, so that the compiler may inline it.
 func BenchmarkCachedCountServers(b *testing.B) {
-	c, err := servercounter.NewCachedServerCounter(servercounter.StaticServerCounter(3), servercounter.CacheConfig{Expiry: time.Hour, RefreshOnRead: true, ExactFirstExpiry: true})
+	c, err := servercounter.NewCachedServerCounter(servercounter.StaticServerCounter(3), servercounter.CacheConfig{Expiry: time.Hour, RefreshOnRead: true, ExactExpiry: true})
 	if err != nil {
 		b.Fatal(err)
 	}

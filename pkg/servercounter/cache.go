@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/pkg/clock"
@@ -18,8 +19,10 @@ import (
 // Defaults for the zero values of [CacheConfig].
 const (
 	// DefaultMinExpiry is the shortest time a count stays fresh, and the
-	// wait after a failed refresh before the next.
+	// first wait after a failed refresh before the next.
 	DefaultMinExpiry = 1 * time.Second
+	// DefaultRetryMax caps the wait between failed refreshes.
+	DefaultRetryMax = 30 * time.Second
 	// DefaultMaxExpiry is the longest time a count stays fresh.
 	DefaultMaxExpiry = 30 * time.Second
 	// DefaultFallback is the count answered before the first success.
@@ -35,10 +38,16 @@ type CacheConfig struct {
 	// source reported (Result.TTL), bounded by MinExpiry and MaxExpiry.
 	Expiry time.Duration
 	// MinExpiry and MaxExpiry bound the source's TTL; defaults
-	// DefaultMinExpiry and DefaultMaxExpiry. MinExpiry is also how long a
-	// failed refresh waits before the next one, so that failures do not
-	// turn into one query per call.
+	// DefaultMinExpiry and DefaultMaxExpiry. MinExpiry is also the first
+	// wait after a failed refresh (see RetryMax).
 	MinExpiry, MaxExpiry time.Duration
+	// RetryMax caps the wait between failed refreshes: after each failure
+	// in a row the wait doubles, from MinExpiry up to RetryMax, and is
+	// drawn at random from the upper half of that (equal jitter), so that
+	// a fleet whose DNS fails at once neither hammers it nor retries in
+	// step. A success resets it. The last good count stays in use
+	// meanwhile. Default DefaultRetryMax.
+	RetryMax time.Duration
 	// Fallback is the count answered before the first successful refresh;
 	// default DefaultFallback.
 	Fallback int
@@ -51,13 +60,16 @@ type CacheConfig struct {
 	// even when nobody reads, at the cost of one refresh per expiry while
 	// the cache is open.
 	RefreshOnRead bool
-	// ExactFirstExpiry keeps the first good count for exactly its
-	// expiry. By default that first expiry is drawn at random between
-	// MinExpiry and its usual value (later ones are exact), so that a
-	// fleet of caches started together (agents after a rollout) refreshes
-	// spread over one expiry instead of in step, and none more often than
-	// once per expiry after the first.
-	ExactFirstExpiry bool
+	// ExactExpiry keeps every count for exactly its expiry, and waits
+	// exactly each step of the back-off after a failure: for tests. By
+	// default every wait is drawn at random, so that a fleet of caches
+	// started together (agents after a rollout), or whose DNS came back
+	// together, or behind one caching resolver whose answers count their
+	// TTL down together, refreshes spread out instead of in step: the
+	// first expiry between MinExpiry and its usual value, each later one
+	// in the last fifth of its usual value (see refreshOnce), the waits
+	// after failures as RetryMax says.
+	ExactExpiry bool
 	// Observe, when set, is called after each refresh with the source's
 	// result and error, in the refresh goroutine and before the result is
 	// published: metrics hook in here. It must return quickly.
@@ -104,6 +116,17 @@ type CachedServerCounter struct {
 	mu sync.Mutex // serialises writers; guards the fields below
 	// good is the last good result; nil before the first.
 	good *Result
+	// period is how long a good count is fresh: the source's TTL within
+	// the bounds, held against a caching resolver's countdown (see
+	// refreshOnce).
+	period time.Duration
+	// retry gives the waits after failed refreshes in a row: the
+	// ceilings, before jitter; reset by a success.
+	retry *backoff.ExponentialBackOff
+	// retryWait is the wait after the last refresh if it failed, zero
+	// after a success; retryUntil is when that wait ends. For Backoff.
+	retryWait  time.Duration
+	retryUntil time.Time
 	// expiry marks cur stale when it fires.
 	expiry clock.Timer
 	closed bool
@@ -134,6 +157,7 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 	cfg.MaxExpiry = cmp.Or(cfg.MaxExpiry, DefaultMaxExpiry)
 	cfg.Fallback = cmp.Or(cfg.Fallback, DefaultFallback)
 	cfg.RefreshTimeout = cmp.Or(cfg.RefreshTimeout, defaultRefreshTimeout)
+	cfg.RetryMax = cmp.Or(cfg.RetryMax, max(DefaultRetryMax, cfg.MinExpiry))
 	cfg.Clock = clock.Or(cfg.Clock)
 	var errs []error
 	if source == nil {
@@ -144,6 +168,9 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 	}
 	if cfg.Fallback < 0 {
 		errs = append(errs, fmt.Errorf("servercounter: invalid fallback count %d: must be positive (0 means the default, %d)", cfg.Fallback, DefaultFallback))
+	}
+	if cfg.RetryMax < cfg.MinExpiry {
+		errs = append(errs, fmt.Errorf("servercounter: invalid retry cap %v: must be at least the minimum expiry %v, the first wait after a failure", cfg.RetryMax, cfg.MinExpiry))
 	}
 	if cfg.RefreshTimeout < 0 {
 		errs = append(errs, fmt.Errorf("servercounter: invalid refresh timeout %v: must be positive", cfg.RefreshTimeout))
@@ -161,6 +188,15 @@ func NewCachedServerCounter(source Counter, cfg CacheConfig) (*CachedServerCount
 		done:    make(chan struct{}),
 		cancel:  cancel,
 		changed: make(chan struct{}),
+		// The ceilings only: the jitter is drawn in refreshOnce, so that
+		// a wait never passes RetryMax. MaxElapsedTime 0: the cache
+		// retries until it is closed.
+		retry: backoff.NewExponentialBackOff(
+			backoff.WithInitialInterval(cfg.MinExpiry),
+			backoff.WithMultiplier(2),
+			backoff.WithRandomizationFactor(0),
+			backoff.WithMaxInterval(cfg.RetryMax),
+			backoff.WithMaxElapsedTime(0)),
 	}
 	c.set(&entry{count: cfg.Fallback, stale: true, result: c.fallback()})
 	go c.run(ctx)
@@ -287,25 +323,79 @@ func (c *CachedServerCounter) refreshOnce(ctx context.Context) {
 	if c.closed {
 		return
 	}
-	fresh := c.cfg.MinExpiry
+	var wait time.Duration
 	if err != nil {
 		klog.FromContext(ctx).V(4).Info("Server count refresh failed, keeping the last count", "err", err)
+		wait = c.retryWaitLocked()
 	} else {
-		first := c.good == nil
-		c.good = &res
-		fresh = c.cfg.Expiry
-		if fresh == 0 {
-			fresh = min(max(res.TTL, c.cfg.MinExpiry), c.cfg.MaxExpiry)
-		}
-		if first && !c.cfg.ExactFirstExpiry && fresh > c.cfg.MinExpiry {
-			fresh = c.cfg.MinExpiry + rand.N(fresh-c.cfg.MinExpiry+1)
-		}
+		wait = c.expiryLocked(res)
 	}
 	e := c.publish(klog.FromContext(ctx))
 	if c.expiry != nil {
 		c.expiry.Stop()
 	}
-	c.expiry = c.cfg.Clock.AfterFunc(fresh, func() { c.expire(e) })
+	c.expiry = c.cfg.Clock.AfterFunc(wait, func() { c.expire(e) })
+}
+
+// retryWaitLocked returns the wait after a failed refresh: the next step
+// of the back-off, drawn from its upper half. c.mu must be held.
+func (c *CachedServerCounter) retryWaitLocked() time.Duration {
+	ceiling := c.retry.NextBackOff()
+	wait := ceiling
+	if !c.cfg.ExactExpiry {
+		// Equal jitter, not full: a wait drawn from [0, ceiling] would
+		// average a quarter of RetryMax, and a fleet at the cap would ask
+		// a failing DNS twice as often for nothing.
+		wait = ceiling - rand.N(ceiling/2+1)
+	}
+	c.retryWait, c.retryUntil = wait, c.cfg.Clock.Now().Add(wait)
+	return wait
+}
+
+// expiryLocked keeps res as the good result and returns how long it is
+// fresh. c.mu must be held.
+//
+// The period follows the source's TTL within the bounds, but a TTL below
+// the period seen so far lowers it by a tenth at a time only: behind a
+// caching resolver (CoreDNS's cache, NodeLocal DNSCache) each answer
+// carries what is left of the cache entry's TTL, and a fleet that took
+// those as its expiries would all refresh when the entry expires, in
+// step. A TTL that really went down is followed within a few periods.
+// Each expiry is then drawn from the last fifth of the period (the
+// first, for caches started together, from MinExpiry up), so that phases
+// drift apart and never lock together: about 11% more refreshes than
+// exact expiries would make.
+func (c *CachedServerCounter) expiryLocked(res Result) time.Duration {
+	first := c.good == nil
+	c.good = &res
+	c.retry.Reset()
+	c.retryWait, c.retryUntil = 0, time.Time{}
+	ttl := c.cfg.Expiry
+	if ttl == 0 {
+		ttl = min(max(res.TTL, c.cfg.MinExpiry), c.cfg.MaxExpiry)
+	}
+	if first || c.cfg.Expiry != 0 {
+		c.period = ttl
+	} else {
+		c.period = max(ttl, c.period-c.period/10)
+	}
+	switch {
+	case c.cfg.ExactExpiry:
+		return c.period
+	case first:
+		return c.cfg.MinExpiry + rand.N(max(c.period-c.cfg.MinExpiry, 0)+1)
+	default:
+		return c.period - rand.N(c.period/5+1)
+	}
+}
+
+// Backoff reports whether the last refresh failed, and if so how long
+// the cache waits before the next one and when that wait ends: what the
+// metrics and `servercount explain` say of a count that is backing off.
+func (c *CachedServerCounter) Backoff() (wait time.Duration, until time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.retryWait, c.retryUntil
 }
 
 // errRefreshTimeout ends a refresh that took longer than RefreshTimeout.

@@ -102,7 +102,7 @@ func eventually(t *testing.T, cond func() bool, msg string) {
 func TestCachedFirstCallsAnswerTheFallbackAtOnce(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour, Fallback: 2, RefreshOnRead: true, ExactFirstExpiry: true})
+	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour, Fallback: 2, RefreshOnRead: true, ExactExpiry: true})
 	var wg sync.WaitGroup
 	got := make([]int, 50)
 	for i := range got {
@@ -120,7 +120,7 @@ func TestCachedFirstCallsAnswerTheFallbackAtOnce(t *testing.T) {
 func TestCachedFallbackBeforeFirstSuccess(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, clk := newCache(t, src, servercounter.CacheConfig{Fallback: 2, MinExpiry: time.Second, MaxExpiry: time.Hour, RefreshOnRead: true, ExactFirstExpiry: true})
+	c, clk := newCache(t, src, servercounter.CacheConfig{Fallback: 2, MinExpiry: time.Second, MaxExpiry: time.Hour, RefreshOnRead: true, ExactExpiry: true})
 	assert.Equal(t, 2, c.CountServers())
 	src.give(t, 0, errors.New("dns down"))
 	res, err := c.Count(t.Context())
@@ -139,7 +139,7 @@ func TestCachedFallbackBeforeFirstSuccess(t *testing.T) {
 func TestCachedStaleWhileRevalidate(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute, RefreshOnRead: true, ExactFirstExpiry: true})
+	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute, RefreshOnRead: true, ExactExpiry: true})
 	go c.CountServers()
 	src.give(t, 3, nil)
 	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
@@ -170,14 +170,14 @@ func TestCachedKeepsLastGoodOnError(t *testing.T) {
 	src := newGatedSource()
 	var observed atomic.Int32
 	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute, MinExpiry: time.Second,
-		Observe: func(servercounter.Result, error) { observed.Add(1) }, RefreshOnRead: true, ExactFirstExpiry: true})
+		Observe: func(servercounter.Result, error) { observed.Add(1) }, RefreshOnRead: true, ExactExpiry: true})
 	go c.CountServers()
 	src.give(t, 3, nil)
 	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
-	for i := range 3 {
+	for i, wait := range []time.Duration{time.Minute, time.Second, 2 * time.Second} {
 		// A good count lives Expiry; after a failure the next try waits
-		// MinExpiry.
-		expire(t, clk, map[bool]time.Duration{true: time.Minute, false: time.Second}[i == 0])
+		// MinExpiry, then twice as long after each failure in a row.
+		expire(t, clk, wait)
 		assert.Equal(t, 3, c.CountServers())
 		src.give(t, 0, errors.New("servfail"))
 		eventually(t, func() bool { return observed.Load() == int32(i+2) }, "the failed refresh observed")
@@ -198,7 +198,7 @@ func TestCachedSingleFlightUnderLoad(t *testing.T) {
 		<-release
 		return servercounter.Result{Count: 7, Source: servercounter.SourceDNS}, nil
 	})
-	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour, RefreshOnRead: true, ExactFirstExpiry: true})
+	c, _ := newCache(t, src, servercounter.CacheConfig{Expiry: time.Hour, RefreshOnRead: true, ExactExpiry: true})
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -222,10 +222,10 @@ func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
 		cfg  servercounter.CacheConfig
 		want time.Duration
 	}{
-		{name: "ttl within bounds", ttl: 5 * time.Second, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactFirstExpiry: true}, want: 5 * time.Second},
-		{name: "ttl above max", ttl: time.Hour, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactFirstExpiry: true}, want: time.Minute},
-		{name: "ttl below min", ttl: time.Millisecond, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactFirstExpiry: true}, want: time.Second},
-		{name: "fixed expiry ignores ttl", ttl: time.Hour, cfg: servercounter.CacheConfig{Expiry: 3 * time.Second, RefreshOnRead: true, ExactFirstExpiry: true}, want: 3 * time.Second},
+		{name: "ttl within bounds", ttl: 5 * time.Second, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactExpiry: true}, want: 5 * time.Second},
+		{name: "ttl above max", ttl: time.Hour, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactExpiry: true}, want: time.Minute},
+		{name: "ttl below min", ttl: time.Millisecond, cfg: servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactExpiry: true}, want: time.Second},
+		{name: "fixed expiry ignores ttl", ttl: time.Hour, cfg: servercounter.CacheConfig{Expiry: 3 * time.Second, RefreshOnRead: true, ExactExpiry: true}, want: 3 * time.Second},
 		{name: "defaults", ttl: 0, want: servercounter.DefaultMinExpiry},
 	}
 	for _, tc := range tests {
@@ -253,7 +253,7 @@ func TestCachedExpiryFollowsTTLWithinBounds(t *testing.T) {
 func TestCachedCountHonoursContext(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, _ := newCache(t, src, servercounter.CacheConfig{RefreshOnRead: true, ExactFirstExpiry: true})
+	c, _ := newCache(t, src, servercounter.CacheConfig{RefreshOnRead: true, ExactExpiry: true})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Millisecond)
 	defer cancel()
 	_, err := c.Count(ctx)
@@ -263,7 +263,7 @@ func TestCachedCountHonoursContext(t *testing.T) {
 func TestCachedCloseUnblocksFirstCall(t *testing.T) {
 	t.Parallel()
 	src := newGatedSource()
-	c, err := servercounter.NewCachedServerCounter(src, servercounter.CacheConfig{Fallback: 2, RefreshOnRead: true, ExactFirstExpiry: true})
+	c, err := servercounter.NewCachedServerCounter(src, servercounter.CacheConfig{Fallback: 2, RefreshOnRead: true, ExactExpiry: true})
 	require.NoError(t, err)
 	done := make(chan int)
 	go func() { done <- c.CountServers() }()
@@ -275,7 +275,7 @@ func TestCachedCloseUnblocksFirstCall(t *testing.T) {
 
 func TestCachedRejectsBadConfig(t *testing.T) {
 	t.Parallel()
-	_, err := servercounter.NewCachedServerCounter(nil, servercounter.CacheConfig{Fallback: -1, MinExpiry: time.Hour, MaxExpiry: time.Second, RefreshOnRead: true, ExactFirstExpiry: true})
+	_, err := servercounter.NewCachedServerCounter(nil, servercounter.CacheConfig{Fallback: -1, MinExpiry: time.Hour, MaxExpiry: time.Second, RefreshOnRead: true, ExactExpiry: true})
 	require.Error(t, err)
 	for _, w := range []string{"no source", "invalid fallback count -1: must be positive (0 means the default, 1)", "invalid cache expiry"} {
 		assert.Contains(t, err.Error(), w)
@@ -295,7 +295,7 @@ func TestCachedDNSFollowsScaling(t *testing.T) {
 			if err != nil {
 				failed.Add(1)
 			}
-		}, RefreshOnRead: true, ExactFirstExpiry: true})
+		}, RefreshOnRead: true, ExactExpiry: true})
 	res, err := c.Count(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, 3, res.Count)
@@ -311,7 +311,8 @@ func TestCachedDNSFollowsScaling(t *testing.T) {
 		c.CountServers()
 		eventually(t, func() bool { return failed.Load() == int32(i+1) }, "a failed refresh")
 		assert.Equal(t, 5, c.CountServers(), "a DNS outage keeps the last count")
-		expire(t, clk, time.Second)
+		expire(t, clk, time.Second<<i) // the back-off doubles
+
 	}
 
 	srv.ClearFault()
@@ -334,7 +335,7 @@ func TestCachedBackgroundRefreshSignalsChanges(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1")...)
 	dc := newCounter(t, srv, svc)
-	c, clk := newCache(t, dc, servercounter.CacheConfig{Expiry: time.Minute, ExactFirstExpiry: true})
+	c, clk := newCache(t, dc, servercounter.CacheConfig{Expiry: time.Minute, ExactExpiry: true})
 
 	// Nobody reads: the background refresh alone must notice each change.
 	for _, n := range []int{1, 3, 2} {
@@ -354,19 +355,19 @@ func TestCachedBackgroundRefreshSignalsChanges(t *testing.T) {
 }
 
 // By default, caches started together draw their first expiry between
-// MinExpiry and the TTL, then refresh once per TTL exactly.
-func TestCachedSpreadsTheFirstExpiry(t *testing.T) {
+// MinExpiry and the TTL, and every later one from the TTL's last fifth,
+// so that they never refresh in step.
+func TestCachedSpreadsEveryExpiry(t *testing.T) {
 	t.Parallel()
 	const (
 		ttl = 10 * time.Second
-		// The draw is uniform over the 9e9 nanoseconds between MinExpiry
-		// and the TTL, so five caches draw five different expiries but
-		// about once in a billion runs; a draw that is not spread, or
-		// spread over a few values only, fails. Twenty caches proved no
-		// more.
+		// The draws are uniform over billions of nanoseconds, so five
+		// caches draw five different expiries but about once in a
+		// billion runs; a draw that is not spread, or spread over a few
+		// values only, fails.
 		caches = 5
 	)
-	firsts := map[time.Duration]bool{}
+	firsts, seconds := map[time.Duration]bool{}, map[time.Duration]bool{}
 	for range caches {
 		var calls atomic.Int32
 		src := counterFunc(func(context.Context) (servercounter.Result, error) {
@@ -375,15 +376,111 @@ func TestCachedSpreadsTheFirstExpiry(t *testing.T) {
 		})
 		c, clk := newCache(t, src, servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true})
 		c.CountServers()
-		var first time.Duration
-		eventually(t, func() bool { d, ok := clk.Next(); first = d; return ok }, "a first expiry")
-		require.GreaterOrEqual(t, first, time.Second, "not before MinExpiry")
-		require.LessOrEqual(t, first, ttl, "not after the TTL")
-		firsts[first] = true
-		clk.Step(first)
-		c.CountServers()
-		eventually(t, func() bool { return calls.Load() == 2 }, "a refresh once expired")
-		expire(t, clk, ttl) // the second expiry is the TTL itself
+		for i, seen := range []map[time.Duration]bool{firsts, seconds} {
+			var next time.Duration
+			eventually(t, func() bool { d, ok := clk.Next(); next = d; return ok }, "an expiry")
+			low := time.Second // the first: from MinExpiry
+			if i > 0 {
+				low = ttl - ttl/5
+			}
+			require.GreaterOrEqual(t, next, low, "expiry %d too early", i+1)
+			require.LessOrEqual(t, next, ttl, "expiry %d after the TTL", i+1)
+			seen[next] = true
+			clk.Step(next)
+			c.CountServers()
+			eventually(t, func() bool { return calls.Load() == int32(i+2) }, "a refresh once expired")
+		}
 	}
-	assert.Len(t, firsts, caches, "%d caches drew %v: the first expiry is not spread", caches, firsts)
+	assert.Len(t, firsts, caches, "%d caches drew first expiries %v: not spread", caches, firsts)
+	assert.Len(t, seconds, caches, "%d caches drew second expiries %v: not spread", caches, seconds)
+}
+
+// Issue 32: failed refreshes in a row wait MinExpiry, then twice as long
+// each time up to RetryMax; a success resets the wait. Backoff says how
+// long the wait is and when it ends.
+func TestCachedBacksOffAfterFailures(t *testing.T) {
+	t.Parallel()
+	src := newGatedSource()
+	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute, MinExpiry: time.Second, RetryMax: 10 * time.Second, RefreshOnRead: true, ExactExpiry: true})
+	go c.CountServers()
+	src.give(t, 3, nil)
+	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
+	wait, _ := c.Backoff()
+	assert.Zero(t, wait, "no back-off after a success")
+
+	expire(t, clk, time.Minute)
+	for _, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second} {
+		c.CountServers()
+		src.give(t, 0, errors.New("servfail"))
+		eventually(t, func() bool { w, _ := c.Backoff(); return w == want }, "a back-off of "+want.String())
+		_, until := c.Backoff()
+		assert.Equal(t, clk.Now().Add(want), until)
+		assert.Equal(t, 3, c.CountServers(), "the last good count stays")
+		expire(t, clk, want)
+	}
+	c.CountServers()
+	src.give(t, 4, nil)
+	eventually(t, func() bool { return c.CountServers() == 4 }, "the count after the outage")
+	wait, _ = c.Backoff()
+	assert.Zero(t, wait)
+	expire(t, clk, time.Minute)
+	c.CountServers()
+	src.give(t, 0, errors.New("servfail"))
+	eventually(t, func() bool { w, _ := c.Backoff(); return w == time.Second }, "a success resets the back-off")
+}
+
+// By default each wait after a failure is drawn from the upper half of
+// its step: never longer than the step, never shorter than half, and
+// spread.
+func TestCachedBackOffIsJittered(t *testing.T) {
+	t.Parallel()
+	src := newGatedSource()
+	c, clk := newCache(t, src, servercounter.CacheConfig{Expiry: time.Minute, MinExpiry: time.Second, RetryMax: 8 * time.Second, RefreshOnRead: true})
+	go c.CountServers()
+	src.give(t, 3, nil)
+	eventually(t, func() bool { return c.CountServers() == 3 }, "first count")
+	waits := map[time.Duration]bool{}
+	step := time.Second
+	for range 8 {
+		var next time.Duration
+		eventually(t, func() bool { d, ok := clk.Next(); next = d; return ok }, "a timer")
+		clk.Step(next)
+		c.CountServers()
+		src.give(t, 0, errors.New("servfail"))
+		var w time.Duration
+		eventually(t, func() bool { w, _ = c.Backoff(); return w > 0 && !waits[w] }, "a new back-off")
+		require.GreaterOrEqual(t, w, step/2)
+		require.LessOrEqual(t, w, step)
+		waits[w] = true
+		step = min(2*step, 8*time.Second)
+	}
+}
+
+// Behind a caching resolver the TTL of each answer counts down to the
+// cache entry's expiry. The period follows a lower TTL by a tenth at a
+// time only, so that caches that follow the countdown do not all expire
+// with the entry; a higher TTL applies at once.
+func TestCachedHoldsThePeriodAgainstACountdown(t *testing.T) {
+	t.Parallel()
+	var ttl atomic.Int64
+	ttl.Store(int64(10 * time.Second))
+	var calls atomic.Int32
+	src := counterFunc(func(context.Context) (servercounter.Result, error) {
+		calls.Add(1)
+		return servercounter.Result{Count: 1, TTL: time.Duration(ttl.Load()), Source: servercounter.SourceDNS}, nil
+	})
+	c, clk := newCache(t, src, servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Minute, RefreshOnRead: true, ExactExpiry: true})
+	c.CountServers()
+	eventually(t, func() bool { return calls.Load() == 1 }, "the first refresh")
+	for i, want := range []time.Duration{10 * time.Second, 9 * time.Second, 8100 * time.Millisecond, 10 * time.Second} {
+		switch i {
+		case 0:
+			ttl.Store(int64(2 * time.Second)) // answers of a cache entry near its end
+		case 2:
+			ttl.Store(int64(10 * time.Second)) // a fresh entry
+		}
+		expire(t, clk, want)
+		c.CountServers()
+		eventually(t, func() bool { return calls.Load() == int32(i+2) }, "a refresh")
+	}
 }

@@ -18,7 +18,7 @@ func TestMaxCounter(t *testing.T) {
 	t.Parallel()
 	// headless3 has two A records there.
 	dc := newCounterAt(t, headless3Shared.addr(t), "dual.kube-system.svc.cluster.local.", func(c *servercounter.Config) { c.Type = servercounter.TypeA })
-	cache, _ := newCache(t, dc, servercounter.CacheConfig{Expiry: time.Minute, RefreshOnRead: true, ExactFirstExpiry: true})
+	cache, _ := newCache(t, dc, servercounter.CacheConfig{Expiry: time.Minute, RefreshOnRead: true, ExactExpiry: true})
 	failing := counterFunc(func(context.Context) (servercounter.Result, error) {
 		return servercounter.Result{}, errors.New("API server down")
 	})
@@ -45,7 +45,7 @@ func TestMaxCounterRelaysChanges(t *testing.T) {
 	t.Parallel()
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1")...)
-	cache, clk := newCache(t, newCounter(t, srv, svc), servercounter.CacheConfig{Expiry: time.Minute, ExactFirstExpiry: true})
+	cache, clk := newCache(t, newCounter(t, srv, svc), servercounter.CacheConfig{Expiry: time.Minute, ExactExpiry: true})
 	m := servercounter.NewMaxCounter(servercounter.StaticServerCounter(1), cache)
 	defer m.Close()
 	eventually(t, func() bool { res, _ := cache.Count(t.Context()); return res.Source == servercounter.SourceDNS }, "first DNS count")
