@@ -28,7 +28,9 @@ type DNSOptions struct {
 	CacheTTL    time.Duration
 	CacheTTLMin time.Duration
 	CacheTTLMax time.Duration
-	Fallback    int
+	// RetryMax caps the back-off between failed lookups.
+	RetryMax time.Duration
+	Fallback int
 	Max         int
 	// Logger receives, at level 0, when DNS counting starts to fail and
 	// when it recovers (not a flag). NewOptions sets klog's global logger.
@@ -41,6 +43,7 @@ func NewDNSOptions() *DNSOptions {
 		Type:        servercounter.TypeAuto,
 		CacheTTLMin: servercounter.DefaultMinExpiry,
 		CacheTTLMax: servercounter.DefaultMaxExpiry,
+		RetryMax:    servercounter.DefaultRetryMax,
 		Fallback:    servercounter.DefaultFallback,
 		Max:         servercounter.DefaultMax,
 		Logger:      klog.Background(),
@@ -54,8 +57,9 @@ func (o *DNSOptions) AddFlags(fs *pflag.FlagSet, withFallback bool) {
 	serve.ParsedVar(fs, &o.Type, "server-count-dns-type", o.Type.String(), parseRecordType, "records to count: auto (srv for names starting with _, else ip), srv, a, aaaa, ip (A and AAAA, the larger family)")
 	fs.StringSliceVar(&o.Servers, "server-count-dns-server", o.Servers, "nameservers as host:port (default: those of /etc/resolv.conf)")
 	fs.DurationVar(&o.CacheTTL, "server-count-cache-ttl", o.CacheTTL, "how long a DNS count stays fresh (0: the answer's TTL, bounded by --server-count-cache-ttl-min and -max)")
-	fs.DurationVar(&o.CacheTTLMin, "server-count-cache-ttl-min", o.CacheTTLMin, "shortest time a DNS count stays fresh, and the wait after a failed lookup")
+	fs.DurationVar(&o.CacheTTLMin, "server-count-cache-ttl-min", o.CacheTTLMin, "shortest time a DNS count stays fresh, and the first wait after a failed lookup")
 	fs.DurationVar(&o.CacheTTLMax, "server-count-cache-ttl-max", o.CacheTTLMax, "longest time a DNS count stays fresh")
+	fs.DurationVar(&o.RetryMax, "server-count-dns-retry-max", o.RetryMax, "longest wait between failed DNS lookups: the wait doubles from --server-count-cache-ttl-min after each failure, drawn at random from its upper half, and the last good count stays in use")
 	if withFallback {
 		fs.IntVar(&o.Fallback, "fallback-server-count", o.Fallback, "server count to use until DNS has answered")
 	}
@@ -80,6 +84,9 @@ func (o *DNSOptions) Validate() []error {
 	var errs []error
 	if o.CacheTTL < 0 || o.CacheTTLMin <= 0 || o.CacheTTLMax < o.CacheTTLMin {
 		errs = append(errs, fmt.Errorf("invalid cache TTLs (--server-count-cache-ttl %v, -min %v, -max %v): want 0 < min <= max and a TTL of 0 or more", o.CacheTTL, o.CacheTTLMin, o.CacheTTLMax))
+	}
+	if o.RetryMax <= 0 || o.RetryMax < o.CacheTTLMin {
+		errs = append(errs, fmt.Errorf("invalid --server-count-dns-retry-max %v: must be positive and at least --server-count-cache-ttl-min %v, the first wait after a failure", o.RetryMax, o.CacheTTLMin))
 	}
 	if o.Fallback < 1 {
 		errs = append(errs, fmt.Errorf("invalid --fallback-server-count %d: must be at least 1", o.Fallback))
@@ -131,10 +138,15 @@ func (o *DNSOptions) Build(reg prometheus.Registerer, subsystem string, fallback
 		return nil, err
 	}
 	m.outage, m.logger, m.name = outage.New("count proxy-servers through DNS (--server-count-dns)", nil), o.Logger, o.Name
-	return servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{
-		Expiry: o.CacheTTL, MinExpiry: o.CacheTTLMin, MaxExpiry: o.CacheTTLMax,
-		Fallback: fallback, Observe: m.observe, // refreshed in the background, the first expiry spread
+	cache, err := servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{
+		Expiry: o.CacheTTL, MinExpiry: o.CacheTTLMin, MaxExpiry: o.CacheTTLMax, RetryMax: o.RetryMax,
+		Fallback: fallback, Observe: m.observe, // refreshed in the background, every expiry spread
 	})
+	if err != nil {
+		return nil, err
+	}
+	m.cache.Store(cache)
+	return cache, nil
 }
 
 // metrics of a DNS count. Names:
@@ -142,10 +154,16 @@ func (o *DNSOptions) Build(reg prometheus.Registerer, subsystem string, fallback
 //	servercount_<subsystem>_dns_lookups_total{outcome}  counter  DNS counts by outcome: records, nxdomain, nodata, or the failure kind
 //	servercount_<subsystem>_dns_server_count            gauge    servers in the last good DNS answer (after the clamp)
 //	servercount_<subsystem>_server_count_age_seconds    gauge    age of the count the cache answers (0 before the first)
+//	servercount_<subsystem>_dns_backoff_seconds         gauge    the wait after the last lookup, if it failed (0 after a success)
+//	servercount_<subsystem>_dns_retry_timestamp_seconds gauge    when that wait ends, in Unix seconds (0 after a success)
 type metrics struct {
 	lookups *prometheus.CounterVec
 	count   prometheus.Gauge
 	age     prometheus.GaugeFunc
+	// backoff and retryAt read the cache's back-off at each scrape.
+	backoff, retryAt prometheus.GaugeFunc
+	// cache is the cache the metrics are of; nil until Build made it.
+	cache atomic.Pointer[servercounter.CachedServerCounter]
 	// learnt is when the last good answer was learnt, in Unix
 	// nanoseconds; 0 before the first.
 	learnt atomic.Int64
@@ -176,10 +194,22 @@ func newMetrics(reg prometheus.Registerer, subsystem string) (*metrics, error) {
 	}
 	m.age = ours.GaugeFunc("server_count_age_seconds",
 		"Age of the server count learnt from DNS; 0 before the first answer.", m.ageSeconds)
+	m.backoff = ours.GaugeFunc("dns_backoff_seconds",
+		"How long the DNS count waits after its last lookup, which failed, before the next (doubling up to --server-count-dns-retry-max); 0 after a success.", func() float64 {
+			wait, _ := m.backoffNow()
+			return wait.Seconds()
+		})
+	m.retryAt = ours.GaugeFunc("dns_retry_timestamp_seconds",
+		"When the DNS count's wait after a failed lookup ends, in Unix seconds; 0 after a success.", func() float64 {
+			if _, until := m.backoffNow(); !until.IsZero() {
+				return float64(until.UnixNano()) / 1e9
+			}
+			return 0
+		})
 	for _, o := range outcomes {
 		m.lookups.WithLabelValues(o.String())
 	}
-	if err := metric.Register(reg, "DNS count metrics", m.lookups, m.count, m.age); err != nil {
+	if err := metric.Register(reg, "DNS count metrics", m.lookups, m.count, m.age, m.backoff, m.retryAt); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -215,4 +245,12 @@ func (m *metrics) ageSeconds() float64 {
 		return 0
 	}
 	return time.Since(time.Unix(0, at)).Seconds()
+}
+
+// backoffNow is the cache's back-off: zero before Build made the cache.
+func (m *metrics) backoffNow() (time.Duration, time.Time) {
+	if c := m.cache.Load(); c != nil {
+		return c.Backoff()
+	}
+	return 0, time.Time{}
 }

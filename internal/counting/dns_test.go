@@ -49,15 +49,39 @@ func TestBuildCountsAndExportsMetrics(t *testing.T) {
 	assert.GreaterOrEqual(t, value(reg, "servercount_agent_dns_lookups_total", "outcome", "records"), 1.0)
 }
 
+// Issue 32: while DNS fails the count backs off, and the metrics say how
+// long the wait is and when it ends; a success sets both to 0.
+func TestBackoffIsExported(t *testing.T) {
+	srv := dnstest.NewServer(t)
+	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
+	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-cache-ttl-min=20ms", "--server-count-dns-retry-max=200ms")
+	require.Empty(t, o.Validate())
+	reg := prometheus.NewRegistry()
+	c, err := o.Build(reg, "agent", 1)
+	require.NoError(t, err)
+	defer c.Close()
+	require.Eventually(t, func() bool { return value(reg, "servercount_agent_dns_backoff_seconds") > 0 }, 10*time.Second, time.Millisecond, "no back-off exported")
+	wait := value(reg, "servercount_agent_dns_backoff_seconds")
+	assert.LessOrEqual(t, wait, 0.2, "a wait beyond --server-count-dns-retry-max")
+	at := value(reg, "servercount_agent_dns_retry_timestamp_seconds")
+	assert.InDelta(t, float64(time.Now().UnixNano())/1e9, at, 1, "the retry is due within the wait")
+	srv.ClearFault()
+	require.Eventually(t, func() bool {
+		return value(reg, "servercount_agent_dns_backoff_seconds") == 0 && value(reg, "servercount_agent_dns_retry_timestamp_seconds") == 0
+	}, 10*time.Second, time.Millisecond, "the back-off not cleared by a success")
+	assert.Equal(t, 2, c.CountServers())
+}
+
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	errs := parseDNS(t, "--server-count-cache-ttl-min=0s", "--fallback-server-count=0", "--server-count-max=0", "--server-count-dns-server=1.2.3.4").Validate()
+	errs := parseDNS(t, "--server-count-cache-ttl-min=0s", "--fallback-server-count=0", "--server-count-max=0", "--server-count-dns-server=1.2.3.4", "--server-count-dns-retry-max=0s").Validate()
 	var all []string
 	for _, e := range errs {
 		all = append(all, e.Error())
 	}
 	joined := strings.Join(all, "\n")
-	for _, w := range []string{"cache TTLs", "--fallback-server-count 0", "--server-count-max 0", "need --server-count-dns"} {
+	for _, w := range []string{"cache TTLs", "--fallback-server-count 0", "--server-count-max 0", "need --server-count-dns", "invalid --server-count-dns-retry-max 0s"} {
 		assert.Contains(t, joined, w)
 	}
 	assert.Empty(t, parseDNS(t, "--server-count-dns=x.example").Validate())
@@ -130,7 +154,7 @@ func TestDNSRecoveryLoggedAtLevelZero(t *testing.T) {
 // ends. It waits for 3 failed refreshes and returns the log.
 func countFailing(t *testing.T, server string) *logtest.Buffer {
 	t.Helper()
-	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+server, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms")
+	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+server, "--server-count-cache-ttl-min=10ms", "--server-count-cache-ttl-max=20ms", "--server-count-dns-retry-max=40ms")
 	require.Empty(t, o.Validate())
 	var logs *logtest.Buffer
 	o.Logger, logs = logtest.NewLogger(0)

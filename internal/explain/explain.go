@@ -340,6 +340,13 @@ func explainDNS(m Metrics, r *Report) {
 		failed += lookups[o]
 	}
 	answered := lookups["records"] + lookups["nxdomain"] + lookups["nodata"]
+	if wait, _ := m.value("servercount_" + sub + "_dns_backoff_seconds"); wait > 0 {
+		next := "soon"
+		if at, _ := m.value("servercount_" + sub + "_dns_retry_timestamp_seconds"); at > 0 {
+			next = "at " + time.Unix(0, int64(at*1e9)).UTC().Format(time.TimeOnly) + " UTC"
+		}
+		r.Problems = append(r.Problems, fmt.Sprintf("The last DNS lookup failed: the count backs off, the next lookup %s (waits of up to --server-count-dns-retry-max), and the last good count stays in use.", next))
+	}
 	if failed > 0 && answered == 0 {
 		r.Problems = append(r.Problems, "Every DNS lookup has failed since start: check the --server-count-dns name and the cluster DNS; `servercount <name>` shows what DNS says.")
 	}

@@ -175,6 +175,7 @@ func TestAgentWithFailingDNSOnTheFallback(t *testing.T) {
 	assert.Contains(t, strings.Join(r.Facts, "\n"), "the target comes from --fallback-server-count")
 	assert.Contains(t, strings.Join(r.Problems, "\n"), "No server count has been learnt since the agent started")
 	assert.Contains(t, strings.Join(r.Facts, "\n"), "network")
+	explainEventually(t, url, "The last DNS lookup failed: the count backs off, the next lookup at ")
 }
 
 // DNS said 3, then 2: the agent keeps aiming for 3 during its hold-down,
