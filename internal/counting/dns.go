@@ -31,7 +31,7 @@ type DNSOptions struct {
 	// RetryMax caps the back-off between failed lookups.
 	RetryMax time.Duration
 	Fallback int
-	Max         int
+	Max      int
 	// Logger receives, at level 0, when DNS counting starts to fail and
 	// when it recovers (not a flag). NewOptions sets klog's global logger.
 	Logger klog.Logger
