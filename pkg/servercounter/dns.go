@@ -28,8 +28,22 @@ type DNSServerCounter struct {
 
 	mu sync.Mutex // guards lastKind
 	// lastKind is the kind of the last failure, 0 after a success; it
-	// decides what to log.
+	// decides what to log, and how many tries the next count makes.
 	lastKind ErrorKind
+}
+
+// attempts is how many tries the next count makes: Config.Attempts, or
+// one after a count that failed. A caller that counts again after a
+// failure is the retry (a CachedServerCounter backs off between its
+// calls): tries on top of its own would multiply what a fleet asks of a
+// failing DNS, where most of them meet the same failure.
+func (c *DNSServerCounter) attempts() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lastKind != 0 {
+		return 1
+	}
+	return c.cfg.Attempts
 }
 
 // NewDNSServerCounter returns a counter for cfg.Name. It reads resolv.conf
@@ -53,11 +67,12 @@ func (c *DNSServerCounter) Type() RecordType { return c.cfg.Type }
 // error) is followed, after an exponential back-off, by a try against the
 // next nameserver. A try with no answer within Config.Timeout is followed
 // at once by the next, and keeps listening meanwhile: a late answer still
-// counts, as it does for glibc's resolver. After Config.Attempts tries,
-// or when ctx ends, Count returns a *DNSError.
+// counts, as it does for glibc's resolver. After Config.Attempts tries
+// (one, after a count that failed: the caller's next count is the
+// retry), or when ctx ends, Count returns a *DNSError.
 func (c *DNSServerCounter) Count(ctx context.Context) (Result, error) {
 	start := c.cfg.Clock.Now()
-	res, err := c.try(ctx)
+	res, err := c.try(ctx, c.attempts())
 	if err != nil {
 		c.observe(ctx, Result{}, err)
 		return Result{}, err
@@ -85,16 +100,15 @@ type attempt struct {
 	err error
 }
 
-// try runs the tries of one count, up to Config.Attempts of them
-// overlapping, and returns the first answer. Every try has ended when it
-// returns.
-func (c *DNSServerCounter) try(ctx context.Context) (Result, *DNSError) {
+// try runs the tries of one count, up to attempts of them overlapping,
+// and returns the first answer. Every try has ended when it returns.
+func (c *DNSServerCounter) try(ctx context.Context, attempts int) (Result, *DNSError) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait() // runs after cancel: the tries watch ctx
 	defer cancel()
 
-	ended := make(chan *attempt, c.cfg.Attempts) // never blocks a try
+	ended := make(chan *attempt, attempts) // never blocks a try
 	var tries []*attempt
 	start := func() {
 		a := &attempt{server: c.cfg.servers[len(tries)%len(c.cfg.servers)]}
@@ -137,14 +151,14 @@ func (c *DNSServerCounter) try(ctx context.Context) (Result, *DNSError) {
 				continue // an earlier try, already timed out, failed too
 			}
 			wait.Stop()
-			if len(tries) == c.cfg.Attempts {
+			if len(tries) == attempts {
 				return Result{}, last
 			}
 			wait, backingOff = after(c.cfg.Clock, b.NextBackOff()), true
 		case <-wait.C:
 			if !backingOff {
 				last = fail(tries[len(tries)-1], &failure{kind: ErrorTimeout, rcode: -1, err: errQueryTimeout})
-				if len(tries) == c.cfg.Attempts {
+				if len(tries) == attempts {
 					return Result{}, last
 				}
 			}

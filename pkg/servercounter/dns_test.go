@@ -309,6 +309,32 @@ func TestDNSCountQueriesPerRefreshInAPod(t *testing.T) {
 	}
 }
 
+// Issue 32: a count that follows a failed one tries once, not Attempts
+// times: the caller's calls are the retries, and a fleet must not
+// multiply them against a failing DNS. A success restores the attempts.
+func TestDNSCountTriesOnceAfterAFailure(t *testing.T) {
+	t.Parallel()
+	srv := newHeadless3Server(t)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
+	c := newCounter(t, srv, "_agent._tcp."+svc, func(c *servercounter.Config) {
+		c.Attempts, c.InitialBackoff, c.MaxBackoff = 3, time.Millisecond, time.Millisecond
+	})
+	queries := func() int { return srv.Queries("udp") + srv.Queries("tcp") }
+	for i, want := range []int{3, 4, 5} {
+		_, err := c.Count(t.Context())
+		require.Error(t, err)
+		assert.Equal(t, want, queries(), "queries after count %d", i+1)
+	}
+	srv.ClearFault()
+	_, err := c.Count(t.Context())
+	require.NoError(t, err)
+	srv.SetFault(dnstest.Fault{Kind: dnstest.FaultServFail})
+	before := queries()
+	_, err = c.Count(t.Context())
+	require.Error(t, err)
+	assert.Equal(t, 3, queries()-before, "a success restores the attempts")
+}
+
 func TestDNSCountFailureOnSearchNameIsNotZero(t *testing.T) {
 	t.Parallel()
 	srv := newHeadless3Server(t)
