@@ -306,6 +306,9 @@ func (c *client) giveUp() bool {
 	c.cancel()
 	if first {
 		c.cs.heldChanged()
+		// The count may be out of date: a server that went away may have
+		// a replacement at a new address.
+		c.cs.recount()
 		c.cs.wakeSync()
 	}
 	return first
@@ -469,6 +472,7 @@ func (c *client) receive(ctx context.Context) error {
 			// the sync loop connects to another server meanwhile.
 			if !c.serverDraining.Swap(true) {
 				logger.V(2).Info("Proxy-server is shutting down: its tunnels finish, and another server is sought")
+				c.cs.recount()
 				c.cs.wakeSync()
 			}
 		case wire.PacketHeartbeat:

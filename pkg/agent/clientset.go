@@ -170,6 +170,16 @@ func (cs *ClientSet) serving() int {
 	return n
 }
 
+// recount asks the Counter, if it is a servercounter.Refresher, to count
+// again soon: a server went away, or a dial to an address it listed
+// failed. The Counter's own limits (a cache's MinExpiry and back-off)
+// decide when; a burst of asks is one count.
+func (cs *ClientSet) recount() {
+	if r, ok := cs.cfg.Counter.(servercounter.Refresher); ok {
+		r.Refresh()
+	}
+}
+
 // wakeSync makes the sync loop run a round now.
 func (cs *ClientSet) wakeSync() {
 	select {

@@ -99,7 +99,9 @@ type Config struct {
 	// Counter counts the servers. It is read once per sync round, and
 	// that one Result gives both the count TargetPolicy weighs and, in
 	// DialResolved mode, the addresses to dial (Result.Endpoints), so the
-	// two always agree. It should answer at once, as a
+	// two always agree. A Counter that is a servercounter.Refresher is
+	// asked to count again when a server the agent held goes away or a
+	// dial to an address it listed fails. It should answer at once, as a
 	// servercounter.CachedServerCounter does; a failed read keeps the last
 	// result. Nil means servercounter.StaticServerCounter(1). A Counter
 	// that is also a servercounter.Notifier, as a CachedServerCounter is,

@@ -37,6 +37,10 @@ func (cs *ClientSet) dialServer(ctx context.Context, counted servercounter.Resul
 		// unresolvable name must show without -v, but not every retry.
 		cs.serverOutage.Failed(logger, err, "serverAddress", addr)
 		logger.V(2).Info("Failed to connect to proxy-server", "err", err)
+		if cs.cfg.DialMode == DialResolved {
+			// The address came from the count: it may be gone from it.
+			cs.recount()
+		}
 		return dialError
 	}
 	res := cs.add(ctx, c) // counts the dial

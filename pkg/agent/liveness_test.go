@@ -12,7 +12,9 @@ import (
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/nettest"
+	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -203,4 +205,38 @@ func TestReadinessIsUpstreamsByDefault(t *testing.T) {
 	code, body := get(hs.URL + "/readyz?verbose")
 	assert.Equal(t, http.StatusOK, code)
 	assert.Contains(t, body, "readiness: one server (upstream's)")
+}
+
+// Issue 32: when a server the agent held goes away, the agent asks its
+// count again at once, rather than when the count expires: a replacement
+// listed at a new address is held within seconds though the records'
+// TTL is an hour.
+func TestLostServerIsReResolved(t *testing.T) {
+	tt := newTestTLS(t)
+	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
+	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "2"})
+	s3 := newTestServer(t, tt, adversary.ServerConfig{ID: "s3", Count: "2"})
+	dns := dnstest.NewServer(t)
+	publish := func(addrs ...string) {
+		rrs := dnstest.SRVRecords(srvName, addrs...)
+		for _, rr := range rrs {
+			rr.Header().Ttl = 3600
+		}
+		dns.SetRecords(rrs...)
+	}
+	publish(s1.Addr(), s2.Addr())
+	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: srvName, Servers: []string{dns.Addr()}})
+	require.NoError(t, err)
+	cache, err := servercounter.NewCachedServerCounter(dc, servercounter.CacheConfig{MinExpiry: 100 * time.Millisecond, MaxExpiry: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cache.Close() })
+	cfg := testConfig(tt, "127.0.0.1:1")
+	cfg.DialMode, cfg.TargetPolicy, cfg.Counter = DialResolved, TargetCounted, cache
+	a := startAgent(t, cfg)
+	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick)
+
+	publish(s2.Addr(), s3.Addr()) // the replacement's record
+	s1.Stop()                     // the server goes away
+	require.Eventually(t, func() bool { return s3.Opened() >= 1 && a.Connected() == 2 }, waitFor, tick,
+		"the replacement was not dialled: the agent waits for an hour's TTL")
 }

@@ -127,6 +127,9 @@ type CachedServerCounter struct {
 	// after a success; retryUntil is when that wait ends. For Backoff.
 	retryWait  time.Duration
 	retryUntil time.Time
+	// refreshed is when the last refresh ended, and expiresAt when the
+	// expiry timer armed then fires: for Refresh.
+	refreshed, expiresAt time.Time
 	// expiry marks cur stale when it fires.
 	expiry clock.Timer
 	closed bool
@@ -331,11 +334,48 @@ func (c *CachedServerCounter) refreshOnce(ctx context.Context) {
 		wait = c.expiryLocked(res)
 	}
 	e := c.publish(klog.FromContext(ctx))
+	c.refreshed = c.cfg.Clock.Now()
+	c.armLocked(e, wait)
+}
+
+// armLocked arms the expiry of e in wait. c.mu must be held.
+func (c *CachedServerCounter) armLocked(e *entry, wait time.Duration) {
 	if c.expiry != nil {
 		c.expiry.Stop()
 	}
+	c.expiresAt = c.cfg.Clock.Now().Add(wait)
 	c.expiry = c.cfg.Clock.AfterFunc(wait, func() { c.expire(e) })
 }
+
+// Refresh asks for a refresh as soon as the cache's limits allow,
+// through the same single flight as every other: at once, or MinExpiry
+// after the last refresh ended if that is later, and not before its
+// back-off ends if the last refresh failed. An agent calls it when a
+// server it held goes away or a listed address fails, so that a server
+// replaced at a new address is dialled within seconds of its record,
+// not a TTL later; a burst of calls is one refresh.
+func (c *CachedServerCounter) Refresh() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.cur.Load()
+	if c.closed || c.retryWait > 0 || c.good == nil {
+		return // closed, backing off, or the first refresh is on its way
+	}
+	due := c.refreshed.Add(c.cfg.MinExpiry)
+	if !e.stale && due.Before(c.expiresAt) {
+		if wait := due.Sub(c.cfg.Clock.Now()); wait > 0 {
+			c.armLocked(e, wait)
+			return
+		}
+		c.set(&entry{count: e.count, stale: true, result: e.result})
+	}
+	select {
+	case c.refresh <- struct{}{}:
+	default: // a refresh is asked for already
+	}
+}
+
+var _ Refresher = (*CachedServerCounter)(nil)
 
 // retryWaitLocked returns the wait after a failed refresh: the next step
 // of the back-off, drawn from its upper half. c.mu must be held.

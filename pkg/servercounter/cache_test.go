@@ -484,3 +484,48 @@ func TestCachedHoldsThePeriodAgainstACountdown(t *testing.T) {
 		eventually(t, func() bool { return calls.Load() == int32(i+2) }, "a refresh")
 	}
 }
+
+// Issue 32: Refresh asks for a refresh at once when the last one ended
+// MinExpiry ago or more, else as soon as MinExpiry has passed; a burst of
+// asks is one refresh, and a cache backing off after a failure keeps its
+// back-off. A MaxCounter passes the ask on.
+func TestCachedRefreshOnAsk(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	var fail atomic.Bool
+	src := counterFunc(func(context.Context) (servercounter.Result, error) {
+		calls.Add(1)
+		if fail.Load() {
+			return servercounter.Result{}, errors.New("servfail")
+		}
+		return servercounter.Result{Count: 3, TTL: time.Minute, Source: servercounter.SourceDNS}, nil
+	})
+	c, clk := newCache(t, src, servercounter.CacheConfig{MinExpiry: time.Second, MaxExpiry: time.Hour, ExactExpiry: true})
+	eventually(t, func() bool { return calls.Load() == 1 }, "the first refresh")
+	m := servercounter.NewMaxCounter(c)
+	t.Cleanup(func() { _ = m.Close() })
+
+	// Asked right after a refresh: not before MinExpiry.
+	for range 5 {
+		m.Refresh()
+	}
+	expire(t, clk, time.Second)
+	eventually(t, func() bool { return calls.Load() == 2 }, "a refresh MinExpiry after the last")
+
+	// Asked later than MinExpiry after the last: at once.
+	clk.Step(2 * time.Second)
+	c.Refresh()
+	eventually(t, func() bool { return calls.Load() == 3 }, "a refresh at once")
+
+	// Backing off after a failure: the ask waits for the back-off.
+	fail.Store(true)
+	clk.Step(2 * time.Second)
+	c.Refresh()
+	eventually(t, func() bool { w, _ := c.Backoff(); return w == time.Second }, "a failed refresh")
+	for range 3 {
+		c.Refresh() // returns without asking the refresh loop anything
+	}
+	assert.Equal(t, int32(4), calls.Load(), "asks during a back-off made refreshes")
+	expire(t, clk, time.Second) // the back-off's timer
+	eventually(t, func() bool { return calls.Load() == 5 }, "the retry after the back-off")
+}

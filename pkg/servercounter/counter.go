@@ -38,6 +38,17 @@ type Notifier interface {
 	Changed() <-chan struct{}
 }
 
+// Refresher is implemented by counters that can be asked to count again
+// now, such as a [CachedServerCounter]: a client with a reason to think
+// the count out of date (a server it held went away, a dial to a listed
+// address failed) asks, rather than wait for the count to expire.
+type Refresher interface {
+	// Refresh asks for a new count soon and returns at once. It never
+	// makes the source be asked more often than the counter's own limits
+	// allow: a burst of asks is one refresh.
+	Refresh()
+}
+
 // Result is one count and what is known of where it came from. Fields other
 // than Count and Source are set by counters that have them.
 type Result struct {

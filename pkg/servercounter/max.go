@@ -89,6 +89,17 @@ func (m *MaxCounter) signal() {
 	m.changed = make(chan struct{})
 }
 
+// Refresh asks each source that is a [Refresher] to count again.
+func (m *MaxCounter) Refresh() {
+	for _, c := range m.counters {
+		if r, ok := c.(Refresher); ok {
+			r.Refresh()
+		}
+	}
+}
+
+var _ Refresher = (*MaxCounter)(nil)
+
 // Close stops watching the sources for changes.
 func (m *MaxCounter) Close() error {
 	close(m.stop)
