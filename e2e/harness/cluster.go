@@ -127,18 +127,24 @@ func StartCluster(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	metricsPort, err := nettest.FreeTCPUDPPortOn("127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
 	c.DNS.readyURL = fmt.Sprintf("http://127.0.0.1:%d/ready", readyPort)
+	c.DNS.MetricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 	corefile := fmt.Sprintf(`%s:%d {
     bind 127.0.0.1
     errors
     health 127.0.0.1:%d
     ready 127.0.0.1:%d
+    prometheus 127.0.0.1:%d
     kubernetes %s {
         kubeconfig %s
         ttl %d
     }
 }
-`, ClusterDomain, port, healthPort, readyPort, ClusterDomain, c.Kubeconfig, ttl)
+`, ClusterDomain, port, healthPort, readyPort, metricsPort, ClusterDomain, c.Kubeconfig, ttl)
 	c.DNS.corefile = filepath.Join(c.DNS.dir, "Corefile")
 	if err := os.WriteFile(c.DNS.corefile, []byte(corefile), 0o644); err != nil {
 		return nil, err
@@ -367,6 +373,10 @@ func (c *Cluster) Logs(max int) string {
 type CoreDNS struct {
 	// Addr is 127.0.0.1:<port>, UDP and TCP.
 	Addr string
+	// MetricsURL is CoreDNS's own /metrics (the prometheus plugin):
+	// coredns_dns_requests_total counts the queries it received since it
+	// last started.
+	MetricsURL string
 
 	bin, dir, corefile, readyURL string
 	timeout                      time.Duration
@@ -469,4 +479,15 @@ func writeServiceAccountKey(path string) (string, error) {
 		return "", err
 	}
 	return path, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600)
+}
+
+// Requests is how many queries CoreDNS has received since it last
+// started (coredns_dns_requests_total, every label), or -1 when its
+// metrics cannot be read.
+func (d *CoreDNS) Requests() float64 {
+	m, err := scrape(d.MetricsURL)
+	if err != nil {
+		return -1
+	}
+	return m.Sum("coredns_dns_requests_total")
 }
