@@ -237,6 +237,10 @@ func TestLostServerIsReResolved(t *testing.T) {
 
 	publish(s2.Addr(), s3.Addr()) // the replacement's record
 	s1.Stop()                     // the server goes away
+	lost := time.Now()
 	require.Eventually(t, func() bool { return s3.Opened() >= 1 && a.Connected() == 2 }, waitFor, tick,
 		"the replacement was not dialled: the agent waits for an hour's TTL")
+	// The bound: a replacement dialled within 2 s of its record
+	// (here, a tenth of that: one MinExpiry and a sync round).
+	assert.Less(t, time.Since(lost), 2*time.Second, "the replacement was dialled late")
 }
