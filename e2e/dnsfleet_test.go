@@ -1,22 +1,26 @@
 package e2e
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/e2e/harness"
 )
 
 // Issue 32, end to end: 20 agents count 3 proxy-servers through real
-// CoreDNS (SRV records, TTL 5 s), with the binary's defaults. CoreDNS is
+// CoreDNS (SRV records, the suite's TTL of 1 s), with the binary's DNS
+// cache defaults. CoreDNS is
 // stopped for 60 s (its port then answers every query with ICMP port
 // unreachable: a failure at once, the hardest case for a fleet's retry
 // load) and started again. What the fleet asks of DNS in each phase, and
 // how long until every agent's count is fresh again:
 //   - healthy, before and after: CoreDNS's own count of queries
-//     (coredns_dns_requests_total), per agent and second;
+//     (coredns_dns_requests_total), per agent and second: one a TTL;
 //   - during the outage's second half: the agents' failed lookups (one
 //     query each, the back-off having started), per agent and second:
 //     at most 0.1 (5.4 before the back-off);
@@ -28,11 +32,17 @@ func TestDNSOutageAtFleetScale(t *testing.T) {
 		healthy  = 30 * time.Second
 		outage   = 60 * time.Second
 		retryCap = 30 * time.Second
-		ttl      = 5 * time.Second
+		ttl      = dnsTTL * time.Second
 	)
 	e := newEnv(t, false)
 	e.startReady(3)
-	fleet := e.startAgents(agents, "resolved", nil)
+	var fleet []*harness.Agent
+	for i := range agents {
+		fleet = append(fleet, e.fleet.StartAgent(t, harness.AgentConfig{
+			Name: fmt.Sprintf("agent-%s-%d", e.ns, i), DNSName: e.svc.SRVName("agent"), DNSServer: the.cluster.DNS.Addr,
+			DialMode: "resolved", CacheDefaults: true,
+		}))
+	}
 	waitConnections(t, fleet, 3, 60*time.Second)
 
 	dnsRate := func(window time.Duration) float64 {

@@ -218,6 +218,10 @@ type AgentConfig struct {
 	// Upstream says that Fleet.Bin.Agent is upstream's agent: the flags
 	// only ours has are left out of the defaults.
 	Upstream bool
+	// CacheDefaults keeps the binary's DNS cache (the answers' TTL within
+	// 1 s and 30 s, the back-off after failures from 1 s) where the suite
+	// otherwise refreshes every 500 ms to follow its changes fast.
+	CacheDefaults bool
 }
 
 // Agent is a proxy-agent process on 127.0.0.1.
@@ -259,8 +263,10 @@ func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 	}
 	args = append(args, cfg.Extra...)
 	if cfg.DNSName != "" {
-		args = append(args, "--server-count-dns="+cfg.DNSName, "--server-count-dns-server="+cfg.DNSServer,
-			"--server-count-cache-ttl=500ms", "--server-count-cache-ttl-min=200ms")
+		args = append(args, "--server-count-dns="+cfg.DNSName, "--server-count-dns-server="+cfg.DNSServer)
+		if !cfg.CacheDefaults {
+			args = append(args, "--server-count-cache-ttl=500ms", "--server-count-cache-ttl-min=200ms")
+		}
 	}
 	if cfg.DialMode != "" {
 		args = append(args, "--server-dial-mode="+cfg.DialMode)
