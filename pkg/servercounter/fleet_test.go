@@ -349,4 +349,3 @@ func TestFleetThroughDNSOutages(t *testing.T) {
 	assert.LessOrEqual(t, fresh[len(fresh)-1], bound, "the last agent's count was fresh too late")
 	assert.LessOrEqual(t, fresh[len(fresh)/2], bound/2, "the median agent's count was fresh too late")
 }
-
