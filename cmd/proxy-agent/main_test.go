@@ -129,10 +129,7 @@ func startPlainAgent(t *testing.T, agentPort int, args ...string) (*proctest.Pro
 // kube-apiserver reaches the proxy-server's frontend.
 func newCredentials(t *testing.T) (pki.Files, *tls.Config) {
 	t.Helper()
-	ca, err := pki.NewCA("test-ca")
-	require.NoError(t, err)
-	certs, err := ca.WriteFiles(t.TempDir())
-	require.NoError(t, err)
+	ca, certs := pki.TempFiles(t, "test-ca")
 	client, err := ca.Client("kube-apiserver")
 	require.NoError(t, err)
 	return certs, &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost"}

@@ -75,10 +75,7 @@ func TestChurnProcesses(t *testing.T) {
 
 func writeCerts(t *testing.T) pki.Files {
 	t.Helper()
-	ca, err := pki.NewCA("churn-ca")
-	require.NoError(t, err)
-	f, err := ca.WriteFiles(t.TempDir())
-	require.NoError(t, err)
+	_, f := pki.TempFiles(t, "churn-ca")
 	return f
 }
 

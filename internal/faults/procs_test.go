@@ -32,10 +32,7 @@ type certs struct {
 
 func writeCerts(t *testing.T) certs {
 	t.Helper()
-	ca, err := pki.NewCA("faults-ca")
-	require.NoError(t, err)
-	f, err := ca.WriteFiles(t.TempDir())
-	require.NoError(t, err)
+	ca, f := pki.TempFiles(t, "faults-ca")
 	return certs{ca: ca, Files: f}
 }
 

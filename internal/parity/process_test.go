@@ -25,10 +25,7 @@ type pkiFiles struct {
 
 func writePKI(t *testing.T) pkiFiles {
 	t.Helper()
-	ca, err := pki.NewCA("parity-ca")
-	require.NoError(t, err)
-	f, err := ca.WriteFiles(t.TempDir())
-	require.NoError(t, err)
+	ca, f := pki.TempFiles(t, "parity-ca")
 	return pkiFiles{ca: ca, Files: f}
 }
 

@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"testing"
 	"net"
 	"os"
 	"path/filepath"
@@ -146,6 +147,22 @@ type Files struct {
 	CA                    string
 	ServerCert, ServerKey string
 	AgentCert, AgentKey   string
+}
+
+// TempFiles makes a CA named name and writes its Files into a temporary
+// directory of tb's, which the test removes; it fails tb on an error.
+// Tests that run the binaries as processes start with it.
+func TempFiles(tb testing.TB, name string) (*CA, Files) {
+	tb.Helper()
+	ca, err := NewCA(name)
+	if err != nil {
+		tb.Fatalf("pki: %v", err)
+	}
+	f, err := ca.WriteFiles(tb.TempDir())
+	if err != nil {
+		tb.Fatalf("pki: %v", err)
+	}
+	return ca, f
 }
 
 // WriteFiles issues a server certificate for "proxy-server" (localhost,
