@@ -13,10 +13,10 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
-	"testing"
 	"net"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 )
 
