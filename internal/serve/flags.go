@@ -46,10 +46,10 @@ func AddCommonFlags(fs *pflag.FlagSet) (showVersion *bool) {
 	return fs.Bool("version", false, "print the version and exit")
 }
 
-// compatibilityFlags are upstream's flags that both binaries take, so
+// compatibilityFlags are upstream's flags that the binaries take, so
 // that an upstream manifest starts them, and ignore: what they tune has
 // bounds of its own here.
-var compatibilityFlags = []string{"enable-contention-profiling", "warn-on-channel-limit", "xfr-channel-size"}
+var compatibilityFlags = []string{"enable-contention-profiling", "warn-on-channel-limit", "xfr-channel-size", "frontend-write-channel-size"}
 
 // IgnoredFlags returns the compatibility flags set in fs, which have no
 // effect, for a log line at start-up.

@@ -108,40 +108,43 @@ type Options struct {
 	// TLS is --cipher-suites and --tls-min-version, for every TLS port.
 	TLS serve.TLSPolicy
 
-	// XfrChannelSize and WarnOnChannelLimit are accepted for
-	// compatibility; the server's queues have bounds of their own.
-	XfrChannelSize     int
-	WarnOnChannelLimit bool
+	// XfrChannelSize, FrontendWriteChannelSize and WarnOnChannelLimit are
+	// accepted for compatibility; the server's queues have bounds of
+	// their own.
+	XfrChannelSize           int
+	FrontendWriteChannelSize int
+	WarnOnChannelLimit       bool
 }
 
 // NewOptions returns the defaults: upstream's, so that an existing manifest
 // keeps its meaning after a binary swap.
 func NewOptions() *Options {
 	return &Options{
-		FrontendWriteTimeout:    server.DefaultFrontendWriteTimeout,
-		StreamStallTimeout:      server.DefaultStreamStallTimeout,
-		TunnelWindow:            wire.DefaultTunnelWindow,
-		ServerID:                serve.IDFromEnv("PROXY_SERVER_ID"),
-		DeleteExistingUDSFile:   true,
-		ServerCount:             1,
-		XfrChannelSize:          10,
-		Mode:                    ModeGRPC,
-		ServerPort:              8090,
-		AgentPort:               8091,
-		HealthPort:              8092,
-		AdminBindAddress:        "127.0.0.1",
-		AdminPort:               8095,
-		ProxyStrategies:         []server.Strategy{server.StrategyDefault},
-		KeepaliveTime:           DefaultKeepaliveTime,
-		KeepaliveTimeout:        DefaultKeepaliveTimeout,
-		FrontendKeepaliveTime:   time.Hour,
-		HeartbeatInterval:       wire.DefaultHeartbeat,
-		BackendDialTimeout:      server.DefaultBackendDialTimeout,
-		UnansweredDialTimeout:   server.DefaultUnansweredDialTimeout,
-		GracefulShutdownTimeout: 15 * time.Second,
-		DNS:                     counting.NewDNSOptions(),
-		Leases:                  counting.NewPublishOptions(),
-		Kube:                    kubeclient.Options{ContentType: kubeclient.DefaultContentType},
+		FrontendWriteTimeout:     server.DefaultFrontendWriteTimeout,
+		StreamStallTimeout:       server.DefaultStreamStallTimeout,
+		TunnelWindow:             wire.DefaultTunnelWindow,
+		ServerID:                 serve.IDFromEnv("PROXY_SERVER_ID"),
+		DeleteExistingUDSFile:    true,
+		ServerCount:              1,
+		XfrChannelSize:           10,
+		FrontendWriteChannelSize: 10,
+		Mode:                     ModeGRPC,
+		ServerPort:               8090,
+		AgentPort:                8091,
+		HealthPort:               8092,
+		AdminBindAddress:         "127.0.0.1",
+		AdminPort:                8095,
+		ProxyStrategies:          []server.Strategy{server.StrategyDefault},
+		KeepaliveTime:            DefaultKeepaliveTime,
+		KeepaliveTimeout:         DefaultKeepaliveTimeout,
+		FrontendKeepaliveTime:    time.Hour,
+		HeartbeatInterval:        wire.DefaultHeartbeat,
+		BackendDialTimeout:       server.DefaultBackendDialTimeout,
+		UnansweredDialTimeout:    server.DefaultUnansweredDialTimeout,
+		GracefulShutdownTimeout:  15 * time.Second,
+		DNS:                      counting.NewDNSOptions(),
+		Leases:                   counting.NewPublishOptions(),
+		Kube:                     kubeclient.Options{ContentType: kubeclient.DefaultContentType},
 	}
 }
 
@@ -208,6 +211,10 @@ func (o *Options) Flags() *pflag.FlagSet {
 	serve.CipherSuitesVar(fs, &o.TLS.CipherSuites, "cipher-suites", "comma-separated IANA names of the TLS 1.2 cipher suites every TLS port allows (empty: Go's defaults; TLS 1.3 suites are fixed)")
 	serve.ParsedVar(fs, &o.TLS.MinVersion, "tls-min-version", "", serve.ParseTLSVersion, "lowest TLS version every TLS port accepts: VersionTLS12 (default) or VersionTLS13")
 	fs.IntVar(&o.XfrChannelSize, "xfr-channel-size", o.XfrChannelSize, "accepted for compatibility; ignored")
+	// Upstream's server took it after the commit the oracle is built
+	// from: each frontend's write queue (0: writes without a queue). Ours
+	// queues a frontend's packets in a bounded queue of its own.
+	fs.IntVar(&o.FrontendWriteChannelSize, "frontend-write-channel-size", o.FrontendWriteChannelSize, "accepted for compatibility with newer upstream manifests; ignored")
 	// Deprecated and hidden upstream, which still accepts it.
 	fs.BoolVar(&o.WarnOnChannelLimit, "warn-on-channel-limit", true, "accepted for compatibility; ignored")
 	_ = fs.MarkDeprecated("warn-on-channel-limit", "it has no effect and will be removed, as upstream's") // the flag exists

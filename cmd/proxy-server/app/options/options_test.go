@@ -13,6 +13,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/flagtest"
+	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -168,4 +169,16 @@ func TestHelpShowsOneServerIDDefault(t *testing.T) {
 	line := flagtest.Usage(t, options.NewOptions().Flags(), "--server-id")
 	require.NotEmpty(t, line)
 	assert.Equal(t, 1, strings.Count(line, "default"), line)
+}
+
+// Issue 33: upstream's server gained --frontend-write-channel-size after
+// the commit the oracle is built from; an upstream manifest that sets it
+// starts ours, which says at start-up that it has no effect.
+func TestNewerUpstreamFlagIsAcceptedAndReported(t *testing.T) {
+	t.Parallel()
+	o := options.NewOptions()
+	fs := o.Flags()
+	require.NoError(t, fs.Parse(append([]string{"--frontend-write-channel-size=0"}, tlsFlags...)))
+	assert.Empty(t, o.Validate())
+	assert.Equal(t, []string{"--frontend-write-channel-size"}, serve.IgnoredFlags(fs))
 }
