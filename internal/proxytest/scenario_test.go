@@ -300,7 +300,7 @@ func TestScenarioRollingUpdateStaleCounts(t *testing.T) {
 	}{
 		{name: "upstream agent keeps the largest received", want: 4},
 		// Upstream's behaviour: the last received count, at once.
-		{name: "window of one and no hold-down takes the last", window: 1, holdDown: time.Nanosecond, want: 3},
+		{name: "window of one and no hold-down takes the last", window: 1, holdDown: -1, want: 3},
 		// The hold-down alone keeps the larger count for its duration.
 		{name: "window of one with the hold-down keeps the largest", window: 1, want: 4},
 	}

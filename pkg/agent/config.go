@@ -189,7 +189,8 @@ type Config struct {
 	// different counts. Default DefaultReceivedWindow.
 	ReceivedWindow int
 	// HoldDown is how long a lower count must persist before the target
-	// drops to it; default DefaultHoldDown. Increases apply at once.
+	// drops to it; zero means DefaultHoldDown, a negative value none (a
+	// lower count applies at once). Increases apply at once.
 	HoldDown time.Duration
 	// ServerCountMax caps every count the target is taken from, whatever
 	// the TargetPolicy: the serverCount headers servers send as well as
@@ -258,7 +259,6 @@ func (cfg Config) validate() error {
 		{"DialTimeout", cfg.DialTimeout},
 		{"HandshakeTimeout", cfg.HandshakeTimeout},
 		{"EndpointWriteTimeout", cfg.EndpointWriteTimeout},
-		{"HoldDown", cfg.HoldDown},
 		{"ReadinessGracePeriod", cfg.ReadinessGracePeriod},
 	} {
 		if d.v < 0 {

@@ -176,7 +176,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "time between health checks of server connections")
 	fs.BoolVar(&o.SyncForever, "sync-forever", o.SyncForever, "keep opening connections even when connected to every server")
 	o.Count.AddFlags(fs)
-	fs.DurationVar(&o.ServerCountHoldDown, "server-count-hold-down", o.ServerCountHoldDown, "how long a lower server count must persist before the agent aims for it (increases apply at once)")
+	fs.DurationVar(&o.ServerCountHoldDown, "server-count-hold-down", o.ServerCountHoldDown, "how long a lower server count must persist before the agent aims for it (increases apply at once; 0: none, a lower count applies at once)")
 	serve.ParsedVar(fs, &o.ServerDialMode, "server-dial-mode", string(o.ServerDialMode), agent.ParseDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "most endpoint dials in flight at once, across every proxy-server; a dial request over it is refused at once")
 	fs.IntVar(&o.MaxTunnelsPerServer, "max-tunnels-per-server", o.MaxTunnelsPerServer, "most tunnels (dials in flight included) one proxy-server connection may hold open; a dial request over it is refused at once")
@@ -289,7 +289,7 @@ func (o *Options) Config() Config {
 	a.TokenPath = o.ServiceAccountTokenPath
 	a.SyncInterval, a.SyncIntervalCap, a.ProbeInterval = o.SyncInterval, o.SyncIntervalCap, o.ProbeInterval
 	a.SyncForever = o.SyncForever
-	a.HoldDown = o.ServerCountHoldDown
+	a.HoldDown = serve.Off(o.ServerCountHoldDown)
 	a.DialMode = o.ServerDialMode
 	a.TargetPolicy = o.Count.Policy()
 	// Every count is capped, received ones included and whatever the

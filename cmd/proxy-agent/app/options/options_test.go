@@ -216,3 +216,12 @@ func TestLivenessConfig(t *testing.T) {
 	assert.Equal(t, options.DefaultKeepaliveTime, o.KeepaliveTime)
 	assert.Equal(t, options.DefaultKeepaliveTimeout, o.KeepaliveTimeout)
 }
+
+// Issue 35: --server-count-hold-down=0 means no hold-down, which the
+// package spells -1; before, 0 became the 30 s default without a word.
+func TestZeroHoldDownMeansNone(t *testing.T) {
+	o := options.NewOptions()
+	require.NoError(t, o.Flags().Parse([]string{"--insecure-plaintext", "--server-count-hold-down=0"}))
+	require.Empty(t, o.Validate())
+	assert.Equal(t, time.Duration(-1), o.Config().Agent.HoldDown)
+}
