@@ -7,7 +7,7 @@
 // valid zero ("no servers") from an unknown count (an error), and reports
 // where a count came from.
 //
-// Three counters compose:
+// Four counters compose:
 //
 //   - [StaticServerCounter] is a fixed number: the upstream --server-count.
 //   - [DNSServerCounter] reads the records of a headless Service: distinct SRV
@@ -16,9 +16,12 @@
 //     to TCP when a UDP answer is truncated.
 //   - [CachedServerCounter] wraps a Counter: it answers from one atomic load,
 //     refreshes in the background once the count expires (one refresh at a
-//     time, whatever the number of callers), keeps the last good count when
-//     a refresh fails, and answers a static fallback before the first
-//     success.
+//     time, whatever the number of callers, each expiry jittered), keeps the
+//     last good count when a refresh fails and backs off, with jitter,
+//     until one succeeds, and answers a static fallback before the first
+//     success. [CachedServerCounter.Refresh] asks for a refresh now.
+//   - [MaxCounter] takes the largest of several counts, such as DNS and
+//     leases while a fleet moves from one to the other.
 //
 // The package does not open connections to the servers it counts, and knows
 // nothing of gRPC, tunnels or Kubernetes objects.
