@@ -72,11 +72,9 @@ type tunnel struct {
 	// chose be: what a retry sends, and to whom. Fixed.
 	protocol, address string
 	strategy          Strategy
-	// retried is set once the dial was sent to a second agent: a dial is
-	// retried once at most. attempt counts the agents it was sent to, so
-	// that the timer of an earlier one does nothing. Both guarded by
-	// Server.mu.
-	retried bool
+	// attempt counts the agents the dial was sent to: a dial is retried
+	// once at most (attempt 2), and the timer of an earlier attempt does
+	// nothing. Guarded by Server.mu.
 	attempt int
 	// connectID is the agent's ID for the connection, 0 while the dial is
 	// pending. Guarded by Server.mu.
@@ -178,7 +176,7 @@ func (s *Server) armDialTimerLocked(t *tunnel) {
 // it did; send then queues the packets, once Server.mu is unlocked.
 // Called with Server.mu held.
 func (s *Server) retryLocked(t *tunnel, reason RetryReason) (send func(), ok bool) {
-	if t.retried || s.pending[t.random] != t {
+	if t.attempt > 1 || s.pending[t.random] != t {
 		return nil, false
 	}
 	old := t.be
@@ -188,7 +186,7 @@ func (s *Server) retryLocked(t *tunnel, reason RetryReason) (send func(), ok boo
 	}
 	delete(old.pending, t.random)
 	nb.pending[t.random] = t
-	t.be, t.retried, t.dialed = nb, true, time.Now()
+	t.be, t.dialed = nb, time.Now()
 	s.armDialTimerLocked(t)
 	s.metrics.observeDialRetry(reason)
 	s.log.V(2).Info("Sent a dial to another agent", "reason", reason, "agentID", old.logID, "newAgentID", nb.logID, "dialID", t.random)
