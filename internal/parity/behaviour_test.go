@@ -20,6 +20,7 @@ import (
 
 	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/internal/churn"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -78,8 +79,9 @@ func TestFrontendSocket(t *testing.T) {
 	assert.Equal(t, modes["upstream"], modes["ours"], "the socket's mode")
 }
 
-// Health paths and their answers, before and after an agent connects,
-// on both binaries.
+// Health paths and their answers, on both binaries: the server's before
+// and after an agent connects, the agent's with no server to reach and
+// with one.
 func TestHealthPaths(t *testing.T) {
 	up, ours := sides(t)
 	p := writePKI(t)
@@ -88,9 +90,16 @@ func TestHealthPaths(t *testing.T) {
 	seen := map[string][2]codes{}
 	for _, s := range []side{up, ours} {
 		t.Run(s.name, func(t *testing.T) {
+			var before, after codes = codes{}, codes{}
+			// An agent whose server port has nobody listening: alive,
+			// not ready.
+			lone := startAgent(t, s.agent, nettest.FreePorts(t, 1)[0], p, nil)
+			waitStatus(t, lone.healthURL+"/healthz", http.StatusOK, lone.Process)
+			for _, path := range paths {
+				before["agent "+path] = status(lone.healthURL + path)
+			}
 			srv := startServer(t, s.server, "grpc", p, nil)
 			waitStatus(t, srv.healthURL+"/healthz", http.StatusOK, srv.Process)
-			var before, after codes = codes{}, codes{}
 			for _, path := range paths {
 				before["server "+path] = status(srv.healthURL + path)
 			}
@@ -108,7 +117,7 @@ func TestHealthPaths(t *testing.T) {
 		return
 	}
 	known := differences(t)
-	for i, when := range []string{"before an agent", "with an agent"} {
+	for i, when := range []string{"before they connect", "connected"} {
 		for path, want := range seen["upstream"][i] {
 			if got := seen["ours"][i][path]; got != want {
 				differ(t, known, path, "%s: %d, upstream's %d", when, got, want)

@@ -245,8 +245,8 @@ func TestHealth(t *testing.T) {
 	t.Cleanup(hs.Close)
 
 	assert.Equal(t, http.StatusServiceUnavailable, proctest.Status(hs.URL+"/healthz"), "healthz before Run")
-	assert.Equal(t, http.StatusInternalServerError, proctest.Status(hs.URL+"/readyz"))
-	assert.Equal(t, http.StatusInternalServerError, proctest.Status(hs.URL+"/ready"))
+	assert.Equal(t, http.StatusServiceUnavailable, proctest.Status(hs.URL+"/readyz"))
+	assert.Equal(t, http.StatusServiceUnavailable, proctest.Status(hs.URL+"/ready"))
 	assert.Equal(t, http.StatusNotFound, proctest.Status(hs.URL+"/other"))
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -255,7 +255,7 @@ func TestHealth(t *testing.T) {
 	go func() { done <- a.Run(ctx) }()
 	require.Eventually(t, func() bool { return proctest.Status(hs.URL+"/healthz") == http.StatusOK }, waitFor, tick)
 	a.waitSyncRounds(t, 3)
-	assert.Equal(t, http.StatusInternalServerError, proctest.Status(hs.URL+"/readyz"), "ready with no server")
+	assert.Equal(t, http.StatusServiceUnavailable, proctest.Status(hs.URL+"/readyz"), "ready with no server")
 
 	lb.SetBackends(srv.Addr())
 	require.Eventually(t, func() bool { return proctest.Status(hs.URL+"/readyz") == http.StatusOK }, waitFor, tick)
@@ -263,7 +263,7 @@ func TestHealth(t *testing.T) {
 
 	lb.SetBackends()
 	srv.Stop()
-	require.Eventually(t, func() bool { return proctest.Status(hs.URL+"/readyz") == http.StatusInternalServerError }, waitFor, tick)
+	require.Eventually(t, func() bool { return proctest.Status(hs.URL+"/readyz") == http.StatusServiceUnavailable }, waitFor, tick)
 
 	cancel()
 	require.NoError(t, <-done)

@@ -11,10 +11,10 @@ import (
 //
 //   - /healthz: 200 while Run runs, 503 otherwise;
 //   - /readyz and /ready: 200 while the agent is ready (see
-//     [ClientSet.Ready]). An agent that holds no server answers 500, as
-//     upstream's agent does; one that holds some but, with
-//     Config.ReadyWhenAll, has missed a counted server for longer than
-//     the grace period answers 503. With ?verbose the body is the
+//     [ClientSet.Ready]), 503 otherwise, as upstream's agent answers: an
+//     agent that holds no server is not ready, nor, with
+//     Config.ReadyWhenAll, one that has missed a counted server for
+//     longer than the grace period. With ?verbose the body is the
 //     readiness report: the servers counted, held and being dialled.
 //
 // Other paths get 404. Mount it on the health server beside /metrics.
@@ -32,7 +32,7 @@ func (cs *ClientSet) Health() http.Handler {
 		code, text := http.StatusOK, "ok"
 		switch {
 		case r.Held == 0:
-			code, text = http.StatusInternalServerError, "no proxy-server connected"
+			code, text = http.StatusServiceUnavailable, "no proxy-server connected"
 		case !r.Ready:
 			code, text = http.StatusServiceUnavailable, fmt.Sprintf("serving on %d of %d proxy-servers for %v, longer than --readiness-grace-period %v", len(r.Serving), r.Target, r.MissingFor.Round(time.Second), r.GracePeriod)
 		}
