@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
-	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -27,8 +25,19 @@ type backend struct {
 	agentID string
 	logID   string // agentID cut for logs by capPeer
 	ids     wire.Identifiers
-	peer    *peer
-	seq     uint64 // connection order: lower is older
+	// hostKeys are the hostKeys of ids' host, ipv4 and ipv6 identifiers,
+	// each once: what destHost finds the stream by.
+	hostKeys []string
+	peer     *peer
+	seq      uint64 // connection order: lower is older
+	// gone is set when the stream is unregistered. Guarded by Server.mu.
+	gone bool
+	// route is the stream's agent in Server.routes and routeTier its
+	// tier there, from routeDraining and routeUnresponsive, the state
+	// routes knows. All guarded by routes.mu.
+	route                            *routeAgent
+	routeTier                        int
+	routeDraining, routeUnresponsive bool
 	// peerWindow is the agent's flow-control window per tunnel, 0 when
 	// the handshake did not turn flow control on.
 	peerWindow int
@@ -99,13 +108,15 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	}
 	s.metrics.setReportedServerCount(count)
 
-	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, peer: newPeer(stream, s.metrics, segmentToAgent), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
+	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, hostKeys: hostKeys(ids), peer: newPeer(stream, s.metrics, segmentToAgent), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
 		answering: outage.New("have dials answered by agent "+capPeer(agentID), nil)}
-	if !s.addBackend(be) {
+	contested, ok := s.addBackend(be)
+	if !ok {
 		s.metrics.observeAgentRejection(RejectShuttingDown)
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
 	s.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
+	s.logContested(be, contested, remoteAddr(ctx))
 	return s.waitStream(be.peer)
 }
 
@@ -154,6 +165,9 @@ func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error
 		if ids, err = wire.ParseIdentifiers(v[0]); err != nil {
 			return invalid(err)
 		}
+		if err := checkIdentifierBounds(ids); err != nil {
+			return invalid(err)
+		}
 	default:
 		return invalid(fmt.Errorf("want at most one %s metadata value, got %d", wire.HeaderAgentIdentifiers, len(v)))
 	}
@@ -181,12 +195,13 @@ func (s *Server) authenticate(ctx context.Context, md metadata.MD) error {
 }
 
 // addBackend registers be and starts its goroutines, unless the Server is
-// closed.
-func (s *Server) addBackend(be *backend) bool {
+// closed. It returns the hosts be claims that other agents hold, with the
+// stream that holds each.
+func (s *Server) addBackend(be *backend) (contested map[string]*backend, ok bool) {
 	s.mu.Lock()
 	if s.closed || s.shuttingDown {
 		s.mu.Unlock()
-		return false
+		return nil, false
 	}
 	s.nextSeq++
 	be.seq = s.nextSeq
@@ -196,6 +211,7 @@ func (s *Server) addBackend(be *backend) bool {
 		s.agents[be.agentID] = a
 	}
 	a.streams = append(a.streams, be)
+	contested = s.routes.add(be)
 	s.nBackends++
 	s.metrics.addBackends(1)
 	s.metrics.addGRPCConns(methodAgentConnect, 1)
@@ -208,7 +224,23 @@ func (s *Server) addBackend(be *backend) bool {
 	}
 	s.mu.Unlock()
 	s.goStream(be.peer, func() { s.serveAgent(be) })
-	return true
+	return contested, true
+}
+
+// logContested logs and counts the hosts that be claims and that streams
+// of other agents, holding them, are given: one line per stream, at level
+// 0, since it is what an agent claiming another node's traffic looks like.
+func (s *Server) logContested(be *backend, contested map[string]*backend, remote string) {
+	if len(contested) == 0 {
+		return
+	}
+	s.metrics.observeContestedClaims(len(contested))
+	holders := make([]string, 0, len(contested))
+	for k, holder := range contested {
+		holders = append(holders, k+" by "+holder.logID)
+	}
+	slices.Sort(holders)
+	s.log.Info("Agent claims hosts that other agents hold: it gets none of their dials while those are connected", "agentID", be.logID, "heldBy", capPeer(strings.Join(holders, ",")), "remote", remote)
 }
 
 // removeBackendLocked unregisters be, once.
@@ -225,6 +257,8 @@ func (s *Server) removeBackendLocked(be *backend) {
 		if len(a.streams) == 0 {
 			delete(s.agents, be.agentID)
 		}
+		be.gone = true
+		s.routes.remove(be)
 		s.nBackends--
 		s.metrics.addBackends(-1)
 		s.metrics.addGRPCConns(methodAgentConnect, -1)
@@ -259,6 +293,7 @@ func (s *Server) serveAgent(be *backend) {
 			s.onWindowUpdate(be, pkt)
 		case client.PacketType_DRAIN:
 			if !be.draining.Swap(true) {
+				s.routes.setDraining(be)
 				s.log.V(2).Info("Agent is draining", "agentID", be.logID)
 			}
 		case wire.PacketHeartbeat:
@@ -280,114 +315,9 @@ func (s *Server) countReadyBackend(be *backend, n int) {
 	}
 }
 
-// chooseLocked picks an agent stream for a dial to address by the
-// configured strategies, and returns it with the strategy that found it,
-// or nil.
-func (s *Server) chooseLocked(address string) (*backend, Strategy) {
-	for _, st := range s.cfg.Strategies {
-		if be := s.pickLocked(matcher(st, address), nil); be != nil {
-			return be, st
-		}
-	}
-	return nil, ""
-}
-
-// matcher returns what strategy st accepts for a dial to address: nil
-// accepts every stream.
-func matcher(st Strategy, address string) func(*backend) bool {
-	switch st {
-	case StrategyDestHost:
-		host := address
-		if h, _, err := net.SplitHostPort(address); err == nil {
-			host = h
-		}
-		return func(b *backend) bool { return identifiersMatchHost(b.ids, host) }
-	case StrategyDefaultRoute:
-		return func(b *backend) bool { return b.ids.DefaultRoute }
-	}
-	return nil
-}
-
-// Tiers of a stream for a new dial, best first.
-const (
-	// tierReady: a stream the agent serves on.
-	tierReady = iota
-	// tierDraining: the agent sent DRAIN; it still serves.
-	tierDraining
-	// tierUnresponsive: the agent does not answer dials.
-	tierUnresponsive
-	tiers
-)
-
-// tierLocked is b's tier. Called with Server.mu held.
-func (b *backend) tierLocked() int {
-	switch {
-	case !b.unresponsive.IsZero():
-		return tierUnresponsive
-	case b.draining.Load():
-		return tierDraining
-	}
-	return tierReady
-}
-
-// pickLocked picks a random agent with a stream that match accepts (nil
-// accepts all), other than avoid, and returns that agent's oldest stream
-// of its best tier. Agents whose best stream is of a worse tier are
-// picked only when no agent has a better one: a draining agent, then an
-// unresponsive one, so that neither is ever left with nothing to pick.
-func (s *Server) pickLocked(match func(*backend) bool, avoid *backend) *backend {
-	var byTier [tiers][]*backend
-	for _, a := range s.agents {
-		var best *backend
-		bestTier := tiers
-		for _, b := range a.streams {
-			if b == avoid || match != nil && !match(b) {
-				continue
-			}
-			if t := b.tierLocked(); t < bestTier {
-				best, bestTier = b, t
-				if t == tierReady {
-					break
-				}
-			}
-		}
-		if best != nil {
-			byTier[bestTier] = append(byTier[bestTier], best)
-		}
-	}
-	for _, candidates := range byTier {
-		if len(candidates) > 0 {
-			return candidates[rand.IntN(len(candidates))]
-		}
-	}
-	return nil
-}
-
 func remoteAddr(ctx context.Context) string {
 	if p, ok := grpcpeer.FromContext(ctx); ok && p.Addr != nil {
 		return p.Addr.String()
 	}
 	return ""
-}
-
-// identifiersMatchHost reports whether host is one of ids' host, ipv4 or
-// ipv6 identifiers. Host names compare without case, addresses by value.
-func identifiersMatchHost(ids wire.Identifiers, host string) bool {
-	for _, h := range ids.Host {
-		if strings.EqualFold(h, host) {
-			return true
-		}
-	}
-	addr, err := netip.ParseAddr(host)
-	if err != nil {
-		return false
-	}
-	for _, list := range [][]string{ids.IPv4, ids.IPv6} {
-		for _, v := range list {
-			if a, err := netip.ParseAddr(v); err == nil && a.Unmap() == addr.Unmap() {
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -23,8 +23,11 @@ const (
 	// StrategyDefault picks a random agent and uses its oldest stream. It
 	// skips agents that sent DRAIN unless every agent is draining.
 	StrategyDefault Strategy = "default"
-	// StrategyDestHost picks an agent one of whose host, ipv4 or ipv6
-	// identifiers equals the dial's host.
+	// StrategyDestHost picks the oldest stream among those whose host,
+	// ipv4 or ipv6 identifiers name the dial's host (names without case,
+	// addresses by value): the first agent to claim a host gets its dials
+	// while it is connected, as upstream's server has it. A draining
+	// stream, then an unresponsive one, gives way to the next.
 	StrategyDestHost Strategy = "destHost"
 	// StrategyDefaultRoute picks a random agent that advertised
 	// default-route=true.

@@ -150,6 +150,7 @@ type metrics struct {
 	tunnelsEnded    *prometheus.CounterVec
 	unresponsive    prometheus.Gauge
 	dialRetries     *prometheus.CounterVec
+	contested       prometheus.Counter
 
 	readyBackends *prometheus.GaugeVec
 	dialDuration  prometheus.Histogram
@@ -209,6 +210,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Agent streams taken for unresponsive: a dial waited --unanswered-dial-timeout with nothing from the agent since, or several dials in a row timed out. They get new dials only when no other agent can take them; at most half the agent streams are."),
 		dialRetries: ours.CounterVec("dial_retries_total",
 			"Number of pending dials sent again to another agent, by reason: unresponsive (their agent was taken for unresponsive), timeout (their agent did not answer within --backend-dial-timeout). A dial is retried once at most.", "reason"),
+		contested: ours.Counter("contested_identifier_claims_total",
+			"Number of host, ipv4 and ipv6 identifiers that agent streams claimed while a stream of another agent held them: with destHost the first to claim a host gets its dials while it is connected, and a later claimant none."),
 		tunnelsEnded: ours.CounterVec("tunnels_ended_total",
 			"Number of tunnels the server ended because they were stuck, by reason: no_credit (a frontend's data waited too long for the agent's flow-control credit).", "reason"),
 		readyBackends: upstream.GaugeVec("ready_backends",
@@ -243,7 +246,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if err := metric.Register(reg, "proxy-server metrics (is another Server registered on the same registry?)",
 		m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.waitingForFe, m.duplicateDials, m.queuedBytes,
-		m.controlQueued, m.streamsEnded, m.tunnelsEnded, m.unresponsive, m.dialRetries,
+		m.controlQueued, m.streamsEnded, m.tunnelsEnded, m.unresponsive, m.dialRetries, m.contested,
 		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors); err != nil {
 		return nil, err
 	}
@@ -279,6 +282,7 @@ func (m *metrics) addUnresponsive(n int)       { m.unresponsive.Add(float64(n)) 
 func (m *metrics) observeDialRetry(r RetryReason) {
 	m.dialRetries.WithLabelValues(string(r)).Inc()
 }
+func (m *metrics) observeContestedClaims(n int) { m.contested.Add(float64(n)) }
 func (m *metrics) observeTunnelEnded(r TunnelEndedReason) {
 	m.tunnelsEnded.WithLabelValues(string(r)).Inc()
 }

@@ -43,6 +43,9 @@ type Server struct {
 	notReady, shuttingDown bool
 	// agents holds the connected agents by agentID. Guarded by mu.
 	agents map[string]*agent
+	// routes indexes the agent streams in agents for choosing one for a
+	// dial; it has its own lock.
+	routes *routes
 	// nBackends counts the agent streams in agents. Guarded by mu.
 	nBackends int
 	// nextSeq orders agent streams by age. Guarded by mu.
@@ -82,6 +85,7 @@ func New(cfg Config) (*Server, error) {
 		quit:        make(chan struct{}),
 		tunnelEnded: make(chan struct{}, 1),
 		agents:      map[string]*agent{},
+		routes:      newRoutes(),
 		pending:     map[int64]*tunnel{},
 		httpTunnels: map[*httpTunnel]struct{}{},
 	}, nil

@@ -150,6 +150,7 @@ func (s *Server) markUnresponsiveLocked(be *backend, now time.Time, why string) 
 		return nil
 	}
 	be.unresponsive = now
+	s.routes.setUnresponsive(be, true)
 	s.nUnresponsive++
 	s.metrics.addUnresponsive(1)
 	var actions []func()
@@ -172,42 +173,17 @@ func (s *Server) answeredLocked(be *backend) {
 		return
 	}
 	be.unresponsive = time.Time{}
+	s.routes.setUnresponsive(be, false)
 	s.nUnresponsive--
 	s.metrics.addUnresponsive(-1)
 	be.answering.Recovered(s.log, "agentID", be.logID)
 }
 
 // mayEndLocked reports whether the stream of unresponsive agent be may be
-// ended. Not when destHost is among the strategies and no responsive
-// stream of another agent claims one of be's host identifiers: that
-// host's dials have nowhere else to go, and an agent that may yet answer
-// is better than none. Called with Server.mu held.
+// ended. Not when destHost is among the strategies and no stream of
+// another agent that answers dials claims one of be's hosts: that host's
+// dials have nowhere else to go, and an agent that may yet answer is
+// better than none. Called with Server.mu held.
 func (s *Server) mayEndLocked(be *backend) bool {
-	if !slices.Contains(s.cfg.Strategies, StrategyDestHost) {
-		return true
-	}
-	for _, list := range [][]string{be.ids.Host, be.ids.IPv4, be.ids.IPv6} {
-		for _, id := range list {
-			if !s.servedElsewhereLocked(be, id) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// servedElsewhereLocked reports whether a responsive stream of an agent
-// other than be's claims host. Called with Server.mu held.
-func (s *Server) servedElsewhereLocked(be *backend, host string) bool {
-	for id, a := range s.agents {
-		if id == be.agentID {
-			continue
-		}
-		for _, b := range a.streams {
-			if b.unresponsive.IsZero() && identifiersMatchHost(b.ids, host) {
-				return true
-			}
-		}
-	}
-	return false
+	return !slices.Contains(s.cfg.Strategies, StrategyDestHost) || s.routes.servedElsewhere(be)
 }

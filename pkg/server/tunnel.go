@@ -130,10 +130,30 @@ func (s *Server) closeFromAgentLocked(t *tunnel, pkt *client.Packet) (direct boo
 // stream, which is t.be as startDial returns (t.be may change later, if
 // the dial is retried).
 func (s *Server) startDial(fe frontend, protocol, address string, random int64) (*tunnel, *backend, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	key := dialHostKey(address)
+	for {
+		// Chosen without Server.mu, which every packet takes; a stream
+		// that ended since is chosen again, without it.
+		be, _, st := s.routes.choose(s.cfg.Strategies, key, nil)
+		s.mu.Lock()
+		if be != nil && be.gone {
+			s.mu.Unlock()
+			continue
+		}
+		t, err := s.startDialLocked(fe, be, st, protocol, address, random)
+		s.mu.Unlock()
+		if err != nil {
+			return nil, nil, err
+		}
+		return t, be, nil
+	}
+}
+
+// startDialLocked records a pending dial on be, found by strategy st (nil
+// when none found one). Called with Server.mu held.
+func (s *Server) startDialLocked(fe frontend, be *backend, st Strategy, protocol, address string, random int64) (*tunnel, error) {
 	if s.closed || s.shuttingDown {
-		return nil, nil, errShuttingDown
+		return nil, errShuttingDown
 	}
 	if random == 0 {
 		for random == 0 || s.pending[random] != nil {
@@ -141,12 +161,11 @@ func (s *Server) startDial(fe frontend, protocol, address string, random int64) 
 		}
 	} else if s.pending[random] != nil {
 		s.metrics.observeDuplicateDial()
-		return nil, nil, errDuplicateDial
+		return nil, errDuplicateDial
 	}
-	be, st := s.chooseLocked(address)
 	if be == nil {
 		s.metrics.observeDialFailure(DialFailureNoAgent)
-		return nil, nil, errNoAgent
+		return nil, errNoAgent
 	}
 	t := &tunnel{fe: fe, be: be, random: random, protocol: protocol, address: address, strategy: st, dialed: time.Now()}
 	s.pending[random] = t
@@ -154,7 +173,7 @@ func (s *Server) startDial(fe frontend, protocol, address string, random int64) 
 	fe.track(t)
 	s.armDialTimerLocked(t)
 	s.metrics.addPendingDials(1)
-	return t, be, nil
+	return t, nil
 }
 
 // armDialTimerLocked starts the BackendDialTimeout of t's attempt, the
@@ -180,8 +199,8 @@ func (s *Server) retryLocked(t *tunnel, reason RetryReason) (send func(), ok boo
 		return nil, false
 	}
 	old := t.be
-	nb := s.pickLocked(matcher(t.strategy, t.address), old)
-	if nb == nil || nb.tierLocked() == tierUnresponsive {
+	nb, tier, _ := s.routes.choose([]Strategy{t.strategy}, dialHostKey(t.address), old)
+	if nb == nil || tier == tierUnresponsive {
 		return nil, false
 	}
 	delete(old.pending, t.random)
