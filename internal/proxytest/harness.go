@@ -195,7 +195,7 @@ func StartServer(tb testing.TB, env *Env, opts ServerOptions) *Server {
 	al, gl, cl, hl := ls[0], ls[1], ls[2], ls[3]
 	s.agentAddr, s.grpcAddr, s.connectAddr, s.healthAddr = al.Addr().String(), gl.Addr().String(), cl.Addr().String(), hl.Addr().String()
 
-	agentOpts := append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent", klog.Background())))
+	agentOpts := append(server.AgentGRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "agent", klog.Background())))
 	s.agentGRPC = grpc.NewServer(append(agentOpts, opts.AgentGRPCOptions...)...)
 	wire.RegisterAgentServiceServer(s.agentGRPC, core)
 	s.frontendGRPC = grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(server.TLSCredentials(serverTLS, "frontend", klog.Background())))...)

@@ -83,6 +83,12 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	if err != nil {
 		return err
 	}
+	if s.agentStreams(agentID) >= MaxStreamsPerAgent {
+		// Refused before the response headers, which tell the agent it
+		// is served; addBackend checks again, under the same lock as it
+		// adds.
+		return s.refuseTooManyStreams(ctx, agentID)
+	}
 	count := s.cfg.Counter.CountServers()
 	hdr := metadata.Pairs(wire.HeaderServerID, s.cfg.ServerID, wire.HeaderServerCount, strconv.Itoa(count))
 	// Flow control only when the agent offers it (upstream's does not).
@@ -110,14 +116,35 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 
 	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, hostKeys: hostKeys(ids), peer: newPeer(stream, s.metrics, segmentToAgent), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
 		answering: outage.New("have dials answered by agent "+capPeer(agentID), nil)}
-	contested, ok := s.addBackend(be)
-	if !ok {
+	contested, err := s.addBackend(be)
+	switch {
+	case errors.Is(err, errTooManyStreams):
+		return s.refuseTooManyStreams(ctx, agentID)
+	case err != nil:
 		s.metrics.observeAgentRejection(RejectShuttingDown)
-		return status.Error(codes.Unavailable, errShuttingDown.Error())
+		return status.Error(codes.Unavailable, err.Error())
 	}
 	s.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
 	s.logContested(be, contested, remoteAddr(ctx))
 	return s.waitStream(be.peer)
+}
+
+// refuseTooManyStreams logs, counts and returns the refusal of a stream of
+// an agent that holds MaxStreamsPerAgent.
+func (s *Server) refuseTooManyStreams(ctx context.Context, agentID string) error {
+	err := fmt.Errorf("agent %q: %w (%d)", capPeer(agentID), errTooManyStreams, MaxStreamsPerAgent)
+	s.rejected(ctx, metadata.MD{wire.HeaderAgentID: {agentID}}, RejectTooManyStreams, err)
+	return status.Error(codes.ResourceExhausted, err.Error())
+}
+
+// agentStreams returns how many streams agentID has.
+func (s *Server) agentStreams(agentID string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.agents[agentID]; a != nil {
+		return len(a.streams)
+	}
+	return 0
 }
 
 // stopping reports whether Shutdown or Close has begun.
@@ -131,7 +158,7 @@ func (s *Server) stopping() bool {
 // or a gRPC status error. Every rejection is logged once, with what the
 // agent sent cut by capPeer.
 //
-// The token is checked first, and a refused one is answered only
+// The token is checked first (see admit), and a refused one is answered only
 // "authentication failed": why it was refused (which may name a token
 // file or carry a TokenReview's error) is logged, never sent to a peer
 // that has not proven who it is. The metadata checks come after, so their
@@ -139,19 +166,14 @@ func (s *Server) stopping() bool {
 func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	agentIDs := md.Get(wire.HeaderAgentID)
-	reject := func(reason RejectReason, code codes.Code, sent string, err error) (string, wire.Identifiers, error) {
-		s.metrics.observeAgentRejection(reason)
-		// err may quote what the agent sent: cut it as a whole.
-		s.log.Error(errors.New(capPeer(err.Error())), "Rejected agent stream", "agentID", capPeer(strings.Join(agentIDs, ",")), "reason", reason, "remote", remoteAddr(ctx))
-		return "", wire.Identifiers{}, status.Error(code, sent)
-	}
 	if s.cfg.Authenticator != nil {
-		if err := s.authenticate(ctx, md); err != nil {
-			return reject(RejectUnauthenticated, codes.Unauthenticated, errTextUnauthenticated, err)
+		if err := s.admit(ctx, md); err != nil {
+			return "", wire.Identifiers{}, err
 		}
 	}
 	invalid := func(err error) (string, wire.Identifiers, error) {
-		return reject(RejectInvalidMetadata, codes.InvalidArgument, capPeer(err.Error()), err)
+		s.rejected(ctx, md, RejectInvalidMetadata, err)
+		return "", wire.Identifiers{}, status.Error(codes.InvalidArgument, capPeer(err.Error()))
 	}
 	if len(agentIDs) != 1 || agentIDs[0] == "" {
 		return invalid(fmt.Errorf("want exactly one non-empty %s metadata value, got %d", wire.HeaderAgentID, len(agentIDs)))
@@ -174,6 +196,10 @@ func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error
 	return agentID, ids, nil
 }
 
+// errTooManyStreams refuses a stream of an agent that holds
+// MaxStreamsPerAgent.
+var errTooManyStreams = errors.New("this agent holds the most streams to this server that one agent may: it needs one")
+
 // errTextUnauthenticated is all an agent learns about a refused token.
 const errTextUnauthenticated = "authentication failed"
 
@@ -194,14 +220,19 @@ func (s *Server) authenticate(ctx context.Context, md metadata.MD) error {
 	return nil
 }
 
-// addBackend registers be and starts its goroutines, unless the Server is
-// closed. It returns the hosts be claims that other agents hold, with the
-// stream that holds each.
-func (s *Server) addBackend(be *backend) (contested map[string]*backend, ok bool) {
+// addBackend registers be and starts its goroutines. It returns the hosts
+// be claims that other agents hold, with the stream that holds each, or
+// the error to end be with: the Server is closing, or be's agent holds
+// MaxStreamsPerAgent streams already.
+func (s *Server) addBackend(be *backend) (contested map[string]*backend, err error) {
 	s.mu.Lock()
 	if s.closed || s.shuttingDown {
 		s.mu.Unlock()
-		return nil, false
+		return nil, errShuttingDown
+	}
+	if a := s.agents[be.agentID]; a != nil && len(a.streams) >= MaxStreamsPerAgent {
+		s.mu.Unlock()
+		return nil, errTooManyStreams
 	}
 	s.nextSeq++
 	be.seq = s.nextSeq
@@ -224,7 +255,7 @@ func (s *Server) addBackend(be *backend) (contested map[string]*backend, ok bool
 	}
 	s.mu.Unlock()
 	s.goStream(be.peer, func() { s.serveAgent(be) })
-	return contested, true
+	return contested, nil
 }
 
 // logContested logs and counts the hosts that be claims and that streams

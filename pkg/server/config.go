@@ -179,6 +179,14 @@ type Config struct {
 	// Zero means [DefaultStreamStallTimeout]; a negative value turns it
 	// off.
 	StreamStallTimeout time.Duration
+	// MaxHandshakesPerAddress bounds the agent handshakes whose token is
+	// in review from one IP address (an IPv6 /64): a flood from one
+	// address cannot fill the review queue that every agent shares.
+	// Handshakes beyond it are refused at once and the agents try again.
+	// Zero means [DefaultMaxHandshakesPerAddress]; a negative value
+	// leaves only the bound in all ([MaxHandshakes]), for agents that
+	// reach the server through one SNAT address.
+	MaxHandshakesPerAddress int
 	// Logger receives the server's logs, named "proxy-server". The zero
 	// value is klog's global logger.
 	Logger klog.Logger
@@ -221,6 +229,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	cfg.FrontendWriteTimeout = cmp.Or(cfg.FrontendWriteTimeout, DefaultFrontendWriteTimeout)
 	cfg.StreamStallTimeout = cmp.Or(cfg.StreamStallTimeout, DefaultStreamStallTimeout)
+	cfg.MaxHandshakesPerAddress = cmp.Or(cfg.MaxHandshakesPerAddress, DefaultMaxHandshakesPerAddress)
 	cfg.TunnelWindow = cmp.Or(cfg.TunnelWindow, wire.DefaultTunnelWindow)
 	if err := wire.CheckTunnelWindow(cfg.TunnelWindow); err != nil {
 		errs = append(errs, fmt.Errorf("tunnel window %w (0 means the default)", err))

@@ -90,7 +90,7 @@ func startEnv(t testing.TB, cfg server.Config) *env {
 	e.agentAddr, e.frontAddr, e.connectAddr = agentLis.Addr().String(), frontLis.Addr().String(), connectLis.Addr().String()
 	e.hzURL = "http://" + hzLis.Addr().String()
 
-	agentGRPC := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(serverTLS)))...)
+	agentGRPC := grpc.NewServer(append(server.AgentGRPCServerOptions(), grpc.Creds(credentials.NewTLS(serverTLS)))...)
 	wire.RegisterAgentServiceServer(agentGRPC, srv)
 	frontGRPC := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(serverTLS)))...)
 	client.RegisterProxyServiceServer(frontGRPC, srv)

@@ -62,9 +62,14 @@ const (
 	RejectUnauthenticated RejectReason = "unauthenticated"
 	// RejectShuttingDown: the server was closing.
 	RejectShuttingDown RejectReason = "shutting_down"
+	// RejectTooManyHandshakes: Config.MaxHandshakesPerAddress handshakes from
+	// the peer's address, or MaxHandshakes in all, were in progress.
+	RejectTooManyHandshakes RejectReason = "too_many_handshakes"
+	// RejectTooManyStreams: the agent held MaxStreamsPerAgent streams.
+	RejectTooManyStreams RejectReason = "too_many_streams"
 )
 
-var rejectReasons = []RejectReason{RejectInvalidMetadata, RejectUnauthenticated, RejectShuttingDown}
+var rejectReasons = []RejectReason{RejectInvalidMetadata, RejectUnauthenticated, RejectShuttingDown, RejectTooManyHandshakes, RejectTooManyStreams}
 
 // String returns the label value.
 func (r RejectReason) String() string { return string(r) }

@@ -46,6 +46,8 @@ type Server struct {
 	// routes indexes the agent streams in agents for choosing one for a
 	// dial; it has its own lock.
 	routes *routes
+	// handshakes counts the agent handshakes being authenticated.
+	handshakes handshakes
 	// nBackends counts the agent streams in agents. Guarded by mu.
 	nBackends int
 	// nextSeq orders agent streams by age. Guarded by mu.
@@ -86,6 +88,7 @@ func New(cfg Config) (*Server, error) {
 		tunnelEnded: make(chan struct{}, 1),
 		agents:      map[string]*agent{},
 		routes:      newRoutes(),
+		handshakes:  handshakes{perAddress: cfg.MaxHandshakesPerAddress},
 		pending:     map[int64]*tunnel{},
 		httpTunnels: map[*httpTunnel]struct{}{},
 	}, nil

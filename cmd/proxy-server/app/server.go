@@ -212,7 +212,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer func() { stopWatching(); watching.Wait() }()
 
 	// Agents.
-	agentOpts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout}))
+	agentOpts := append(server.AgentGRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout}))
 	if s.agentTLS != nil {
 		agentOpts = append(agentOpts, grpc.Creds(server.TLSCredentials(s.agentTLS, "agent", klog.Background())))
 	}

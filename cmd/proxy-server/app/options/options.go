@@ -95,6 +95,10 @@ type Options struct {
 	// (--server-count-dns); --server-count is then the fallback.
 	DNS *counting.DNSOptions
 
+	// MaxAgentHandshakesPerAddress bounds the agent handshakes in review
+	// from one address (0: no bound per address).
+	MaxAgentHandshakesPerAddress int
+
 	// Token authentication of agents through TokenReviews, as upstream.
 	AgentNamespace         string
 	AgentServiceAccount    string
@@ -120,31 +124,32 @@ type Options struct {
 // keeps its meaning after a binary swap.
 func NewOptions() *Options {
 	return &Options{
-		FrontendWriteTimeout:     server.DefaultFrontendWriteTimeout,
-		StreamStallTimeout:       server.DefaultStreamStallTimeout,
-		TunnelWindow:             wire.DefaultTunnelWindow,
-		ServerID:                 serve.IDFromEnv("PROXY_SERVER_ID"),
-		DeleteExistingUDSFile:    true,
-		ServerCount:              1,
-		XfrChannelSize:           10,
-		FrontendWriteChannelSize: 10,
-		Mode:                     ModeGRPC,
-		ServerPort:               8090,
-		AgentPort:                8091,
-		HealthPort:               8092,
-		AdminBindAddress:         "127.0.0.1",
-		AdminPort:                8095,
-		ProxyStrategies:          []server.Strategy{server.StrategyDefault},
-		KeepaliveTime:            DefaultKeepaliveTime,
-		KeepaliveTimeout:         DefaultKeepaliveTimeout,
-		FrontendKeepaliveTime:    time.Hour,
-		HeartbeatInterval:        wire.DefaultHeartbeat,
-		BackendDialTimeout:       server.DefaultBackendDialTimeout,
-		UnansweredDialTimeout:    server.DefaultUnansweredDialTimeout,
-		GracefulShutdownTimeout:  15 * time.Second,
-		DNS:                      counting.NewDNSOptions(),
-		Leases:                   counting.NewPublishOptions(),
-		Kube:                     kubeclient.Options{ContentType: kubeclient.DefaultContentType},
+		FrontendWriteTimeout:         server.DefaultFrontendWriteTimeout,
+		StreamStallTimeout:           server.DefaultStreamStallTimeout,
+		TunnelWindow:                 wire.DefaultTunnelWindow,
+		MaxAgentHandshakesPerAddress: server.DefaultMaxHandshakesPerAddress,
+		ServerID:                     serve.IDFromEnv("PROXY_SERVER_ID"),
+		DeleteExistingUDSFile:        true,
+		ServerCount:                  1,
+		XfrChannelSize:               10,
+		FrontendWriteChannelSize:     10,
+		Mode:                         ModeGRPC,
+		ServerPort:                   8090,
+		AgentPort:                    8091,
+		HealthPort:                   8092,
+		AdminBindAddress:             "127.0.0.1",
+		AdminPort:                    8095,
+		ProxyStrategies:              []server.Strategy{server.StrategyDefault},
+		KeepaliveTime:                DefaultKeepaliveTime,
+		KeepaliveTimeout:             DefaultKeepaliveTimeout,
+		FrontendKeepaliveTime:        time.Hour,
+		HeartbeatInterval:            wire.DefaultHeartbeat,
+		BackendDialTimeout:           server.DefaultBackendDialTimeout,
+		UnansweredDialTimeout:        server.DefaultUnansweredDialTimeout,
+		GracefulShutdownTimeout:      15 * time.Second,
+		DNS:                          counting.NewDNSOptions(),
+		Leases:                       counting.NewPublishOptions(),
+		Kube:                         kubeclient.Options{ContentType: kubeclient.DefaultContentType},
 	}
 }
 
@@ -196,6 +201,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.UnansweredDialTimeout, "unanswered-dial-timeout", o.UnansweredDialTimeout, "take an agent from which nothing arrived for this long after a dial for unresponsive: its dials go to other agents, and it gets new ones only when no other can take them (0: never)")
 	fs.DurationVar(&o.FrontendWriteTimeout, "frontend-write-timeout", o.FrontendWriteTimeout, "end a frontend that takes none of its data for this long")
 	fs.DurationVar(&o.StreamStallTimeout, "stream-stall-timeout", o.StreamStallTimeout, "end an agent stream on which nothing moved for this long while packets waited to be sent (the agent connects again); 0 never does")
+	fs.IntVar(&o.MaxAgentHandshakesPerAddress, "max-agent-handshakes-per-address", o.MaxAgentHandshakesPerAddress, "most agent handshakes whose token is in review from one IP address (an IPv6 /64); beyond, an agent is refused at once and tries again (0: no bound per address, for agents behind one SNAT address; 256 in all still hold)")
 	fs.IntVar(&o.TunnelWindow, "tunnel-window", o.TunnelWindow, "bytes per tunnel and direction an agent may send ahead of what its frontend has read, with agents that offer flow control (servercount's); -1 turns flow control off")
 	fs.DurationVar(&o.GracefulShutdownTimeout, "graceful-shutdown-timeout", o.GracefulShutdownTimeout, "on SIGTERM, how long open tunnels may go on before they are cut (0: cut at once)")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay-duration", o.ShutdownDelay, "on SIGTERM, how long to go on taking new frontends while /readyz fails, so that load balancers and Service endpoints notice, before the server stops listening (as kube-apiserver's flag of that name)")
@@ -255,6 +261,9 @@ func (o *Options) Validate() []error {
 	}
 	errs = append(errs, o.Leases.Validate()...)
 	errs = append(errs, serve.CheckStreamFlags(o.StreamStallTimeout, "--frontend-write-timeout", o.FrontendWriteTimeout, o.TunnelWindow)...)
+	if o.MaxAgentHandshakesPerAddress < 0 {
+		errs = append(errs, fmt.Errorf("invalid --max-agent-handshakes-per-address %d: must not be negative (0: no bound per address)", o.MaxAgentHandshakesPerAddress))
+	}
 	if o.BackendDialTimeout < 0 || o.UnansweredDialTimeout < 0 || o.GracefulShutdownTimeout < 0 || o.ShutdownDelay < 0 {
 		errs = append(errs, errors.New("--backend-dial-timeout, --unanswered-dial-timeout, --graceful-shutdown-timeout and --shutdown-delay-duration must not be negative"))
 	}
@@ -404,15 +413,16 @@ type Config struct {
 func (o *Options) Config() Config {
 	cfg := Config{
 		Server: server.Config{
-			ServerID:              o.ServerID,
-			Counter:               servercounter.StaticServerCounter(o.ServerCount),
-			Strategies:            o.ProxyStrategies,
-			BackendDialTimeout:    serve.Off(o.BackendDialTimeout),
-			UnansweredDialTimeout: serve.Off(o.UnansweredDialTimeout),
-			Heartbeat:             serve.Off(o.HeartbeatInterval),
-			FrontendWriteTimeout:  o.FrontendWriteTimeout,
-			TunnelWindow:          o.TunnelWindow,
-			StreamStallTimeout:    serve.Off(o.StreamStallTimeout),
+			ServerID:                o.ServerID,
+			Counter:                 servercounter.StaticServerCounter(o.ServerCount),
+			Strategies:              o.ProxyStrategies,
+			BackendDialTimeout:      serve.Off(o.BackendDialTimeout),
+			UnansweredDialTimeout:   serve.Off(o.UnansweredDialTimeout),
+			Heartbeat:               serve.Off(o.HeartbeatInterval),
+			FrontendWriteTimeout:    o.FrontendWriteTimeout,
+			TunnelWindow:            o.TunnelWindow,
+			StreamStallTimeout:      serve.Off(o.StreamStallTimeout),
+			MaxHandshakesPerAddress: offCount(o.MaxAgentHandshakesPerAddress),
 		},
 		ServerCount:             o.ServerCount,
 		AgentTokenFile:          o.AgentTokenFile,
@@ -448,4 +458,13 @@ func (o *Options) Config() Config {
 		}
 	}
 	return cfg
+}
+
+// offCount is a count flag's value for the library: the flag's 0 (none)
+// is the library's negative value, its own 0 being its default.
+func offCount(flag int) int {
+	if flag == 0 {
+		return -1
+	}
+	return flag
 }

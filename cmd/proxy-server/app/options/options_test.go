@@ -78,6 +78,7 @@ func TestValidate(t *testing.T) {
 		{Name: "bad tls version", Args: append([]string{"--tls-min-version=1.3"}, tlsFlags...), WantParseErr: `invalid argument "1.3" for "--tls-min-version" flag: unknown TLS version "1.3"`},
 		{Name: "bad port", Args: append([]string{"--agent-port=99999"}, tlsFlags...), WantErr: []string{"invalid --agent-port 99999"}},
 		{Name: "liveness", Args: append([]string{"--keepalive-time=1m", "--keepalive-timeout=5s", "--heartbeat-interval=1s", "--unanswered-dial-timeout=3s", "--backend-dial-timeout=0"}, tlsFlags...)},
+		{Name: "bad handshake bound", Args: append([]string{"--max-agent-handshakes-per-address=-1"}, tlsFlags...), WantErr: []string{"invalid --max-agent-handshakes-per-address -1: must not be negative"}},
 		{Name: "bad liveness", Args: append([]string{"--keepalive-timeout=0", "--heartbeat-interval=2h", "--unanswered-dial-timeout=-1s", "--frontend-keepalive-time=0"}, tlsFlags...),
 			WantErr: []string{"invalid --keepalive-timeout 0s: must be positive", "invalid --heartbeat-interval 2h0m0s", "--unanswered-dial-timeout", "invalid --frontend-keepalive-time 0s: must be positive"}},
 	})
@@ -131,7 +132,7 @@ func TestListenHosts(t *testing.T) {
 func TestConfig(t *testing.T) {
 	o := options.NewOptions()
 	require.NoError(t, o.Flags().Parse(append([]string{
-		"--server-id=s1", "--server-count=3", "--stream-stall-timeout=0",
+		"--server-id=s1", "--server-count=3", "--stream-stall-timeout=0", "--max-agent-handshakes-per-address=0",
 		"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1",
 		"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=aud",
 		"--enable-lease-controller", "--kubeconfig=" + tlsFile("s.key"),
@@ -145,6 +146,7 @@ func TestConfig(t *testing.T) {
 	assert.Equal(t, "s1", cfg.Server.ServerID)
 	assert.Equal(t, 3, cfg.Server.Counter.CountServers(), "--server-count until app.New adds DNS")
 	assert.Equal(t, time.Duration(-1), cfg.Server.StreamStallTimeout, "the flag's 0 is never")
+	assert.Equal(t, -1, cfg.Server.MaxHandshakesPerAddress, "the flag's 0 is no bound per address")
 	assert.Equal(t, server.DefaultBackendDialTimeout, cfg.Server.BackendDialTimeout)
 	assert.Equal(t, server.DefaultUnansweredDialTimeout, cfg.Server.UnansweredDialTimeout)
 	assert.Equal(t, wire.DefaultHeartbeat, cfg.Server.Heartbeat)

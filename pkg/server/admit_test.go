@@ -1,0 +1,236 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/pkg/server"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// heldReviews stands for an API server that answers no TokenReview until
+// the test lets it: every token waits in AuthenticateToken until release,
+// and is then accepted if it is "good".
+type heldReviews struct {
+	release chan struct{}
+	once    sync.Once
+	calls   atomic.Int64
+	waiting atomic.Int64
+}
+
+func newHeldReviews(t *testing.T) *heldReviews {
+	h := &heldReviews{release: make(chan struct{})}
+	t.Cleanup(h.open)
+	return h
+}
+
+func (h *heldReviews) open() { h.once.Do(func() { close(h.release) }) }
+
+func (h *heldReviews) AuthenticateToken(ctx context.Context, token string) error {
+	h.calls.Add(1)
+	h.waiting.Add(1)
+	defer h.waiting.Add(-1)
+	select {
+	case <-h.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if token != "good" {
+		return errors.New("not a good token")
+	}
+	return nil
+}
+
+// heapInUse is the heap in use after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
+
+// A peer that has proven nothing holds little: 300 Connect streams on one
+// connection, each followed by a stream window of data (300 MiB offered),
+// while their tokens wait for review, cost the server under 20 MiB of
+// heap. The connection carries MaxAgentStreamsPerConn streams at once,
+// each holding at most a stream window; the others are refused by HTTP/2.
+// They cost 360 MiB when a connection's streams were unbounded.
+func TestUnauthenticatedStreamsHoldNothing(t *testing.T) {
+	reviews := newHeldReviews(t)
+	e := startEnv(t, server.Config{Authenticator: reviews})
+	before := heapInUse()
+
+	cfg := e.agentTLS.Clone()
+	cfg.NextProtos = []string{"h2"}
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: waitFor}, "tcp", e.agentAddr, cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	fr := http2.NewFramer(c, c)
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, hf := range []hpack.HeaderField{
+		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"},
+		{Name: ":path", Value: wire.ConnectMethod}, {Name: ":authority", Value: "localhost"},
+		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
+		{Name: "authorization", Value: "Bearer bogus"}, {Name: strings.ToLower(wire.HeaderAgentID), Value: "hostile"},
+	} {
+		require.NoError(t, enc.WriteField(hf))
+	}
+	const streams = 300
+	written := make(chan int64, 1)
+	go func() {
+		// Writes stop when the server stops reading and the socket's
+		// buffers are full: the deadline ends them.
+		_ = c.SetWriteDeadline(time.Now().Add(3 * time.Second))
+		var n int64
+		chunk := make([]byte, 16<<10)
+		defer func() { written <- n }()
+		if _, err := c.Write([]byte(http2.ClientPreface)); err != nil || fr.WriteSettings() != nil {
+			return
+		}
+		for i := range streams {
+			id := uint32(2*i + 1)
+			if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true}) != nil {
+				return
+			}
+			for range wire.StreamWindow / len(chunk) {
+				if fr.WriteData(id, false, chunk) != nil {
+					return
+				}
+				n += int64(len(chunk))
+			}
+		}
+	}()
+	n := <-written
+	grown := int64(heapInUse()) - int64(before)
+	t.Logf("offered %d MiB; the server read until the socket was full; heap grew %.1f MiB", n>>20, float64(grown)/(1<<20))
+	assert.Less(t, grown, int64(20<<20), "heap held for unauthenticated streams")
+	assert.LessOrEqual(t, reviews.calls.Load(), int64(server.MaxAgentStreamsPerConn), "tokens in review")
+	assert.Zero(t, e.srv.Backends())
+}
+
+// A flood of handshakes from one address holds at most
+// DefaultMaxHandshakesPerAddress places in review; beyond, it is refused at once
+// (ResourceExhausted), while an agent from another address still gets
+// its review, and is accepted once the API server answers.
+func TestHandshakesPerAddressAreBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reviews := newHeldReviews(t)
+	e := startEnv(t, server.Config{Registerer: reg, Authenticator: reviews})
+
+	from := func(ip string) grpc.ClientConnInterface {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: waitFor}
+		cc, err := grpc.NewClient(e.agentAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.agentTLS)),
+			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cc.Close() })
+		return cc
+	}
+	dial := func(conn grpc.ClientConnInterface, id, token string) error {
+		a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Conn: conn, ID: id, Token: token})
+		if err == nil {
+			t.Cleanup(a.Close)
+		}
+		return err
+	}
+
+	// The flood: each handshake on a connection of its own, as a
+	// connection's handshakes are checked one at a time.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer reviews.open()
+	for i := range server.DefaultMaxHandshakesPerAddress {
+		conn := from("127.0.0.1")
+		wg.Go(func() { _ = dial(conn, fmt.Sprint("flood-", i), "bogus") })
+	}
+	require.Eventually(t, func() bool { return reviews.waiting.Load() == server.DefaultMaxHandshakesPerAddress }, waitFor, time.Millisecond)
+	err := dial(from("127.0.0.1"), "flood-over", "bogus")
+	require.Error(t, err)
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	assert.Equal(t, 1.0, gaugeOf(reg, "servercount_server_agent_rejections_total", map[string]string{"reason": "too_many_handshakes"})())
+
+	// Another address is not held back by the flood.
+	done := make(chan error, 1)
+	go func() { done <- dial(from("127.0.0.2"), "real", "good") }()
+	require.Eventually(t, func() bool { return reviews.waiting.Load() == server.DefaultMaxHandshakesPerAddress+1 }, waitFor, time.Millisecond)
+	reviews.open()
+	require.NoError(t, <-done)
+	waitBackends(t, e, 1)
+}
+
+// One agentID holds at most MaxStreamsPerAgent streams: of 1000 streams
+// of one agent, the first MaxStreamsPerAgent are served and every other
+// is refused at once, holding nothing. (The first fill their connection's
+// MaxAgentStreamsPerConn: the others come on a second one.)
+func TestStreamsPerAgentAreBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := startEnv(t, server.Config{Registerer: reg})
+	var conns [2]*grpc.ClientConn
+	for i := range conns {
+		cc, err := grpc.NewClient(e.agentAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.agentTLS)))
+		require.NoError(t, err)
+		defer cc.Close()
+		conns[i] = cc
+	}
+	goroutines := runtime.NumGoroutine()
+	refused := 0
+	for i := range 1000 {
+		cc := conns[min(i/server.MaxStreamsPerAgent, 1)]
+		a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Conn: cc, ID: "one-agent"})
+		if i < server.MaxStreamsPerAgent {
+			require.NoError(t, err, "stream %d", i)
+			t.Cleanup(a.Close)
+			continue
+		}
+		require.Error(t, err, "stream %d", i)
+		require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+		refused++
+	}
+	assert.Equal(t, server.MaxStreamsPerAgent, e.srv.Backends())
+	assert.Equal(t, float64(refused), gaugeOf(reg, "servercount_server_agent_rejections_total", map[string]string{"reason": "too_many_streams"})())
+	assert.Less(t, runtime.NumGoroutine()-goroutines, 10*server.MaxStreamsPerAgent, "goroutines held after the refusals")
+}
+
+// With MaxHandshakesPerAddress negative, one address (agents behind one
+// SNAT address) may have every handshake in review.
+func TestHandshakesPerAddressUnbounded(t *testing.T) {
+	reviews := newHeldReviews(t)
+	e := startEnv(t, server.Config{Authenticator: reviews, MaxHandshakesPerAddress: -1})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer reviews.open()
+	const n = server.DefaultMaxHandshakesPerAddress + 4
+	for i := range n {
+		wg.Go(func() {
+			a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Addr: e.agentAddr, TLS: e.agentTLS, ID: fmt.Sprint("nat-", i), Token: "good"})
+			if assert.NoError(t, err) {
+				t.Cleanup(a.Close)
+			}
+		})
+	}
+	require.Eventually(t, func() bool { return reviews.waiting.Load() == n }, waitFor, time.Millisecond)
+	reviews.open()
+	wg.Wait()
+	waitBackends(t, e, n)
+}
