@@ -106,6 +106,10 @@ func TestAgentTokenReview(t *testing.T) {
 	m, err := srv.Metrics()
 	require.NoError(t, err)
 	assert.Equal(t, 1.0, m.Get("konnectivity_network_proxy_server_ready_backend_connections"), "only the good agent is connected")
+	// Not a JWT, another audience, another account: each is refused from
+	// its claims, without a TokenReview.
+	assert.GreaterOrEqual(t, m.Sum("servercount_server_token_prechecks_refused_total"), 3.0, "refusals without a review")
+	assert.Zero(t, m.Get("servercount_server_token_reviews_total", "result", "refused"), "reviews that refused a token")
 	for k, v := range m {
 		if strings.HasPrefix(k, "servercount_server_agent_rejections_total") {
 			t.Logf("%s %v", k, v)

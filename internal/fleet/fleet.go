@@ -213,7 +213,7 @@ func (f *Fleet) newAgent(i int, tokenDir string) *Agent {
 	a.dns.Name, a.dns.Servers = SRVName, []string{f.dns.Addr()}
 
 	token := filepath.Join(tokenDir, a.ID)
-	require.NoError(f.tb, os.WriteFile(token, []byte("token-of-"+a.ID), 0o600))
+	require.NoError(f.tb, os.WriteFile(token, []byte(agentToken(a.ID)), 0o600))
 
 	cfg := agent.DefaultConfig()
 	cfg.AgentID = a.ID

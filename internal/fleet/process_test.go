@@ -33,7 +33,7 @@ func BenchmarkAgentProcess(b *testing.B) {
 	require.NoError(b, err)
 	dir, cert, key, ca := writeTLSFiles(b, f, pair)
 	token := filepath.Join(dir, "token")
-	require.NoError(b, os.WriteFile(token, []byte(tokenPrefix+"agent-process"), 0o600))
+	require.NoError(b, os.WriteFile(token, []byte(agentToken("agent-process")), 0o600))
 	host, port, err := net.SplitHostPort(f.lb.Addr())
 	require.NoError(b, err)
 	ports := nettest.FreePorts(b, 2)

@@ -5,14 +5,18 @@ import (
 	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/servercount/servercount/internal/jwttest"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/tokenreview"
 )
@@ -23,19 +27,35 @@ const (
 	reviewServiceAccount = "konnectivity-agent"
 )
 
-// tokenPrefix starts every token the review endpoint accepts.
+// tokenPrefix starts the name of every token the review endpoint accepts.
 const tokenPrefix = "token-of-"
+
+// agentToken returns the token of the agent called name, shaped as the
+// agents' service-account token (see jwttest): the endpoint accepts it.
+func agentToken(name string) string {
+	return jwttest.Token(jwttest.Claims{Subject: jwttest.ServiceAccount(reviewNamespace, reviewServiceAccount)}, tokenPrefix+name)
+}
 
 // reviewPath is where kube-apiserver takes TokenReviews.
 const reviewPath = "/apis/authentication.k8s.io/v1/tokenreviews"
 
 // reviewEndpoint stands in for kube-apiserver's TokenReview API over
-// HTTPS: it accepts every token that starts with tokenPrefix as the
+// HTTPS: it accepts every token whose name starts with tokenPrefix as the
 // agents' service account's, and counts the reviews. The real API server
 // is the e2e suite's job; here only the number of reviews matters.
 type reviewEndpoint struct {
 	srv   *httptest.Server
 	count atomic.Int64
+
+	mu    sync.Mutex
+	times []time.Time // when each review came; guarded by mu
+}
+
+// arrivals returns when each review came, in order.
+func (e *reviewEndpoint) arrivals() []time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.times)
 }
 
 func startReviewEndpoint(tb testing.TB) *reviewEndpoint {
@@ -56,9 +76,12 @@ func (e *reviewEndpoint) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	e.count.Add(1)
+	e.mu.Lock()
+	e.times = append(e.times, time.Now())
+	e.mu.Unlock()
 	tr.APIVersion, tr.Kind = "authentication.k8s.io/v1", "TokenReview"
 	tr.Status = authenticationv1.TokenReviewStatus{
-		Authenticated: strings.HasPrefix(tr.Spec.Token, tokenPrefix),
+		Authenticated: strings.HasPrefix(jwttest.Name(tr.Spec.Token), tokenPrefix),
 		User:          authenticationv1.UserInfo{Username: "system:serviceaccount:" + reviewNamespace + ":" + reviewServiceAccount},
 		Audiences:     tr.Spec.Audiences,
 	}

@@ -12,11 +12,14 @@
 // request; and at most MaxInFlight reviews run at once.
 //
 // Tokens come from peers that have proven nothing yet, so a flood of
-// distinct bogus tokens must cost little and end with its callers: a
-// review waits for its slot, and runs, only while some caller still waits
-// for it, and at most MaxQueued reviews wait for a slot; a token beyond
-// them is refused at once (ErrOverloaded), and its agent tries again, as
-// agents do.
+// distinct bogus tokens must cost little and end with its callers. A token
+// that cannot be a service-account token of the agents' account for the
+// audience (not a JWT, expired, of another subject, without the audience)
+// is refused without a review. A review waits for its slot, and runs,
+// only while some caller still waits for it; at most MaxQueued reviews
+// wait for a slot, and a token beyond them is refused at once
+// (ErrOverloaded), and its agent tries again, as agents do; and at most
+// QPS reviews a second reach the API server.
 package tokenreview
 
 import (
@@ -32,6 +35,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -74,6 +78,12 @@ type Config struct {
 	// slots; a token that would be one more is refused at once. Default
 	// DefaultMaxQueued.
 	MaxQueued int
+	// QPS and Burst bound the reviews sent a second, in a token bucket
+	// of Burst (--token-review-qps, --token-review-burst); defaults
+	// DefaultQPS and DefaultBurst. Client should have no rate limit of
+	// its own (client-go's rest.Config.QPS below zero).
+	QPS   float64
+	Burst int
 	// Registerer receives the review metrics; nil registers none.
 	Registerer prometheus.Registerer
 	// Clock tells when cached verdicts expire; nil means the real clock.
@@ -101,6 +111,17 @@ const (
 	// of 1024 behind 32 slots is about 0.6 s at 20 ms a review) while a
 	// flood of bogus tokens is refused beyond it.
 	DefaultMaxQueued = 1024
+	// DefaultQPS and DefaultBurst let a fleet of 5,000 agents back in
+	// within a minute of a server's restart, with an empty cache, at a
+	// small cost to the API server (a review is a signature check and a
+	// lookup in its caches). client-go's default, which bounded reviews
+	// before, is 5 a second.
+	DefaultQPS   = 100
+	DefaultBurst = 100
+	// clockSkew is how far the API server's clock may be from ours when
+	// the precheck reads exp and nbf: it refuses only what the API server
+	// surely would.
+	clockSkew = time.Minute
 )
 
 // ErrOverloaded is returned for a token that found MaxQueued reviews
@@ -117,6 +138,7 @@ type Authenticator struct {
 	metrics  *metrics
 
 	inFlight chan struct{} // a token per review sent
+	limiter  *rate.Limiter // reviews a second
 
 	mu    sync.Mutex // guards cache, reviews and pending
 	cache map[[sha256.Size]byte]verdict
@@ -165,6 +187,8 @@ func New(cfg Config) (*Authenticator, error) {
 	setDefault(&cfg.MaxInFlight, DefaultMaxInFlight)
 	setDefault(&cfg.MaxQueued, DefaultMaxQueued)
 	setDefault(&cfg.ReviewTimeout, DefaultReviewTimeout)
+	setDefault(&cfg.QPS, DefaultQPS)
+	setDefault(&cfg.Burst, DefaultBurst)
 	cfg.Clock = clock.Or(cfg.Clock)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
@@ -177,12 +201,13 @@ func New(cfg Config) (*Authenticator, error) {
 		cfg:      cfg,
 		metrics:  m,
 		inFlight: make(chan struct{}, cfg.MaxInFlight),
+		limiter:  rate.NewLimiter(rate.Limit(cfg.QPS), cfg.Burst),
 		cache:    map[[sha256.Size]byte]verdict{},
 		reviews:  map[[sha256.Size]byte]*review{},
 	}, nil
 }
 
-func setDefault[T time.Duration | int](p *T, def T) {
+func setDefault[T time.Duration | int | float64](p *T, def T) {
 	if *p <= 0 {
 		*p = def
 	}
@@ -199,6 +224,10 @@ func (a *Authenticator) AuthenticateToken(ctx context.Context, token string) err
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("review agent token: %w", err)
+	}
+	if err := a.precheck(token); err != nil {
+		a.metrics.prechecked.Inc()
+		return err
 	}
 	r, err := a.join(key, token)
 	if err != nil {
@@ -313,8 +342,15 @@ func (a *Authenticator) remember(key [sha256.Size]byte, token string, err error)
 	a.metrics.entries.Set(float64(len(a.cache)))
 }
 
-// review asks the API server about token, at most MaxInFlight at once.
+// review asks the API server about token, at most MaxInFlight at once
+// and QPS a second.
 func (a *Authenticator) review(ctx context.Context, token string) error {
+	a.metrics.throttled.Inc()
+	err := a.limiter.Wait(ctx)
+	a.metrics.throttled.Dec()
+	if err != nil {
+		return fmt.Errorf("wait to review agent token (at most %v a second): %w", a.cfg.QPS, err)
+	}
 	select {
 	case a.inFlight <- struct{}{}:
 	case <-ctx.Done():
@@ -328,7 +364,7 @@ func (a *Authenticator) review(ctx context.Context, token string) error {
 	a.metrics.inFlight.Inc()
 	defer a.metrics.inFlight.Dec()
 	start := time.Now()
-	err := a.ask(ctx, token)
+	err = a.ask(ctx, token)
 	a.metrics.latency.Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
@@ -367,6 +403,82 @@ func (a *Authenticator) ask(ctx context.Context, token string) error {
 	return nil
 }
 
+// claims are the claims of a JWT that the precheck reads.
+type claims struct {
+	Sub      string   `json:"sub"`
+	Exp      *int64   `json:"exp"`
+	Nbf      *int64   `json:"nbf"`
+	Audience audience `json:"aud"`
+}
+
+// audience is a JWT's aud claim: a string or a list of them.
+type audience []string
+
+func (au *audience) UnmarshalJSON(b []byte) error {
+	var one string
+	if json.Unmarshal(b, &one) == nil {
+		*au = audience{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return errors.New("aud is neither a string nor a list of strings")
+	}
+	*au = many
+	return nil
+}
+
+// precheck refuses, without a review, a token that the API server would
+// surely refuse as the agents' service-account token for the audience: one
+// that is not a signed JWT, whose subject is another account, that expired
+// or is not yet valid (by more than clockSkew), or that lacks the
+// audience. Both bound tokens and legacy secret tokens carry sub, and
+// bound tokens aud and exp. It reads; it verifies no signature: the
+// review does.
+func (a *Authenticator) precheck(token string) error {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 || parts[2] == "" {
+		return fmt.Errorf("%w: not a signed JWT (want three dot-separated parts)", errDenied)
+	}
+	var header struct {
+		Alg string `json:"alg"`
+	}
+	if err := decodeSegment(parts[0], &header); err != nil {
+		return fmt.Errorf("%w: JWT header: %w", errDenied, err)
+	}
+	if header.Alg == "" || strings.EqualFold(header.Alg, "none") {
+		return fmt.Errorf("%w: JWT not signed (alg %q)", errDenied, header.Alg)
+	}
+	var c claims
+	if err := decodeSegment(parts[1], &c); err != nil {
+		return fmt.Errorf("%w: JWT claims: %w", errDenied, err)
+	}
+	now := a.cfg.Clock.Now()
+	switch {
+	case c.Sub != a.username:
+		return fmt.Errorf("%w: agent token is for %q, not %s", errDenied, c.Sub, a.username)
+	case c.Exp != nil && now.After(time.Unix(*c.Exp, 0).Add(clockSkew)):
+		return fmt.Errorf("%w: agent token expired at %v", errDenied, time.Unix(*c.Exp, 0).UTC())
+	case c.Nbf != nil && now.Add(clockSkew).Before(time.Unix(*c.Nbf, 0)):
+		return fmt.Errorf("%w: agent token not valid before %v", errDenied, time.Unix(*c.Nbf, 0).UTC())
+	case a.audience != "" && !slices.Contains(c.Audience, a.audience):
+		return fmt.Errorf("%w: agent token not for audience %q (it is for %v): set the agents' token audience to %q", errDenied, a.audience, []string(c.Audience), a.audience)
+	}
+	return nil
+}
+
+// decodeSegment decodes one base64url segment of a JWT as JSON into v.
+func decodeSegment(seg string, v any) error {
+	b, err := base64.RawURLEncoding.DecodeString(seg)
+	if err != nil {
+		return fmt.Errorf("not base64url: %w", err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("not JSON: %w", err)
+	}
+	return nil
+}
+
 // expiry reads the exp claim of a JWT without checking it (the API server
 // did): a cached acceptance must not outlive the token.
 func expiry(token string) (time.Time, bool) {
@@ -389,6 +501,8 @@ func expiry(token string) (time.Time, bool) {
 
 // metrics of the reviews.
 type metrics struct {
+	prechecked prometheus.Counter
+	throttled  prometheus.Gauge
 	reviews    *prometheus.CounterVec
 	pending    prometheus.Gauge
 	overloaded prometheus.Counter
@@ -401,6 +515,10 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	ours := metric.Prefix{Namespace: "servercount", Subsystem: "server"}
 	m := &metrics{
+		prechecked: ours.Counter("token_prechecks_refused_total",
+			"Agent tokens refused without a TokenReview: not a signed JWT, of another subject, expired, not yet valid, or without the audience."),
+		throttled: ours.Gauge("token_reviews_throttled",
+			"TokenReviews waiting for --token-review-qps to let them be sent."),
 		reviews: ours.CounterVec("token_reviews_total",
 			"TokenReviews sent to the API server for agent tokens, by result: accepted, refused, error.", "result"),
 		pending: ours.Gauge("token_reviews_pending",
@@ -416,7 +534,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		latency: ours.Histogram("token_review_duration_seconds",
 			"Time for the API server to answer a TokenReview.", prometheus.ExponentialBuckets(0.001, 4, 8)),
 	}
-	if err := metric.Register(reg, "token review metrics", m.reviews, m.pending, m.overloaded, m.hits, m.entries, m.inFlight, m.latency); err != nil {
+	if err := metric.Register(reg, "token review metrics", m.prechecked, m.throttled, m.reviews, m.pending, m.overloaded, m.hits, m.entries, m.inFlight, m.latency); err != nil {
 		return nil, err
 	}
 	return m, nil

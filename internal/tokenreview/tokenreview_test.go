@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/servercount/servercount/internal/clocktest"
+	"github.com/servercount/servercount/internal/jwttest"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/tokenreview"
@@ -41,7 +43,8 @@ func TestMain(m *testing.M) {
 }
 
 // apiServer answers TokenReviews over HTTPS the way kube-apiserver does,
-// from a table of known tokens; the e2e suite runs the real one.
+// from a table of known tokens by name (see tok); the e2e suite runs the
+// real one.
 func apiServer(t *testing.T, tokens map[string]authenticationv1.TokenReviewStatus) string {
 	t.Helper()
 	return newReviewServer(t, tokens).kubeconfig
@@ -56,7 +59,8 @@ type reviewServer struct {
 	maxFlight  atomic.Int32
 	gate       chan struct{} // nil: no gate; tokens "ungated..." pass
 	mu         sync.Mutex
-	order      []string      // the tokens in the order their reviews came; guarded by mu
+	order      []string      // the tokens' names in the order their reviews came; guarded by mu
+	times      []time.Time   // when each review came; guarded by mu
 	delay      time.Duration // how long each review takes
 	failing    atomic.Bool   // answer 500
 }
@@ -82,9 +86,11 @@ func newReviewServer(t *testing.T, tokens map[string]authenticationv1.TokenRevie
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		name := jwttest.Name(review.Spec.Token)
 		rs.reviews.Add(1)
 		rs.mu.Lock()
-		rs.order = append(rs.order, review.Spec.Token)
+		rs.order = append(rs.order, name)
+		rs.times = append(rs.times, time.Now())
 		rs.mu.Unlock()
 		n := rs.inFlight.Add(1)
 		defer rs.inFlight.Add(-1)
@@ -97,7 +103,7 @@ func newReviewServer(t *testing.T, tokens map[string]authenticationv1.TokenRevie
 				return
 			}
 		}
-		if rs.gate != nil && !strings.HasPrefix(review.Spec.Token, "ungated") {
+		if rs.gate != nil && !strings.HasPrefix(name, "ungated") {
 			select {
 			case <-rs.gate:
 			case <-r.Context().Done():
@@ -109,7 +115,7 @@ func newReviewServer(t *testing.T, tokens map[string]authenticationv1.TokenRevie
 			return
 		}
 		review.APIVersion, review.Kind = "authentication.k8s.io/v1", "TokenReview"
-		review.Status = tokens[review.Spec.Token]
+		review.Status = tokens[name]
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(review)
 	}))
@@ -121,13 +127,13 @@ func newReviewServer(t *testing.T, tokens map[string]authenticationv1.TokenRevie
 	return rs
 }
 
-// position returns the place, from 1, of token's first review among those
-// the server received.
-func (rs *reviewServer) position(token string) (int, bool) {
+// position returns the place, from 1, of the first review of the token
+// named name among those the server received.
+func (rs *reviewServer) position(name string) (int, bool) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for i, tok := range rs.order {
-		if tok == token {
+		if tok == name {
 			return i + 1, true
 		}
 	}
@@ -156,7 +162,7 @@ func TestAuthenticateToken(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.token, func(t *testing.T) {
-			err := a.AuthenticateToken(t.Context(), tc.token)
+			err := a.AuthenticateToken(t.Context(), tok(tc.token))
 			if tc.wantErr == "" {
 				assert.NoError(t, err)
 				return
@@ -190,28 +196,33 @@ func newCached(t *testing.T, rs *reviewServer, mod func(*tokenreview.Config)) (*
 	return a, clk, reg
 }
 
-// jwt returns a token shaped as a service-account JWT expiring at exp.
-func jwt(exp time.Time) string {
-	payload := base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, `{"exp":%d,"sub":"system:serviceaccount:kube-system:konnectivity-agent"}`, exp.Unix()))
-	return "eyJhbGciOiJSUzI1NiJ9." + payload + ".c2ln"
+// tokFor returns a token shaped as the agents' service-account JWT for
+// the audience, expiring at exp, with name as its signature: the review
+// server knows it by name. Only the review server's table says whether
+// it is valid.
+func tokFor(name string, exp time.Time) string {
+	return jwttest.Token(jwttest.Claims{Subject: agentUser.Username, Audience: audience, Expiry: jwttest.Expires(exp)}, name)
 }
 
+// tok is tokFor expiring in an hour.
+func tok(name string) string { return tokFor(name, time.Now().Add(time.Hour)) }
+
 func TestCacheReusesVerdicts(t *testing.T) {
-	long := jwt(time.Now().Add(time.Hour))
+	long := tokFor("long", time.Now().Add(time.Hour))
 	// short expires 20s after the point where the test uses it, which
 	// comes after the clock has moved 71s.
-	short := jwt(time.Now().Add(91 * time.Second))
+	short := tokFor("short", time.Now().Add(91*time.Second))
 	rs := newReviewServer(t, map[string]authenticationv1.TokenReviewStatus{
-		long:  {Authenticated: true, User: agentUser, Audiences: audience},
-		short: {Authenticated: true, User: agentUser, Audiences: audience},
-		"bad": {Authenticated: false, Error: "token has expired"},
+		"long":  {Authenticated: true, User: agentUser, Audiences: audience},
+		"short": {Authenticated: true, User: agentUser, Audiences: audience},
+		"bad":   {Authenticated: false, Error: "token has expired"},
 	})
 	a, clk, reg := newCached(t, rs, nil)
 	ctx := t.Context()
 
 	for range 5 {
 		require.NoError(t, a.AuthenticateToken(ctx, long))
-		require.ErrorContains(t, a.AuthenticateToken(ctx, "bad"), "token has expired")
+		require.ErrorContains(t, a.AuthenticateToken(ctx, tok("bad")), "token has expired")
 	}
 	assert.Equal(t, int32(2), rs.reviews.Load(), "one review per token")
 	hits, _ := metricstest.Value(reg, "servercount_server_token_review_cache_hits_total")
@@ -219,7 +230,7 @@ func TestCacheReusesVerdicts(t *testing.T) {
 
 	clk.Step(11 * time.Second) // past DenialTTL, within CacheTTL
 	require.NoError(t, a.AuthenticateToken(ctx, long))
-	require.Error(t, a.AuthenticateToken(ctx, "bad"))
+	require.Error(t, a.AuthenticateToken(ctx, tok("bad")))
 	assert.Equal(t, int32(3), rs.reviews.Load(), "a refusal is asked again after DenialTTL")
 
 	clk.Step(time.Minute) // past CacheTTL
@@ -254,7 +265,7 @@ func TestCacheCoalescesAndBoundsReviews(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 100)
 	for i := range 100 {
-		wg.Go(func() { errs <- a.AuthenticateToken(t.Context(), fmt.Sprint("agent-", i%4)) })
+		wg.Go(func() { errs <- a.AuthenticateToken(t.Context(), tok(fmt.Sprint("agent-", i%4))) })
 	}
 	require.Eventually(t, func() bool { return rs.inFlight.Load() == 2 }, 10*time.Second, time.Millisecond, "reviews up to the bound")
 	close(rs.gate)
@@ -271,14 +282,14 @@ func TestCacheIsBoundedAndSkipsErrors(t *testing.T) {
 	rs := newReviewServer(t, nil) // every token unknown: refused
 	a, _, reg := newCached(t, rs, func(c *tokenreview.Config) { c.MaxEntries = 3 })
 	for i := range 10 {
-		require.Error(t, a.AuthenticateToken(t.Context(), fmt.Sprint("junk-", i)))
+		require.Error(t, a.AuthenticateToken(t.Context(), tok(fmt.Sprint("junk-", i))))
 	}
 	entries, _ := metricstest.Value(reg, "servercount_server_token_review_cache_entries")
 	assert.Equal(t, 3.0, entries, "tokens from anyone cannot grow the cache past MaxEntries")
 
 	rs.failing.Store(true)
 	for range 2 {
-		err := a.AuthenticateToken(t.Context(), "any")
+		err := a.AuthenticateToken(t.Context(), tok("any"))
 		require.Error(t, err)
 		assert.NotContains(t, err.Error(), "refused")
 	}
@@ -308,7 +319,7 @@ func TestFloodEndsWithItsCallers(t *testing.T) {
 	// pool of idle connections is full in the baseline.
 	var warm sync.WaitGroup
 	for i := range tokenreview.DefaultMaxInFlight {
-		warm.Go(func() { _ = a.AuthenticateToken(t.Context(), fmt.Sprint("ungated-", i)) })
+		warm.Go(func() { _ = a.AuthenticateToken(t.Context(), tok(fmt.Sprint("ungated-", i))) })
 	}
 	warm.Wait()
 	reviewed := rs.reviews.Load()
@@ -327,7 +338,7 @@ func TestFloodEndsWithItsCallers(t *testing.T) {
 			copy(token, fmt.Sprint("bogus-", i, "-"))
 			ready.Done()
 			<-start
-			_ = a.AuthenticateToken(ctx, string(token))
+			_ = a.AuthenticateToken(ctx, tok(string(token)))
 		})
 	}
 	ready.Wait()
@@ -361,8 +372,8 @@ func TestRealAgentGetsThroughAFlood(t *testing.T) {
 		callers = 4000
 		queued  = 128
 	)
-	good := jwt(time.Now().Add(time.Hour))
-	rs := newReviewServer(t, map[string]authenticationv1.TokenReviewStatus{good: {Authenticated: true, User: agentUser, Audiences: audience}})
+	good := tok("good")
+	rs := newReviewServer(t, map[string]authenticationv1.TokenReviewStatus{"good": {Authenticated: true, User: agentUser, Audiences: audience}})
 	rs.delay = 20 * time.Millisecond // a loaded API server
 	rs.gate = make(chan struct{})    // held until every flood caller is in
 	gateOpen := false
@@ -386,7 +397,7 @@ func TestRealAgentGetsThroughAFlood(t *testing.T) {
 		wg.Go(func() {
 			started.Done()
 			<-flooding
-			_ = a.AuthenticateToken(t.Context(), fmt.Sprint("bogus-", i))
+			_ = a.AuthenticateToken(t.Context(), tok(fmt.Sprint("bogus-", i)))
 		})
 	}
 	started.Wait()
@@ -412,15 +423,14 @@ func TestRealAgentGetsThroughAFlood(t *testing.T) {
 	}
 	require.NoError(t, err)
 	t.Logf("the real agent got through %v after the API server began to answer", time.Since(start))
-	at, ok := rs.position(good)
+	at, ok := rs.position("good")
 	require.True(t, ok)
 	assert.LessOrEqual(t, at, places+1, "the real agent's review waited behind more than the queue")
 }
 
 // unthrottled returns mod, and a client for rs without client-go's
-// client-side rate limit (5 requests a second by default, which
-// --kubeconfig-qps raises in production): the floods must meet this
-// package's bounds, not client-go's.
+// client-side rate limit, and without this package's (Config.QPS): the
+// floods must meet this package's queue bounds, not a rate.
 func unthrottled(t *testing.T, rs *reviewServer, mod func(*tokenreview.Config)) func(*tokenreview.Config) {
 	t.Helper()
 	rc, err := kubeclient.Config(kubeclient.Options{Kubeconfig: rs.kubeconfig, QPS: 1e6, Burst: 1e6})
@@ -429,6 +439,7 @@ func unthrottled(t *testing.T, rs *reviewServer, mod func(*tokenreview.Config)) 
 	require.NoError(t, err)
 	return func(c *tokenreview.Config) {
 		c.Client = client
+		c.QPS, c.Burst = 1e6, 1e6
 		if mod != nil {
 			mod(c)
 		}
@@ -439,4 +450,82 @@ func unthrottled(t *testing.T, rs *reviewServer, mod func(*tokenreview.Config)) 
 func pending(reg prometheus.Gatherer) float64 {
 	v, _ := metricstest.Value(reg, "servercount_server_token_reviews_pending")
 	return v
+}
+
+// A token the API server would surely refuse as the agents' token for the
+// audience costs no review.
+func TestPrecheckRefusesWithoutAReview(t *testing.T) {
+	rs := newReviewServer(t, map[string]authenticationv1.TokenReviewStatus{"good": {Authenticated: true, User: agentUser, Audiences: audience}})
+	a, _, reg := newCached(t, rs, nil)
+	seg := func(v string) string { return base64.RawURLEncoding.EncodeToString([]byte(v)) }
+	const rs256 = "eyJhbGciOiJSUzI1NiJ9"
+	now := time.Now()
+	claims := func(extra string) string {
+		return seg(`{"sub":"system:serviceaccount:kube-system:konnectivity-agent","aud":["system:konnectivity-server"]` + extra + `}`)
+	}
+	for _, tc := range []struct{ name, token, want string }{
+		{"opaque", "bogus-token", "not a signed JWT"},
+		{"unsigned", rs256 + "." + claims("") + ".", "not a signed JWT"},
+		{"alg none", seg(`{"alg":"none"}`) + "." + claims("") + ".c2ln", `JWT not signed (alg "none")`},
+		{"header not JSON", seg("x") + "." + claims("") + ".c2ln", "JWT header: not JSON"},
+		{"claims not base64", rs256 + ".!!.c2ln", "JWT claims: not base64url"},
+		{"other subject", rs256 + "." + seg(`{"sub":"system:serviceaccount:default:default","aud":"system:konnectivity-server"}`) + ".c2ln", `is for "system:serviceaccount:default:default"`},
+		{"expired", rs256 + "." + claims(fmt.Sprintf(`,"exp":%d`, now.Add(-2*time.Minute).Unix())) + ".c2ln", "agent token expired at"},
+		{"not yet valid", rs256 + "." + claims(fmt.Sprintf(`,"nbf":%d`, now.Add(2*time.Minute).Unix())) + ".c2ln", "not valid before"},
+		{"other audience", rs256 + "." + seg(`{"sub":"system:serviceaccount:kube-system:konnectivity-agent","aud":"https://kubernetes.default.svc"}`) + ".c2ln", `not for audience "system:konnectivity-server"`},
+		{"no audience", rs256 + "." + seg(`{"sub":"system:serviceaccount:kube-system:konnectivity-agent"}`) + ".c2ln", `not for audience`},
+		{"audience not a string", rs256 + "." + seg(`{"sub":"system:serviceaccount:kube-system:konnectivity-agent","aud":7}`) + ".c2ln", "aud is neither a string nor a list"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.ErrorContains(t, a.AuthenticateToken(t.Context(), tc.token), tc.want)
+		})
+	}
+	assert.Zero(t, rs.reviews.Load(), "reviews sent for prechecked tokens")
+	refused, _ := metricstest.Value(reg, "servercount_server_token_prechecks_refused_total")
+	assert.Equal(t, 11.0, refused)
+
+	// Within the clock skew, and with one audience as a string, the API
+	// server decides.
+	skewed := rs256 + "." + seg(fmt.Sprintf(`{"sub":"system:serviceaccount:kube-system:konnectivity-agent","aud":"system:konnectivity-server","exp":%d}`, now.Add(-30*time.Second).Unix())) + "." + seg("good")
+	require.NoError(t, a.AuthenticateToken(t.Context(), skewed))
+	assert.Equal(t, int32(1), rs.reviews.Load())
+}
+
+// At most QPS reviews a second (with a burst of Burst) reach the API
+// server, whatever the callers: the server's own clock shows it.
+func TestReviewsPerSecondAreBounded(t *testing.T) {
+	const (
+		qps   = 40
+		burst = 4
+		n     = 60
+	)
+	tokens := map[string]authenticationv1.TokenReviewStatus{}
+	for i := range n {
+		tokens[fmt.Sprint("agent-", i)] = authenticationv1.TokenReviewStatus{Authenticated: true, User: agentUser, Audiences: audience}
+	}
+	rs := newReviewServer(t, tokens)
+	a, _, reg := newCached(t, rs, unthrottled(t, rs, func(c *tokenreview.Config) { c.QPS, c.Burst = qps, burst }))
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { assert.NoError(t, a.AuthenticateToken(t.Context(), tok(fmt.Sprint("agent-", i)))) })
+	}
+	require.Eventually(t, func() bool {
+		v, _ := metricstest.Value(reg, "servercount_server_token_reviews_throttled")
+		return v > 0
+	}, 10*time.Second, time.Millisecond, "no review waited for the rate")
+	wg.Wait()
+	rs.mu.Lock()
+	times := slices.Clone(rs.times)
+	rs.mu.Unlock()
+	require.Len(t, times, n)
+	slices.SortFunc(times, func(x, y time.Time) int { return x.Compare(y) })
+	// In any window of one second, at most burst + qps reviews arrived
+	// (the token bucket's bound; delays in between only lower it).
+	for i := range times {
+		j := i
+		for j < len(times) && times[j].Sub(times[i]) < time.Second {
+			j++
+		}
+		require.LessOrEqual(t, j-i, burst+qps, "reviews in the second from review %d", i)
+	}
 }

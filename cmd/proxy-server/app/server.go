@@ -142,7 +142,11 @@ func (s *Server) buildKube() (server.TokenAuthenticator, *lease.Publisher, error
 	}
 	// Validate admits a token file or TokenReviews, not both.
 	if cfg.TokenReview != nil {
-		client, err := kubeclient.NewTokenReviews(rc)
+		// The authenticator bounds the reviews a second itself
+		// (--token-review-qps), where it can count those that wait.
+		unlimited := rest.CopyConfig(rc)
+		unlimited.QPS = -1
+		client, err := kubeclient.NewTokenReviews(unlimited)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -99,10 +99,13 @@ type Options struct {
 	// from one address (0: no bound per address).
 	MaxAgentHandshakesPerAddress int
 
-	// Token authentication of agents through TokenReviews, as upstream.
+	// Token authentication of agents through TokenReviews, as upstream;
+	// TokenReviewQPS and TokenReviewBurst bound the reviews a second.
 	AgentNamespace         string
 	AgentServiceAccount    string
 	AuthenticationAudience string
+	TokenReviewQPS         float64
+	TokenReviewBurst       int
 
 	// Leases publishes this server's Lease (--enable-lease-controller).
 	Leases *counting.PublishOptions
@@ -128,6 +131,8 @@ func NewOptions() *Options {
 		StreamStallTimeout:           server.DefaultStreamStallTimeout,
 		TunnelWindow:                 wire.DefaultTunnelWindow,
 		MaxAgentHandshakesPerAddress: server.DefaultMaxHandshakesPerAddress,
+		TokenReviewQPS:               tokenreview.DefaultQPS,
+		TokenReviewBurst:             tokenreview.DefaultBurst,
 		ServerID:                     serve.IDFromEnv("PROXY_SERVER_ID"),
 		DeleteExistingUDSFile:        true,
 		ServerCount:                  1,
@@ -209,9 +214,11 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "namespace of the agents' service account; with --agent-service-account, agents must present its token, checked with a TokenReview")
 	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", o.AgentServiceAccount, "the agents' service account")
 	fs.StringVar(&o.AuthenticationAudience, "authentication-audience", o.AuthenticationAudience, "audience agents' tokens must have (empty: the API server's default)")
+	fs.Float64Var(&o.TokenReviewQPS, "token-review-qps", o.TokenReviewQPS, "most TokenReviews of agent tokens sent to the API server a second; --kubeconfig-qps does not apply to them")
+	fs.IntVar(&o.TokenReviewBurst, "token-review-burst", o.TokenReviewBurst, "most TokenReviews sent at once after a quiet time, within --token-review-qps")
 	fs.StringVar(&o.Kube.Kubeconfig, "kubeconfig", o.Kube.Kubeconfig, "kubeconfig to reach the API server for TokenReviews and leases (empty: in-cluster)")
 	fs.StringVar(&o.Kube.ContentType, "kube-api-content-type", o.Kube.ContentType, "content type of requests to the API server")
-	fs.Float32Var(&o.Kube.QPS, "kubeconfig-qps", o.Kube.QPS, "most requests per second to the API server (0: client-go's default)")
+	fs.Float32Var(&o.Kube.QPS, "kubeconfig-qps", o.Kube.QPS, "most requests per second to the API server, TokenReviews aside (0: client-go's default)")
 	fs.IntVar(&o.Kube.Burst, "kubeconfig-burst", o.Kube.Burst, "most requests in a burst to the API server (0: client-go's default)")
 	o.Leases.AddFlags(fs)
 	serve.CipherSuitesVar(fs, &o.TLS.CipherSuites, "cipher-suites", "comma-separated IANA names of the TLS 1.2 cipher suites every TLS port allows (empty: Go's defaults; TLS 1.3 suites are fixed)")
@@ -261,6 +268,9 @@ func (o *Options) Validate() []error {
 	}
 	errs = append(errs, o.Leases.Validate()...)
 	errs = append(errs, serve.CheckStreamFlags(o.StreamStallTimeout, "--frontend-write-timeout", o.FrontendWriteTimeout, o.TunnelWindow)...)
+	if o.TokenReviewQPS <= 0 || o.TokenReviewBurst < 1 {
+		errs = append(errs, fmt.Errorf("invalid --token-review-qps %v or --token-review-burst %d: the rate must be positive and the burst at least 1", o.TokenReviewQPS, o.TokenReviewBurst))
+	}
 	if o.MaxAgentHandshakesPerAddress < 0 {
 		errs = append(errs, fmt.Errorf("invalid --max-agent-handshakes-per-address %d: must not be negative (0: no bound per address)", o.MaxAgentHandshakesPerAddress))
 	}
@@ -446,7 +456,8 @@ func (o *Options) Config() Config {
 		cfg.DNS = o.DNS
 	}
 	if o.AgentNamespace != "" {
-		cfg.TokenReview = &tokenreview.Config{Audience: o.AuthenticationAudience, Namespace: o.AgentNamespace, ServiceAccount: o.AgentServiceAccount}
+		cfg.TokenReview = &tokenreview.Config{Audience: o.AuthenticationAudience, Namespace: o.AgentNamespace, ServiceAccount: o.AgentServiceAccount,
+			QPS: o.TokenReviewQPS, Burst: o.TokenReviewBurst}
 	}
 	if o.Leases.Enabled {
 		cfg.Leases = o.Leases
