@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
@@ -106,6 +110,10 @@ func TestAgentTokenReview(t *testing.T) {
 	m, err := srv.Metrics()
 	require.NoError(t, err)
 	assert.Equal(t, 1.0, m.Get("konnectivity_network_proxy_server_ready_backend_connections"), "only the good agent is connected")
+	// Not a JWT, another audience, another account: each is refused from
+	// its claims, without a TokenReview.
+	assert.GreaterOrEqual(t, m.Sum("servercount_server_token_prechecks_refused_total"), 3.0, "refusals without a review")
+	assert.Zero(t, m.Get("servercount_server_token_reviews_total", "result", "refused"), "reviews that refused a token")
 	// Not a JWT, another audience, another account: each is refused from
 	// its claims, without a TokenReview.
 	assert.GreaterOrEqual(t, m.Sum("servercount_server_token_prechecks_refused_total"), 3.0, "refusals without a review")
@@ -275,4 +283,85 @@ func tokenReviewSeries(m harness.Metrics) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Scenario 9b (issue 33): with --bind-agent-identifiers, an agent whose
+// token is bound to a pod on node X may claim X's name and address, and
+// gets X's traffic; claiming node Y's as well gets it none of Y's, and the
+// dropped claims are counted. The API server's TokenReview names the node
+// (authentication.kubernetes.io/node-name); the server reads the Node's
+// addresses from a watch.
+func TestBoundIdentifiersFromPodTokens(t *testing.T) {
+	e := newEnv(t, false)
+	e.createServiceAccounts(agentServiceAccount)
+	ctx := t.Context()
+	nodes := the.cluster.Client.CoreV1().Nodes()
+	// Each node's address is on the namespace's loopback, with a target
+	// of its own behind it.
+	node := func(name, ip string) string {
+		name += "-" + e.ns
+		n, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = nodes.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
+		_, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		return name
+	}
+	target := func(ip, says string) string {
+		lis, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		require.NoError(t, err)
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, says) }))
+		srv.Listener = lis
+		srv.Start()
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	xIP, yIP := e.ip(60), e.ip(61)
+	x, y := node("node-x", xIP), node("node-y", yIP)
+	xURL, yURL := target(xIP, "hello from x"), target(yIP, "hello from y")
+
+	// A pod scheduled on node X, and a token bound to it.
+	pod, err := the.cluster.Client.CoreV1().Pods(e.ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "agent-on-x"},
+		Spec: corev1.PodSpec{ServiceAccountName: agentServiceAccount, NodeName: x,
+			Containers: []corev1.Container{{Name: "agent", Image: "konnectivity-agent"}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	tr, err := the.cluster.Client.CoreV1().ServiceAccounts(e.ns).CreateToken(ctx, agentServiceAccount, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{tokenAudience}, ExpirationSeconds: new(int64(600)),
+			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte(tr.Status.Token), 0o600))
+
+	ip := e.startServers(0, 1,
+		"--agent-namespace="+e.ns, "--agent-service-account="+agentServiceAccount,
+		"--authentication-audience="+tokenAudience, "--kubeconfig="+the.cluster.Kubeconfig,
+		"--bind-agent-identifiers", "--proxy-strategies=destHost")[0]
+	e.publishReady(ip)
+	srv := e.servers[ip]
+	cfg := e.tokenAgent("x", tokenFile)
+	cfg.Extra = append(cfg.Extra, "--agent-identifiers=host="+x+"&ipv4="+xIP+"&host="+y+"&ipv4="+yIP)
+	a := e.fleet.StartAgent(t, cfg)
+	waitConnections(t, []*harness.Agent{a}, 1, 30*time.Second)
+
+	// X's traffic reaches the agent.
+	var body string
+	require.Eventually(t, func() bool {
+		body, err = srv.Get(xURL + "/")
+		return err == nil
+	}, 10*time.Second, 100*time.Millisecond, "request to node X: %v", err)
+	assert.Equal(t, "hello from x", body)
+	// Y's, by address and by name, does not: no agent may take it.
+	for _, u := range []string{yURL, strings.Replace(yURL, yIP, y, 1)} {
+		_, err := srv.Get(u + "/")
+		assert.ErrorContains(t, err, "CONNECT", "request to %s", u)
+	}
+	m, err := srv.Metrics()
+	require.NoError(t, err)
+	assert.Equal(t, 2.0, m.Get("konnectivity_network_proxy_server_dial_failure_count", "reason", "no_agent"), "node Y's dials found no agent")
+	assert.GreaterOrEqual(t, m.Sum("servercount_server_unbound_identifier_claims_total"), 2.0, "node Y's name and address, dropped")
+	assert.Zero(t, m.Sum("servercount_server_agent_rejections_total"), "the agent itself is accepted")
 }

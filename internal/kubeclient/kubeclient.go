@@ -12,6 +12,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -72,6 +73,21 @@ func NewLeases(rc *rest.Config, namespace string) (*Leases, error) {
 		gentype.PrefersProtobuf[*coordinationv1.Lease]()), nil
 }
 
+// Nodes is a client for Nodes, which are cluster-scoped.
+type Nodes = gentype.ClientWithList[*corev1.Node, *corev1.NodeList]
+
+// NewNodes returns a client for Nodes.
+func NewNodes(rc *rest.Config) (*Nodes, error) {
+	c, params, err := restClient(rc, corev1.SchemeGroupVersion, corev1.AddToScheme)
+	if err != nil {
+		return nil, err
+	}
+	return gentype.NewClientWithList("nodes", c, params, "",
+		func() *corev1.Node { return &corev1.Node{} },
+		func() *corev1.NodeList { return &corev1.NodeList{} },
+		gentype.PrefersProtobuf[*corev1.Node]()), nil
+}
+
 // TokenReviews is a client for TokenReviews.
 type TokenReviews = gentype.Client[*authenticationv1.TokenReview]
 
@@ -100,6 +116,9 @@ func restClient(rc *rest.Config, gv schema.GroupVersion, addToScheme func(*runti
 	c := rest.CopyConfig(rc)
 	c.GroupVersion = &gv
 	c.APIPath = "/apis"
+	if gv.Group == "" {
+		c.APIPath = "/api" // the core group
+	}
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	if c.UserAgent == "" {
 		c.UserAgent = rest.DefaultKubernetesUserAgent()

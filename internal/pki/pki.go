@@ -73,9 +73,10 @@ func (ca *CA) Server(cn string, names ...string) (*Pair, error) {
 	return ca.issue(cn, x509.ExtKeyUsageServerAuth, append(names, "localhost", "127.0.0.1", "::1"))
 }
 
-// Client issues a client certificate for cn.
-func (ca *CA) Client(cn string) (*Pair, error) {
-	return ca.issue(cn, x509.ExtKeyUsageClientAuth, nil)
+// Client issues a client certificate for cn, with names, DNS names or IP
+// addresses, as its SANs.
+func (ca *CA) Client(cn string, names ...string) (*Pair, error) {
+	return ca.issue(cn, x509.ExtKeyUsageClientAuth, names)
 }
 
 func (ca *CA) issue(cn string, usage x509.ExtKeyUsage, names []string) (*Pair, error) {

@@ -29,6 +29,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -43,6 +44,7 @@ import (
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/pkg/clock"
+	"github.com/servercount/servercount/pkg/server"
 )
 
 // Config says which tokens are accepted.
@@ -86,8 +88,18 @@ type Config struct {
 	Burst int
 	// Registerer receives the review metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Nodes knows the names and addresses of nodes, for IdentifyToken;
+	// nil means a token proves its node's name alone.
+	Nodes Nodes
 	// Clock tells when cached verdicts expire; nil means the real clock.
 	Clock clock.Clock
+}
+
+// Nodes says what names and addresses a node has.
+type Nodes interface {
+	// Node returns the host names and addresses of the node called name;
+	// ok is false when the node is not known.
+	Node(name string) (hosts []string, addrs []netip.Addr, ok bool)
 }
 
 // Client creates TokenReviews. client-go's
@@ -128,6 +140,9 @@ const (
 // waiting already: the agent should try again.
 var ErrOverloaded = errors.New("too many agent tokens waiting for review: try again")
 
+// An Authenticator says whose a token is, for Config.BindIdentifiers.
+var _ server.TokenIdentifier = (*Authenticator)(nil)
+
 // Authenticator checks agent tokens with TokenReviews. It is safe for
 // concurrent use.
 type Authenticator struct {
@@ -152,7 +167,8 @@ type Authenticator struct {
 
 // review is one TokenReview that callers wait for.
 type review struct {
-	done   chan struct{} // closed once err is set
+	done   chan struct{} // closed once node and err are set
+	node   string        // the node the token is bound to, "" for none
 	err    error
 	cancel context.CancelFunc
 	// waiters counts the callers waiting for it; the last to leave
@@ -160,8 +176,10 @@ type review struct {
 	waiters int
 }
 
-// verdict is a cached review: err is nil for an accepted token.
+// verdict is a cached review: err is nil for an accepted token, which
+// is bound to node ("" for none).
 type verdict struct {
+	node  string
 	err   error
 	until time.Time
 }
@@ -217,28 +235,56 @@ func setDefault[T time.Duration | int | float64](p *T, def T) {
 // recently, that it is valid, for the audience, and of the agents' service
 // account.
 func (a *Authenticator) AuthenticateToken(ctx context.Context, token string) error {
+	_, err := a.verdict(ctx, token)
+	return err
+}
+
+// IdentifyToken authenticates token as AuthenticateToken does and returns
+// the node its holder runs on: the node the token is bound to (the
+// TokenReview's authentication.kubernetes.io/node-name, which the API
+// server gives for a token bound to a pod scheduled on a node, or to the
+// node), with that node's names and addresses when Config.Nodes knows
+// them. A token bound to no node proves nothing: the zero Identity.
+func (a *Authenticator) IdentifyToken(ctx context.Context, token string) (server.Identity, error) {
+	node, err := a.verdict(ctx, token)
+	if err != nil || node == "" {
+		return server.Identity{}, err
+	}
+	id := server.Identity{Hosts: []string{node}}
+	if a.cfg.Nodes != nil {
+		if hosts, addrs, ok := a.cfg.Nodes.Node(node); ok {
+			id.Hosts = append(id.Hosts, hosts...)
+			id.Addrs = addrs
+		}
+	}
+	return id, nil
+}
+
+// verdict returns the node of token, "" for none, if the API server says,
+// or said recently, that it is valid; else why not.
+func (a *Authenticator) verdict(ctx context.Context, token string) (string, error) {
 	key := sha256.Sum256([]byte(token))
 	if v, ok := a.cached(key); ok {
 		a.metrics.hits.Inc()
-		return v.err
+		return v.node, v.err
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("review agent token: %w", err)
+		return "", fmt.Errorf("review agent token: %w", err)
 	}
 	if err := a.precheck(token); err != nil {
 		a.metrics.prechecked.Inc()
-		return err
+		return "", err
 	}
 	r, err := a.join(key, token)
 	if err != nil {
-		return err
+		return "", err
 	}
 	select {
 	case <-r.done:
-		return r.err
+		return r.node, r.err
 	case <-ctx.Done():
 		a.leave(key, r)
-		return fmt.Errorf("review agent token: %w", ctx.Err())
+		return "", fmt.Errorf("review agent token: %w", ctx.Err())
 	}
 }
 
@@ -281,9 +327,9 @@ func (a *Authenticator) leave(key [sha256.Size]byte, r *review) {
 
 // run carries out review r of token and remembers its verdict.
 func (a *Authenticator) run(ctx context.Context, key [sha256.Size]byte, token string, r *review) {
-	r.err = a.review(ctx, token)
+	r.node, r.err = a.review(ctx, token)
 	if ctx.Err() == nil || r.err == nil {
-		a.remember(key, token, r.err)
+		a.remember(key, token, r.node, r.err)
 	}
 	r.cancel()
 	a.mu.Lock()
@@ -312,7 +358,7 @@ func (a *Authenticator) cached(key [sha256.Size]byte) (verdict, bool) {
 // remember caches the verdict err on token: an acceptance until CacheTTL
 // or the token's expiry, a refusal for DenialTTL. An API server error is
 // not a verdict and is not cached.
-func (a *Authenticator) remember(key [sha256.Size]byte, token string, err error) {
+func (a *Authenticator) remember(key [sha256.Size]byte, token, node string, err error) {
 	now := a.cfg.Clock.Now()
 	var until time.Time
 	switch {
@@ -338,33 +384,33 @@ func (a *Authenticator) remember(key [sha256.Size]byte, token string, err error)
 			return // full of live verdicts: review again rather than grow
 		}
 	}
-	a.cache[key] = verdict{err: err, until: until}
+	a.cache[key] = verdict{node: node, err: err, until: until}
 	a.metrics.entries.Set(float64(len(a.cache)))
 }
 
 // review asks the API server about token, at most MaxInFlight at once
-// and QPS a second.
-func (a *Authenticator) review(ctx context.Context, token string) error {
+// and QPS a second, and returns the node it is bound to.
+func (a *Authenticator) review(ctx context.Context, token string) (string, error) {
 	a.metrics.throttled.Inc()
 	err := a.limiter.Wait(ctx)
 	a.metrics.throttled.Dec()
 	if err != nil {
-		return fmt.Errorf("wait to review agent token (at most %v a second): %w", a.cfg.QPS, err)
+		return "", fmt.Errorf("wait to review agent token (at most %v a second): %w", a.cfg.QPS, err)
 	}
 	select {
 	case a.inFlight <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("wait to review agent token: %w", ctx.Err())
+		return "", fmt.Errorf("wait to review agent token: %w", ctx.Err())
 	}
 	defer func() { <-a.inFlight }()
 	if err := ctx.Err(); err != nil {
 		// The slot and the end came together: select chose the slot.
-		return fmt.Errorf("wait to review agent token: %w", err)
+		return "", fmt.Errorf("wait to review agent token: %w", err)
 	}
 	a.metrics.inFlight.Inc()
 	defer a.metrics.inFlight.Dec()
 	start := time.Now()
-	err = a.ask(ctx, token)
+	node, err := a.ask(ctx, token)
 	a.metrics.latency.Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
@@ -374,33 +420,40 @@ func (a *Authenticator) review(ctx context.Context, token string) error {
 	default:
 		a.metrics.reviews.WithLabelValues("error").Inc()
 	}
-	return err
+	return node, err
 }
 
 // errDenied marks a verdict of the API server against a token, as opposed
 // to a failure to ask.
-var errDenied = errors.New("agent token refused")
+var errDenied = fmt.Errorf("agent %w", server.ErrTokenRefused)
 
-// ask sends one TokenReview.
-func (a *Authenticator) ask(ctx context.Context, token string) error {
+// extraNodeName is the key of TokenReview's user.extra that names the node
+// a token is bound to.
+const extraNodeName = "authentication.kubernetes.io/node-name"
+
+// ask sends one TokenReview, and returns the node the token is bound to.
+func (a *Authenticator) ask(ctx context.Context, token string) (string, error) {
 	review := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token}}
 	if a.audience != "" {
 		review.Spec.Audiences = []string{a.audience}
 	}
 	res, err := a.client.Create(ctx, review, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("review agent token with the API server: %w", err)
+		return "", fmt.Errorf("review agent token with the API server: %w", err)
 	}
 	st := res.Status
 	switch {
 	case !st.Authenticated:
-		return fmt.Errorf("%w: agent token not valid: %s", errDenied, orNone(st.Error))
+		return "", fmt.Errorf("%w: agent token not valid: %s", errDenied, orNone(st.Error))
 	case a.audience != "" && !slices.Contains(st.Audiences, a.audience):
-		return fmt.Errorf("%w: agent token not for audience %q (it is for %v): set the agents' token audience to %q", errDenied, a.audience, st.Audiences, a.audience)
+		return "", fmt.Errorf("%w: agent token not for audience %q (it is for %v): set the agents' token audience to %q", errDenied, a.audience, st.Audiences, a.audience)
 	case st.User.Username != a.username:
-		return fmt.Errorf("%w: agent token is %s's, not %s's", errDenied, st.User.Username, a.username)
+		return "", fmt.Errorf("%w: agent token is %s's, not %s's", errDenied, st.User.Username, a.username)
 	}
-	return nil
+	if nodes := st.User.Extra[extraNodeName]; len(nodes) == 1 {
+		return nodes[0], nil
+	}
+	return "", nil
 }
 
 // claims are the claims of a JWT that the precheck reads.

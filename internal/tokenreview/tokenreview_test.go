@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -31,6 +32,7 @@ import (
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/tokenreview"
+	"github.com/servercount/servercount/pkg/server"
 )
 
 func TestMain(m *testing.M) {
@@ -528,4 +530,52 @@ func TestReviewsPerSecondAreBounded(t *testing.T) {
 		}
 		require.LessOrEqual(t, j-i, burst+qps, "reviews in the second from review %d", i)
 	}
+}
+
+// nodeTable is tokenreview.Nodes from a table.
+type nodeTable map[string]struct {
+	hosts []string
+	addrs []netip.Addr
+}
+
+func (n nodeTable) Node(name string) ([]string, []netip.Addr, bool) {
+	e, ok := n[name]
+	return e.hosts, e.addrs, ok
+}
+
+// A token bound to a node (the TokenReview's node-name extra) proves that
+// node's name and, through Config.Nodes, its addresses; the cache keeps
+// the node with the verdict; a token bound to no node proves nothing.
+func TestIdentifyTokenGivesTheBoundNode(t *testing.T) {
+	onNode := agentUser
+	onNode.Extra = map[string]authenticationv1.ExtraValue{"authentication.kubernetes.io/node-name": {"node-x"}}
+	rs := newReviewServer(t, map[string]authenticationv1.TokenReviewStatus{
+		"on-x":    {Authenticated: true, User: onNode, Audiences: audience},
+		"unbound": {Authenticated: true, User: agentUser, Audiences: audience},
+		"on-other": {Authenticated: true, User: func() authenticationv1.UserInfo {
+			u := onNode
+			u.Extra = map[string]authenticationv1.ExtraValue{"authentication.kubernetes.io/node-name": {"node-gone"}}
+			return u
+		}(), Audiences: audience},
+	})
+	x := netip.MustParseAddr("10.0.0.5")
+	a, _, _ := newCached(t, rs, func(c *tokenreview.Config) {
+		c.Nodes = nodeTable{"node-x": {hosts: []string{"node-x.internal"}, addrs: []netip.Addr{x}}}
+	})
+	var _ server.TokenIdentifier = a
+	for range 2 { // the second from the cache
+		id, err := a.IdentifyToken(t.Context(), tok("on-x"))
+		require.NoError(t, err)
+		assert.Equal(t, server.Identity{Hosts: []string{"node-x", "node-x.internal"}, Addrs: []netip.Addr{x}}, id)
+	}
+	assert.Equal(t, int32(1), rs.reviews.Load())
+
+	id, err := a.IdentifyToken(t.Context(), tok("unbound"))
+	require.NoError(t, err)
+	assert.Zero(t, id, "a token bound to no node")
+	id, err = a.IdentifyToken(t.Context(), tok("on-other"))
+	require.NoError(t, err)
+	assert.Equal(t, server.Identity{Hosts: []string{"node-gone"}}, id, "a node Nodes does not know: its name alone")
+	_, err = a.IdentifyToken(t.Context(), tok("unknown"))
+	assert.Error(t, err)
 }

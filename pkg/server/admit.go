@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -33,19 +34,39 @@ const (
 	// that have proven nothing may make the server hold is bounded by
 	// 256 MiB.
 	MaxHandshakes = 256
+	// refusedBurst and refusedPerSecond bound the tokens of one address
+	// (an IPv6 /64) that a check may refuse: past refusedBurst, one a
+	// second. Beyond, its handshakes are refused without a check until
+	// the bucket fills again. A flood of bogus tokens from one host then
+	// costs the review rate that every agent shares one review a second;
+	// an agent that is refused now and then (a token that expired, as
+	// agents retry with back-off) never reaches the bound.
+	refusedBurst     = 10
+	refusedPerSecond = 1
+	// maxRefusingAddrs bounds the addresses whose refusals are counted;
+	// past it, those that could be refused again at their full burst are
+	// forgotten.
+	maxRefusingAddrs = 4096
 	// MaxStreamsPerAgent bounds the streams of one agentID: one per
 	// server, and a few more while a reconnect overlaps a stream that
 	// has not yet been found dead.
 	MaxStreamsPerAgent = 8
 )
 
-// handshakes counts the agent handshakes in progress, by peer address.
+// handshakes counts the agent handshakes in progress, by peer address,
+// and the tokens each address had refused.
 type handshakes struct {
 	perAddress int // the bound per address; negative: none
 	mu         sync.Mutex
 	n          int
 	byAddr     map[netip.Prefix]int
+	// refused holds, by address, what is left of its refusedBurst.
+	refused map[netip.Prefix]*rate.Limiter
 }
+
+// errTooManyRefused is what a peer whose tokens were refused too often is
+// told.
+var errTooManyRefused = errors.New("too many refused agent tokens from this address: try again later")
 
 // errTooManyHandshakes is what a peer beyond a handshake bound is told;
 // it says nothing of the token.
@@ -60,6 +81,9 @@ func (h *handshakes) enter(ctx context.Context) (leave func(), err error) {
 	if h.n >= MaxHandshakes || h.perAddress >= 0 && h.byAddr[addr] >= h.perAddress {
 		return nil, errTooManyHandshakes
 	}
+	if lim := h.refused[addr]; lim != nil && lim.Tokens() < 1 {
+		return nil, errTooManyRefused
+	}
 	if h.byAddr == nil {
 		h.byAddr = map[netip.Prefix]int{}
 	}
@@ -73,6 +97,32 @@ func (h *handshakes) enter(ctx context.Context) (leave func(), err error) {
 			delete(h.byAddr, addr)
 		}
 	}, nil
+}
+
+// refusedToken counts a token of ctx's peer that a check refused.
+func (h *handshakes) refusedToken(ctx context.Context) {
+	addr := peerPrefix(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	lim := h.refused[addr]
+	if lim == nil {
+		if len(h.refused) >= maxRefusingAddrs {
+			for a, l := range h.refused {
+				if l.Tokens() >= refusedBurst {
+					delete(h.refused, a)
+				}
+			}
+			if len(h.refused) >= maxRefusingAddrs {
+				return // all are refusing now: this one is not counted
+			}
+		}
+		if h.refused == nil {
+			h.refused = map[netip.Prefix]*rate.Limiter{}
+		}
+		lim = rate.NewLimiter(refusedPerSecond, refusedBurst)
+		h.refused[addr] = lim
+	}
+	lim.Allow() // takes one if there is one; the bucket stays at 0 else
 }
 
 // peerPrefix is the address of ctx's gRPC peer, an IPv6 address's /64
@@ -111,26 +161,82 @@ func AgentGRPCServerOptions() []grpc.ServerOption {
 	return append(GRPCServerOptions(), grpc.MaxConcurrentStreams(MaxAgentStreamsPerConn))
 }
 
-// admit authenticates the token in md within the handshake bounds. The
-// error is a gRPC status for the peer; why the token was refused is
-// logged and counted, not sent.
-func (s *Server) admit(ctx context.Context, md metadata.MD) error {
+// admit authenticates the token in md within the handshake bounds, and
+// returns the identity it proves (see Config.BindIdentifiers). The error
+// is a gRPC status for the peer; why the token was refused is logged and
+// counted, not sent.
+func (s *Server) admit(ctx context.Context, md metadata.MD) (Identity, error) {
 	leave, err := s.handshakes.enter(ctx)
-	if err != nil {
+	switch {
+	case errors.Is(err, errTooManyRefused):
+		s.rejected(ctx, md, RejectTooManyRefused, fmt.Errorf("%w (past %d, %d a second)", err, refusedBurst, refusedPerSecond))
+		return Identity{}, status.Error(codes.ResourceExhausted, err.Error())
+	case err != nil:
 		s.rejected(ctx, md, RejectTooManyHandshakes, fmt.Errorf("%w (at most %d from one address, %d in all)", err, s.handshakes.perAddress, MaxHandshakes))
-		return status.Error(codes.ResourceExhausted, err.Error())
+		return Identity{}, status.Error(codes.ResourceExhausted, err.Error())
 	}
 	defer leave()
-	if err := s.authenticate(ctx, md); err != nil {
+	id, err := s.authenticate(ctx, md)
+	if err != nil {
+		if errors.Is(err, ErrTokenRefused) {
+			s.handshakes.refusedToken(ctx)
+		}
 		s.rejected(ctx, md, RejectUnauthenticated, err)
-		return status.Error(codes.Unauthenticated, errTextUnauthenticated)
+		return Identity{}, status.Error(codes.Unauthenticated, errTextUnauthenticated)
 	}
-	return nil
+	return id, nil
 }
 
 // rejected logs and counts a refused agent stream. err may quote what the
 // agent sent: it is cut as a whole.
 func (s *Server) rejected(ctx context.Context, md metadata.MD, reason RejectReason, err error) {
 	s.metrics.observeAgentRejection(reason)
-	s.log.Error(errors.New(capPeer(err.Error())), "Rejected agent stream", "agentID", capPeer(strings.Join(md.Get(wire.HeaderAgentID), ",")), "reason", reason, "remote", remoteAddr(ctx))
+	ok, left := s.rejectLog.allow(reason)
+	if !ok {
+		return
+	}
+	kv := []any{"agentID", capPeer(strings.Join(md.Get(wire.HeaderAgentID), ",")), "reason", reason, "remote", remoteAddr(ctx)}
+	if left > 0 {
+		kv = append(kv, "notLoggedBefore", left)
+	}
+	s.log.Error(errors.New(capPeer(err.Error())), "Rejected agent stream", kv...)
+}
+
+// Bounds on the "Rejected agent stream" lines of each reason: a flood of
+// bogus handshakes must not become a flood of log lines. The metric
+// counts every rejection.
+const (
+	rejectLogBurst     = 20
+	rejectLogPerSecond = 2
+)
+
+// rejectLog says which rejections to log: at most rejectLogBurst at once
+// and rejectLogPerSecond after, of each reason. A line logged after some
+// were left out says how many.
+type rejectLog struct {
+	mu   sync.Mutex
+	lim  map[RejectReason]*rate.Limiter
+	left map[RejectReason]int
+}
+
+// allow reports whether to log a rejection for reason, and how many were
+// left out since the last one logged.
+func (l *rejectLog) allow(reason RejectReason) (ok bool, left int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lim == nil {
+		l.lim, l.left = map[RejectReason]*rate.Limiter{}, map[RejectReason]int{}
+	}
+	lim := l.lim[reason]
+	if lim == nil {
+		lim = rate.NewLimiter(rejectLogPerSecond, rejectLogBurst)
+		l.lim[reason] = lim
+	}
+	if !lim.Allow() {
+		l.left[reason]++
+		return false, 0
+	}
+	left = l.left[reason]
+	l.left[reason] = 0
+	return true, left
 }

@@ -130,6 +130,17 @@ func TestUnauthenticatedStreamsHoldNothing(t *testing.T) {
 	assert.Zero(t, e.srv.Backends())
 }
 
+// connFrom is a connection to e's agent port from ip, a loopback address,
+// closed when the test ends.
+func connFrom(t *testing.T, e *env, ip string) *grpc.ClientConn {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: waitFor}
+	cc, err := grpc.NewClient(e.agentAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.agentTLS)),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
 // A flood of handshakes from one address holds at most
 // DefaultMaxHandshakesPerAddress places in review; beyond, it is refused at once
 // (ResourceExhausted), while an agent from another address still gets
@@ -139,14 +150,7 @@ func TestHandshakesPerAddressAreBounded(t *testing.T) {
 	reviews := newHeldReviews(t)
 	e := startEnv(t, server.Config{Registerer: reg, Authenticator: reviews})
 
-	from := func(ip string) grpc.ClientConnInterface {
-		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: waitFor}
-		cc, err := grpc.NewClient(e.agentAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.agentTLS)),
-			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = cc.Close() })
-		return cc
-	}
+	from := func(ip string) grpc.ClientConnInterface { return connFrom(t, e, ip) }
 	dial := func(conn grpc.ClientConnInterface, id, token string) error {
 		a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Conn: conn, ID: id, Token: token})
 		if err == nil {
@@ -233,4 +237,43 @@ func TestHandshakesPerAddressUnbounded(t *testing.T) {
 	reviews.open()
 	wg.Wait()
 	waitBackends(t, e, n)
+}
+
+// countingAuth counts the tokens a token file checks.
+type countingAuth struct {
+	server.TokenAuthenticator
+	checks atomic.Int64
+}
+
+func (c *countingAuth) AuthenticateToken(ctx context.Context, token string) error {
+	c.checks.Add(1)
+	return c.TokenAuthenticator.AuthenticateToken(ctx, token)
+}
+
+// An address whose tokens are refused again and again is refused, past a
+// burst of them, without a check: a flood of bogus tokens from one host
+// cannot spend the reviews that every agent shares. Another address is
+// still checked, and accepted.
+func TestAddressWithRefusedTokensIsNotChecked(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	auth := &countingAuth{TokenAuthenticator: tokenFileAuth(t, "good\n")}
+	e := startEnv(t, server.Config{Registerer: reg, Authenticator: auth})
+	from := func(ip, id, token string) error {
+		a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Conn: connFrom(t, e, ip), ID: id, Token: token})
+		if err == nil {
+			t.Cleanup(a.Close)
+		}
+		return err
+	}
+	var codesSeen []codes.Code
+	for i := range 40 {
+		codesSeen = append(codesSeen, status.Code(from("127.0.0.1", fmt.Sprint("bogus-", i), "bogus")))
+	}
+	assert.Equal(t, codes.Unauthenticated, codesSeen[0])
+	assert.Equal(t, codes.ResourceExhausted, codesSeen[len(codesSeen)-1], "codes: %v", codesSeen)
+	assert.Less(t, auth.checks.Load(), int64(20), "tokens checked of 40 refused ones")
+	assert.Positive(t, gaugeOf(reg, "servercount_server_agent_rejections_total", map[string]string{"reason": "too_many_refused_tokens"})())
+
+	require.NoError(t, from("127.0.0.2", "real", "good"))
+	waitBackends(t, e, 1)
 }

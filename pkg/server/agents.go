@@ -166,10 +166,14 @@ func (s *Server) stopping() bool {
 func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	agentIDs := md.Get(wire.HeaderAgentID)
+	var id Identity
 	if s.cfg.Authenticator != nil {
-		if err := s.admit(ctx, md); err != nil {
+		var err error
+		if id, err = s.admit(ctx, md); err != nil {
 			return "", wire.Identifiers{}, err
 		}
+	} else {
+		id, _ = certIdentity(ctx) // none proves nothing
 	}
 	invalid := func(err error) (string, wire.Identifiers, error) {
 		s.rejected(ctx, md, RejectInvalidMetadata, err)
@@ -193,6 +197,13 @@ func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error
 	default:
 		return invalid(fmt.Errorf("want at most one %s metadata value, got %d", wire.HeaderAgentIdentifiers, len(v)))
 	}
+	if s.cfg.BindIdentifiers {
+		var dropped []string
+		if ids, dropped = id.bind(ids); len(dropped) > 0 {
+			s.metrics.observeUnboundClaims(len(dropped))
+			s.log.Info("Dropped agent identifiers that its credential does not prove: it gets none of their dials", "agentID", capPeer(agentID), "dropped", capPeer(strings.Join(dropped, "&")), "proven", capPeer(id.String()), "remote", remoteAddr(ctx))
+		}
+	}
 	return agentID, ids, nil
 }
 
@@ -205,19 +216,27 @@ const errTextUnauthenticated = "authentication failed"
 
 // authenticate checks the bearer token in md with Config.Authenticator.
 // The error says why it was refused, for the log only.
-func (s *Server) authenticate(ctx context.Context, md metadata.MD) error {
+func (s *Server) authenticate(ctx context.Context, md metadata.MD) (Identity, error) {
 	auth := md.Get(wire.HeaderAuthorization)
 	if len(auth) != 1 {
-		return fmt.Errorf("want exactly one %s metadata value \"Bearer <token>\", got %d", wire.HeaderAuthorization, len(auth))
+		return Identity{}, fmt.Errorf("want exactly one %s metadata value \"Bearer <token>\", got %d", wire.HeaderAuthorization, len(auth))
 	}
 	scheme, token, ok := strings.Cut(auth[0], " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return fmt.Errorf("%s metadata is not of the form \"Bearer <token>\"", wire.HeaderAuthorization)
+		return Identity{}, fmt.Errorf("%s metadata is not of the form \"Bearer <token>\"", wire.HeaderAuthorization)
 	}
-	if err := s.cfg.Authenticator.AuthenticateToken(ctx, strings.TrimSpace(token)); err != nil {
-		return fmt.Errorf("agent token rejected: %w", err)
+	token = strings.TrimSpace(token)
+	var id Identity
+	var err error
+	if ti, ok := s.cfg.Authenticator.(TokenIdentifier); ok && s.cfg.BindIdentifiers {
+		id, err = ti.IdentifyToken(ctx, token)
+	} else {
+		err = s.cfg.Authenticator.AuthenticateToken(ctx, token)
 	}
-	return nil
+	if err != nil {
+		return Identity{}, fmt.Errorf("agent token rejected: %w", err)
+	}
+	return id, nil
 }
 
 // addBackend registers be and starts its goroutines. It returns the hosts

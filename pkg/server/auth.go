@@ -11,8 +11,15 @@ import (
 	"strings"
 )
 
+// ErrTokenRefused marks an error of a [TokenAuthenticator] that is a
+// verdict against the token, as opposed to a failure to judge it (an API
+// server that does not answer): authenticators wrap their refusals with
+// it. An address whose tokens are refused too often is refused without a
+// check for a while (see admit).
+var ErrTokenRefused = errors.New("token refused")
+
 // errUnknownToken is returned for a token that is not in the file.
-var errUnknownToken = errors.New("token not recognised")
+var errUnknownToken = fmt.Errorf("%w: not recognised", ErrTokenRefused)
 
 // tokenFile accepts a fixed set of tokens. It keeps their SHA-256 digests
 // and compares digests in constant time, so neither the tokens' lengths

@@ -179,6 +179,15 @@ type Config struct {
 	// Zero means [DefaultStreamStallTimeout]; a negative value turns it
 	// off.
 	StreamStallTimeout time.Duration
+	// BindIdentifiers lets an agent claim, in its agentIdentifiers, only
+	// the hosts and addresses its credential proves: with an
+	// Authenticator, the node a service-account token is bound to (it
+	// must be a [TokenIdentifier]); without, the DNS and IP SANs of its
+	// client certificate. Any other host, ipv4 or ipv6 claim is dropped,
+	// logged and counted (servercount_server_unbound_identifier_claims_total);
+	// the agent still serves the default strategy. Upstream takes every
+	// claim as sent.
+	BindIdentifiers bool
 	// MaxHandshakesPerAddress bounds the agent handshakes whose token is
 	// in review from one IP address (an IPv6 /64): a flood from one
 	// address cannot fill the review queue that every agent shares.
@@ -229,6 +238,9 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	cfg.FrontendWriteTimeout = cmp.Or(cfg.FrontendWriteTimeout, DefaultFrontendWriteTimeout)
 	cfg.StreamStallTimeout = cmp.Or(cfg.StreamStallTimeout, DefaultStreamStallTimeout)
+	if _, ok := cfg.Authenticator.(TokenIdentifier); cfg.BindIdentifiers && cfg.Authenticator != nil && !ok {
+		errs = append(errs, errCannotIdentify)
+	}
 	cfg.MaxHandshakesPerAddress = cmp.Or(cfg.MaxHandshakesPerAddress, DefaultMaxHandshakesPerAddress)
 	cfg.TunnelWindow = cmp.Or(cfg.TunnelWindow, wire.DefaultTunnelWindow)
 	if err := wire.CheckTunnelWindow(cfg.TunnelWindow); err != nil {

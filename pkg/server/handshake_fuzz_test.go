@@ -45,7 +45,8 @@ func FuzzHandshake(f *testing.F) {
 		ctx := metadata.NewIncomingContext(context.Background(), md)
 		// Spellings other than "Bearer good" may be the same token
 		// ("bearer good"): the authenticator says which are.
-		tokenOK := s.authenticate(ctx, md) == nil
+		_, authErr := s.authenticate(ctx, md)
+		tokenOK := authErr == nil
 		gotID, _, err := s.handshake(ctx)
 		if err == nil {
 			if !tokenOK || gotID != id || id == "" {

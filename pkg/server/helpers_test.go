@@ -49,6 +49,7 @@ func (c *settableCounter) CountServers() int { return int(c.n.Load()) }
 // env is one Server with its listeners: the agent port (mTLS), the gRPC
 // frontend port (mTLS), the HTTP CONNECT port and the health port.
 type env struct {
+	ca                                       *pki.CA
 	srv                                      *server.Server
 	agentAddr, frontAddr, connectAddr, hzURL string
 	agentTLS, frontTLS                       *tls.Config // client-side configs
@@ -84,7 +85,7 @@ func startEnv(t testing.TB, cfg server.Config) *env {
 	serverTLS := &tls.Config{Certificates: []tls.Certificate{srvCert.TLS}, ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
 	clientTLS := &tls.Config{Certificates: []tls.Certificate{cliCert.TLS}, RootCAs: ca.Pool(), ServerName: "localhost", MinVersion: tls.VersionTLS12}
 
-	e := &env{srv: srv, agentTLS: clientTLS, frontTLS: clientTLS}
+	e := &env{ca: ca, srv: srv, agentTLS: clientTLS, frontTLS: clientTLS}
 
 	agentLis, frontLis, connectLis, hzLis := listen(t), listen(t), listen(t), listen(t)
 	e.agentAddr, e.frontAddr, e.connectAddr = agentLis.Addr().String(), frontLis.Addr().String(), connectLis.Addr().String()
@@ -171,8 +172,14 @@ func startAgent(t testing.TB, e *env, o agentOpts) *testAgent {
 	t.Helper()
 	da, err := connectAgent(t, e, o)
 	require.NoError(t, err)
+	return serveDeafAgent(t, da, o.answer)
+}
+
+// serveDeafAgent serves the stream of da as a test agent until the test
+// ends; answer is as agentOpts.answer (nil: dial).
+func serveDeafAgent(t testing.TB, da *adversary.DeafAgent, answer func(*client.DialRequest) int64) *testAgent {
 	a := &testAgent{DeafAgent: da, t: t, closeCh: make(chan int64, 1024), done: make(chan struct{}), conns: map[int64]net.Conn{}}
-	go a.serve(o.answer)
+	go a.serve(answer)
 	t.Cleanup(a.stop)
 	return a
 }

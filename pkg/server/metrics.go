@@ -67,9 +67,12 @@ const (
 	RejectTooManyHandshakes RejectReason = "too_many_handshakes"
 	// RejectTooManyStreams: the agent held MaxStreamsPerAgent streams.
 	RejectTooManyStreams RejectReason = "too_many_streams"
+	// RejectTooManyRefused: the peer's address had too many tokens
+	// refused of late; its token was not checked.
+	RejectTooManyRefused RejectReason = "too_many_refused_tokens"
 )
 
-var rejectReasons = []RejectReason{RejectInvalidMetadata, RejectUnauthenticated, RejectShuttingDown, RejectTooManyHandshakes, RejectTooManyStreams}
+var rejectReasons = []RejectReason{RejectInvalidMetadata, RejectUnauthenticated, RejectShuttingDown, RejectTooManyHandshakes, RejectTooManyStreams, RejectTooManyRefused}
 
 // String returns the label value.
 func (r RejectReason) String() string { return string(r) }
@@ -156,6 +159,7 @@ type metrics struct {
 	unresponsive    prometheus.Gauge
 	dialRetries     *prometheus.CounterVec
 	contested       prometheus.Counter
+	unbound         prometheus.Counter
 
 	readyBackends *prometheus.GaugeVec
 	dialDuration  prometheus.Histogram
@@ -217,6 +221,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Number of pending dials sent again to another agent, by reason: unresponsive (their agent was taken for unresponsive), timeout (their agent did not answer within --backend-dial-timeout). A dial is retried once at most.", "reason"),
 		contested: ours.Counter("contested_identifier_claims_total",
 			"Number of host, ipv4 and ipv6 identifiers that agent streams claimed while a stream of another agent held them: with destHost the first to claim a host gets its dials while it is connected, and a later claimant none."),
+		unbound: ours.Counter("unbound_identifier_claims_total",
+			"Number of host, ipv4 and ipv6 identifiers that agent streams claimed and their credential does not prove, dropped with --bind-agent-identifiers: the agent gets none of their dials."),
 		tunnelsEnded: ours.CounterVec("tunnels_ended_total",
 			"Number of tunnels the server ended because they were stuck, by reason: no_credit (a frontend's data waited too long for the agent's flow-control credit).", "reason"),
 		readyBackends: upstream.GaugeVec("ready_backends",
@@ -251,7 +257,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if err := metric.Register(reg, "proxy-server metrics (is another Server registered on the same registry?)",
 		m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.waitingForFe, m.duplicateDials, m.queuedBytes,
-		m.controlQueued, m.streamsEnded, m.tunnelsEnded, m.unresponsive, m.dialRetries, m.contested,
+		m.controlQueued, m.streamsEnded, m.tunnelsEnded, m.unresponsive, m.dialRetries, m.contested, m.unbound,
 		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors); err != nil {
 		return nil, err
 	}
@@ -288,6 +294,7 @@ func (m *metrics) observeDialRetry(r RetryReason) {
 	m.dialRetries.WithLabelValues(string(r)).Inc()
 }
 func (m *metrics) observeContestedClaims(n int) { m.contested.Add(float64(n)) }
+func (m *metrics) observeUnboundClaims(n int)   { m.unbound.Add(float64(n)) }
 func (m *metrics) observeTunnelEnded(r TunnelEndedReason) {
 	m.tunnelsEnded.WithLabelValues(string(r)).Inc()
 }

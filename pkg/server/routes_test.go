@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"crypto/tls"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/pkg/server"
 )
 
@@ -80,4 +82,48 @@ func TestIdentifierBounds(t *testing.T) {
 	// At the bound, the agent is served.
 	startAgent(t, e, agentOpts{id: "at-bound", identifiers: strings.Join(many[:server.MaxAgentIdentifiers], "&")})
 	waitBackends(t, e, 1)
+}
+
+// With BindIdentifiers and mTLS, an agent may claim only the names and
+// addresses in its certificate's SANs: node-a's agent, claiming node-b's
+// name and address as well, gets node-a's dials and none of node-b's,
+// and the dropped claims are counted.
+func TestBoundIdentifiersFromCertificateSANs(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	e := startEnv(t, server.Config{Registerer: reg, BindIdentifiers: true, Strategies: []server.Strategy{server.StrategyDestHost}})
+	pair, err := e.ca.Client("node-a-agent", "node-a", "10.0.0.5", "fd00::5")
+	require.NoError(t, err)
+	tlsA := e.agentTLS.Clone()
+	tlsA.Certificates = []tls.Certificate{pair.TLS}
+	da, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Addr: e.agentAddr, TLS: tlsA, ID: "node-a",
+		Identifiers: "host=NODE-A&ipv4=10.0.0.5&ipv6=fd00:0::5&host=node-b&ipv4=10.0.0.6&ipv6=fd00::6"})
+	require.NoError(t, err)
+	t.Cleanup(da.Close)
+	a := serveDeafAgent(t, da, nil)
+	waitBackends(t, e, 1)
+
+	for _, addr := range []string{"node-a:10250", "10.0.0.5:10250", "[fd00::5]:10250"} {
+		assert.Equal(t, "test agent dials only loopback addresses", rawDial(t, e, addr), "dial to %s", addr)
+	}
+	for _, addr := range []string{"node-b:10250", "10.0.0.6:10250", "[fd00::6]:10250"} {
+		assert.Equal(t, "No agent available", rawDial(t, e, addr), "dial to %s", addr)
+	}
+	assert.Equal(t, int64(3), a.dials.Load())
+	assert.Equal(t, 3.0, gaugeOf(reg, "servercount_server_unbound_identifier_claims_total", nil)())
+
+	// The env's own client certificate has no SAN: it proves nothing.
+	b := startAgent(t, e, agentOpts{id: "no-sans", identifiers: "host=node-c"})
+	waitBackends(t, e, 2)
+	assert.Equal(t, "No agent available", rawDial(t, e, "node-c:10250"))
+	assert.Zero(t, b.dials.Load())
+	assert.Equal(t, 4.0, gaugeOf(reg, "servercount_server_unbound_identifier_claims_total", nil)())
+}
+
+// Without BindIdentifiers, claims are taken as sent, as upstream takes
+// them; and binding needs credentials that can prove a node.
+func TestBindIdentifiersNeedsAnIdentifyingCredential(t *testing.T) {
+	t.Parallel()
+	_, err := server.New(server.Config{ServerID: "s1", BindIdentifiers: true, Authenticator: tokenFileAuth(t, "good\n")})
+	require.ErrorContains(t, err, "a token file proves no node")
 }

@@ -48,6 +48,8 @@ type Server struct {
 	routes *routes
 	// handshakes counts the agent handshakes being authenticated.
 	handshakes handshakes
+	// rejectLog bounds the log lines of rejected agent streams.
+	rejectLog rejectLog
 	// nBackends counts the agent streams in agents. Guarded by mu.
 	nBackends int
 	// nextSeq orders agent streams by age. Guarded by mu.

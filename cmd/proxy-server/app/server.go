@@ -23,6 +23,7 @@ import (
 	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/metric"
+	"github.com/servercount/servercount/internal/nodes"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/internal/tokenreview"
@@ -53,6 +54,7 @@ type Server struct {
 	httpConns *prometheus.GaugeVec
 	counter   *servercounter.CachedServerCounter // nil without --server-count-dns
 	leases    *lease.Publisher                   // nil without --enable-lease-controller
+	nodes     *nodes.Addresses                   // nil without --bind-agent-identifiers and TokenReviews
 	srv       *server.Server
 
 	agentTLS, frontendTLS *tls.Config
@@ -152,6 +154,13 @@ func (s *Server) buildKube() (server.TokenAuthenticator, *lease.Publisher, error
 		}
 		tc := *cfg.TokenReview
 		tc.Client, tc.Registerer = client, s.reg
+		if cfg.Server.BindIdentifiers {
+			// A token proves its node's name; the Node, its addresses.
+			if s.nodes, err = nodes.Watch(rc); err != nil {
+				return nil, nil, err
+			}
+			tc.Nodes = s.nodes
+		}
 		if auth, err = tokenreview.New(tc); err != nil {
 			return nil, nil, err
 		}
@@ -199,6 +208,10 @@ func (s *Server) Close() {
 	}
 }
 
+// nodeSyncTimeout bounds the wait for the first list of Nodes before the
+// agent port serves.
+const nodeSyncTimeout = 30 * time.Second
+
 // Run serves on the ports New opened until ctx ends or a server fails,
 // then shuts down gracefully: not ready at once, new frontends taken for
 // --shutdown-delay-duration, then open tunnels given
@@ -214,6 +227,17 @@ func (s *Server) Run(ctx context.Context) error {
 		watching.Go(func() { w.Run(watchCtx) })
 	}
 	defer func() { stopWatching(); watching.Wait() }()
+
+	// The Nodes' addresses, before the first agent claims them.
+	if s.nodes != nil {
+		nctx, stopNodes := context.WithCancel(context.WithoutCancel(ctx))
+		g.Go("node watch", func() error { s.nodes.Run(nctx); return nil }, func(context.Context) { stopNodes() })
+		sctx, cancel := context.WithTimeout(ctx, nodeSyncTimeout)
+		if !s.nodes.Synced(sctx) {
+			klog.InfoS("Serving agents before the Nodes were listed: until they are, agents' address claims are dropped (check get, list and watch on nodes in the server's RBAC)", "waited", nodeSyncTimeout)
+		}
+		cancel()
+	}
 
 	// Agents.
 	agentOpts := append(server.AgentGRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout}))

@@ -106,6 +106,9 @@ type Options struct {
 	AuthenticationAudience string
 	TokenReviewQPS         float64
 	TokenReviewBurst       int
+	// BindAgentIdentifiers lets an agent claim only what its credential
+	// proves.
+	BindAgentIdentifiers bool
 
 	// Leases publishes this server's Lease (--enable-lease-controller).
 	Leases *counting.PublishOptions
@@ -214,6 +217,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.StringVar(&o.AgentNamespace, "agent-namespace", o.AgentNamespace, "namespace of the agents' service account; with --agent-service-account, agents must present its token, checked with a TokenReview")
 	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", o.AgentServiceAccount, "the agents' service account")
 	fs.StringVar(&o.AuthenticationAudience, "authentication-audience", o.AuthenticationAudience, "audience agents' tokens must have (empty: the API server's default)")
+	fs.BoolVar(&o.BindAgentIdentifiers, "bind-agent-identifiers", o.BindAgentIdentifiers, "let an agent claim in --agent-identifiers only the node its credential proves: with --agent-namespace, the name and addresses of the node its token is bound to (get, list and watch on nodes); else the DNS and IP SANs of its client certificate (--cluster-ca-cert). Other claims are dropped, logged and counted; upstream takes every claim as sent")
 	fs.Float64Var(&o.TokenReviewQPS, "token-review-qps", o.TokenReviewQPS, "most TokenReviews of agent tokens sent to the API server a second; --kubeconfig-qps does not apply to them")
 	fs.IntVar(&o.TokenReviewBurst, "token-review-burst", o.TokenReviewBurst, "most TokenReviews sent at once after a quiet time, within --token-review-qps")
 	fs.StringVar(&o.Kube.Kubeconfig, "kubeconfig", o.Kube.Kubeconfig, "kubeconfig to reach the API server for TokenReviews and leases (empty: in-cluster)")
@@ -268,6 +272,9 @@ func (o *Options) Validate() []error {
 	}
 	errs = append(errs, o.Leases.Validate()...)
 	errs = append(errs, serve.CheckStreamFlags(o.StreamStallTimeout, "--frontend-write-timeout", o.FrontendWriteTimeout, o.TunnelWindow)...)
+	if o.BindAgentIdentifiers && (o.AgentTokenFile != "" || o.AgentNamespace == "" && o.ClusterCACert == "") {
+		errs = append(errs, errors.New("--bind-agent-identifiers needs a credential that proves an agent's node: service-account tokens (--agent-namespace and --agent-service-account) or client certificates (--cluster-ca-cert); a token file proves none"))
+	}
 	if o.TokenReviewQPS <= 0 || o.TokenReviewBurst < 1 {
 		errs = append(errs, fmt.Errorf("invalid --token-review-qps %v or --token-review-burst %d: the rate must be positive and the burst at least 1", o.TokenReviewQPS, o.TokenReviewBurst))
 	}
@@ -433,6 +440,7 @@ func (o *Options) Config() Config {
 			TunnelWindow:            o.TunnelWindow,
 			StreamStallTimeout:      serve.Off(o.StreamStallTimeout),
 			MaxHandshakesPerAddress: offCount(o.MaxAgentHandshakesPerAddress),
+			BindIdentifiers:         o.BindAgentIdentifiers,
 		},
 		ServerCount:             o.ServerCount,
 		AgentTokenFile:          o.AgentTokenFile,

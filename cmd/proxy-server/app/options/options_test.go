@@ -78,6 +78,9 @@ func TestValidate(t *testing.T) {
 		{Name: "bad tls version", Args: append([]string{"--tls-min-version=1.3"}, tlsFlags...), WantParseErr: `invalid argument "1.3" for "--tls-min-version" flag: unknown TLS version "1.3"`},
 		{Name: "bad port", Args: append([]string{"--agent-port=99999"}, tlsFlags...), WantErr: []string{"invalid --agent-port 99999"}},
 		{Name: "liveness", Args: append([]string{"--keepalive-time=1m", "--keepalive-timeout=5s", "--heartbeat-interval=1s", "--unanswered-dial-timeout=3s", "--backend-dial-timeout=0"}, tlsFlags...)},
+		{Name: "binding with certificates", Args: append([]string{"--bind-agent-identifiers"}, tlsFlags...)},
+		{Name: "binding with nothing to prove", Args: []string{"--bind-agent-identifiers", "--insecure-plaintext"}, WantErr: []string{"--bind-agent-identifiers needs a credential that proves an agent's node"}},
+		{Name: "binding with a token file", Args: append([]string{"--bind-agent-identifiers", "--agent-token-file=" + tlsFile("s.key")}, tlsFlags...), WantErr: []string{"--bind-agent-identifiers needs a credential that proves an agent's node"}},
 		{Name: "bad review rate", Args: append([]string{"--token-review-qps=0", "--token-review-burst=0"}, tlsFlags...), WantErr: []string{"invalid --token-review-qps 0 or --token-review-burst 0: the rate must be positive and the burst at least 1"}},
 		{Name: "bad handshake bound", Args: append([]string{"--max-agent-handshakes-per-address=-1"}, tlsFlags...), WantErr: []string{"invalid --max-agent-handshakes-per-address -1: must not be negative"}},
 		{Name: "bad liveness", Args: append([]string{"--keepalive-timeout=0", "--heartbeat-interval=2h", "--unanswered-dial-timeout=-1s", "--frontend-keepalive-time=0"}, tlsFlags...),
@@ -136,7 +139,7 @@ func TestConfig(t *testing.T) {
 		"--server-id=s1", "--server-count=3", "--stream-stall-timeout=0", "--max-agent-handshakes-per-address=0",
 		"--server-count-dns=proxy.example.", "--server-count-dns-server=127.0.0.1:1",
 		"--agent-namespace=kube-system", "--agent-service-account=konnectivity-agent", "--authentication-audience=aud",
-		"--token-review-qps=250", "--token-review-burst=20",
+		"--token-review-qps=250", "--token-review-burst=20", "--bind-agent-identifiers",
 		"--enable-lease-controller", "--kubeconfig=" + tlsFile("s.key"),
 	}, tlsFlags...)))
 	require.Empty(t, o.Validate())
@@ -161,6 +164,7 @@ func TestConfig(t *testing.T) {
 	assert.Equal(t, "aud", cfg.TokenReview.Audience)
 	assert.Equal(t, 250.0, cfg.TokenReview.QPS)
 	assert.Equal(t, 20, cfg.TokenReview.Burst)
+	assert.True(t, cfg.Server.BindIdentifiers)
 	assert.Nil(t, cfg.TokenReview.Client, "app.New builds the client")
 	require.NotNil(t, cfg.AgentTLS)
 	require.NotNil(t, cfg.FrontendTLS)
