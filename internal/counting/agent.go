@@ -11,7 +11,6 @@ import (
 
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/serve"
-	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -73,13 +72,12 @@ type Counter interface {
 }
 
 // Build builds the agent's count from the sources o enables, their
-// metrics registered on reg, leases read through kube; and the policy
-// that weighs it. Without a source the counter is nil and the policy
-// upstream's: the counts servers report. With one, that source; with
-// both, the larger of the two, so that no server is missed while a
-// second source catches up. --server-count-source=max adds the reported
-// counts. Close the counter once the agent has stopped.
-func (o *AgentOptions) Build(kube kubeclient.Options, reg prometheus.Registerer) (Counter, agent.TargetPolicy, error) {
+// metrics registered on reg, leases read through kube. Without a source
+// the counter is nil: the agent goes by the counts servers report, as
+// upstream's does. With one, that source; with both, the larger of the
+// two, so that no server is missed while a second source catches up.
+// Close the counter once the agent has stopped.
+func (o *AgentOptions) Build(kube kubeclient.Options, reg prometheus.Registerer) (Counter, error) {
 	var sources []Counter
 	closeAll := func() {
 		for _, s := range slices.Backward(sources) {
@@ -89,7 +87,7 @@ func (o *AgentOptions) Build(kube kubeclient.Options, reg prometheus.Registerer)
 	if o.DNS.Enabled() {
 		cache, err := o.DNS.Build(reg, "agent", o.DNS.Fallback)
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		sources = append(sources, cache)
 	}
@@ -97,37 +95,27 @@ func (o *AgentOptions) Build(kube kubeclient.Options, reg prometheus.Registerer)
 		rc, err := kubeclient.Config(kube)
 		if err != nil {
 			closeAll()
-			return nil, 0, fmt.Errorf("--count-server-leases: %w", err)
+			return nil, fmt.Errorf("--count-server-leases: %w", err)
 		}
 		leases, err := o.Leases.Build(rc, reg)
 		if err != nil {
 			closeAll()
-			return nil, 0, err
+			return nil, err
 		}
 		sources = append(sources, leases)
 	}
 	switch len(sources) {
 	case 0:
-		return nil, o.Policy(), nil
+		return nil, nil
 	case 1:
-		return sources[0], o.Policy(), nil
+		return sources[0], nil
 	}
-	return &maxOf{MaxCounter: servercounter.NewMaxCounter(sources[0], sources[1]), sources: sources}, o.Policy(), nil
+	return &maxOf{MaxCounter: servercounter.NewMaxCounter(sources[0], sources[1]), sources: sources}, nil
 }
 
-// Policy is how the agent weighs the count Build builds against the
-// counts servers report: without a source of its own, upstream's way
-// (what servers report); with one, that source's. --server-count-source=max
-// takes the larger of the two either way.
-func (o *AgentOptions) Policy() agent.TargetPolicy {
-	switch {
-	case o.SourceMax:
-		return agent.TargetMax
-	case o.DNS.Enabled() || o.Leases.Enabled:
-		return agent.TargetCounted
-	}
-	return agent.TargetReceived
-}
+// Counts reports whether o enables a source of the agent's own, which
+// Build builds.
+func (o *AgentOptions) Counts() bool { return o.DNS.Enabled() || o.Leases.Enabled }
 
 // maxOf is the larger of two sources, closing both.
 type maxOf struct {

@@ -15,7 +15,6 @@ import (
 	"github.com/servercount/servercount/internal/counting"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/kubeclient"
-	"github.com/servercount/servercount/pkg/agent"
 )
 
 // unreachableKubeconfig reaches an API server that refuses connections:
@@ -26,10 +25,9 @@ func unreachableKubeconfig(t *testing.T) kubeclient.Options {
 	return kubeclient.Options{Kubeconfig: f}
 }
 
-// The agent's sources and policy for each combination of flags: none is
-// upstream's way (the servers' counts), one source is that source, two
-// are the larger of both, and --server-count-source=max weighs the
-// servers' counts too. Closing the counter stops every source.
+// The agent's sources for each combination of flags: none is upstream's
+// way (the servers' counts), one source is that source, two are the
+// larger of both. Closing the counter stops every source.
 func TestAgentOptionsBuild(t *testing.T) {
 	dns := dnstest.NewServer(t)
 	dns.MustSetZone(t, "proxy-server.example. 30 IN A 10.0.0.1\nproxy-server.example. 30 IN A 10.0.0.2\n")
@@ -37,15 +35,14 @@ func TestAgentOptionsBuild(t *testing.T) {
 		name    string
 		args    []string
 		counter bool
-		policy  agent.TargetPolicy
 		dns     bool
 	}{
-		{"no source", nil, false, agent.TargetReceived, false},
-		{"no source, max", []string{"--server-count-source=max"}, false, agent.TargetMax, false},
-		{"DNS", []string{"--server-count-dns=proxy-server.example.", "--server-count-dns-server=" + dns.Addr()}, true, agent.TargetCounted, false},
-		{"leases", []string{"--count-server-leases"}, true, agent.TargetCounted, false},
-		{"DNS and leases", []string{"--server-count-dns=proxy-server.example.", "--server-count-dns-server=" + dns.Addr(), "--count-server-leases"}, true, agent.TargetCounted, true},
-		{"DNS, max", []string{"--server-count-dns=proxy-server.example.", "--server-count-dns-server=" + dns.Addr(), "--server-count-source=max"}, true, agent.TargetMax, false},
+		{"no source", nil, false, false},
+		{"no source, max", []string{"--server-count-source=max"}, false, false},
+		{"DNS", []string{"--server-count-dns=proxy-server.example.", "--server-count-dns-server=" + dns.Addr()}, true, false},
+		{"leases", []string{"--count-server-leases"}, true, false},
+		{"DNS and leases", []string{"--server-count-dns=proxy-server.example.", "--server-count-dns-server=" + dns.Addr(), "--count-server-leases"}, true, true},
+		{"DNS, max", []string{"--server-count-dns=proxy-server.example.", "--server-count-dns-server=" + dns.Addr(), "--server-count-source=max"}, true, false},
 	} {
 		tc.dns = slices.ContainsFunc(tc.args, func(a string) bool { return strings.HasPrefix(a, "--server-count-dns=") })
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,9 +51,9 @@ func TestAgentOptionsBuild(t *testing.T) {
 			o.AddFlags(fs)
 			require.NoError(t, fs.Parse(tc.args))
 			require.Empty(t, o.Validate())
-			c, policy, err := o.Build(unreachableKubeconfig(t), prometheus.NewRegistry())
+			c, err := o.Build(unreachableKubeconfig(t), prometheus.NewRegistry())
 			require.NoError(t, err)
-			assert.Equal(t, tc.policy, policy)
+			assert.Equal(t, tc.counter, o.Counts())
 			if !tc.counter {
 				assert.Nil(t, c)
 				return

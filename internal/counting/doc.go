@@ -1,15 +1,17 @@
 // Package counting owns how the binaries count proxy-servers: the
 // count-source flags, their validation, and the counters built from them,
-// with the cap, the fallback, the source policy, the metrics and the
-// outage logs. It replaces what were two packages, one per source.
+// with the cap, the fallback, the metrics and the outage logs. It
+// replaces what were two packages, one per source. It does not import the
+// agent core, so that the probe and the proxy-server do not link it.
 //
 // The count's path, from flag to dial decision, is four files:
 //
 //  1. here, agent.go: --server-count-dns (dns.go), --count-server-leases
-//     (leases.go), --server-count-source and --server-count-max become
-//     one counter that notifies its changes, and a policy
-//     (AgentOptions.Build); the proxy-server's count is
-//     DNSOptions.Build's, or its --server-count;
+//     (leases.go) and --server-count-max become one counter that
+//     notifies its changes (AgentOptions.Build); the proxy-agent's
+//     options turn --server-count-source and AgentOptions.Counts into
+//     the agent's policy; the proxy-server's count is DNSOptions.Build's,
+//     or its --server-count;
 //  2. pkg/servercounter's cache.go: a DNS count is cached, refreshed in
 //     the background, kept through failures and capped (a lease count is
 //     pkg/lease's Counter, kept by an informer);

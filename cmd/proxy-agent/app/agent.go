@@ -82,7 +82,7 @@ func New(cfg options.Config, reg serve.Registry) (_ *Agent, err error) {
 		tlsCfg.NextProtos = cfg.ALPN
 		ac.DialOptions = append(slices.Clip(ac.DialOptions), grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg)))
 	}
-	if a.counter, _, err = cfg.Count.Build(cfg.Kube, reg); err != nil {
+	if a.counter, err = cfg.Count.Build(cfg.Kube, reg); err != nil {
 		return nil, err
 	}
 	if a.counter != nil {

@@ -291,7 +291,7 @@ func (o *Options) Config() Config {
 	a.SyncForever = o.SyncForever
 	a.HoldDown = serve.Off(o.ServerCountHoldDown)
 	a.DialMode = o.ServerDialMode
-	a.TargetPolicy = o.Count.Policy()
+	a.TargetPolicy = targetPolicy(o.Count)
 	// Every count is capped, received ones included and whatever the
 	// source: a server's serverCount header is not to be trusted more
 	// than DNS is.
@@ -369,4 +369,18 @@ func (o *Options) ALPN() []string {
 		}
 	}
 	return protos
+}
+
+// targetPolicy is how the agent weighs its own count (c's sources)
+// against the counts servers report: without a source of its own,
+// upstream's way (what servers report); with one, that source's.
+// --server-count-source=max takes the larger of the two either way.
+func targetPolicy(c *counting.AgentOptions) agent.TargetPolicy {
+	switch {
+	case c.SourceMax:
+		return agent.TargetMax
+	case c.Counts():
+		return agent.TargetCounted
+	}
+	return agent.TargetReceived
 }
