@@ -1,0 +1,95 @@
+// Package layers holds the test of the import rules that
+// docs/architecture.md states: which layer may import which.
+package layers
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/servercount/servercount/"
+
+// deps returns the project packages that pkgs link (their non-test
+// imports, transitively), module prefix cut.
+func deps(t *testing.T, pkgs ...string) []string {
+	t.Helper()
+	out, err := exec.Command("go", append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, pkgs...)...).Output()
+	if err != nil {
+		t.Fatalf("go list -deps %v: %v", pkgs, err)
+	}
+	var own []string
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, module) {
+			own = append(own, strings.TrimPrefix(p, module))
+		}
+	}
+	return own
+}
+
+// imports returns the project packages that pkg imports directly, outside
+// its tests.
+func imports(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, module+pkg).Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v", pkg, err)
+	}
+	var own []string
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, module) {
+			own = append(own, strings.TrimPrefix(p, module))
+		}
+	}
+	return own
+}
+
+// The rules of docs/architecture.md's import table.
+func TestImportRules(t *testing.T) {
+	// The library: pkg/ imports pkg/ and the internal helpers the cores
+	// share, never a binary, a kit or the other core.
+	shared := []string{"internal/flow", "internal/metric", "internal/outage"}
+	for _, p := range []string{"pkg/clock", "pkg/wire", "pkg/servercounter", "pkg/lease", "pkg/agent", "pkg/server"} {
+		for _, imp := range imports(t, p) {
+			if strings.HasPrefix(imp, "pkg/") || slices.Contains(shared, imp) {
+				if p == "pkg/agent" && imp == "pkg/server" || p == "pkg/server" && imp == "pkg/agent" {
+					t.Errorf("%s imports %s: the two cores share only pkg/wire and the helpers", p, imp)
+				}
+				continue
+			}
+			t.Errorf("%s imports %s: pkg/ may import only pkg/ and %v", p, imp, shared)
+		}
+	}
+	// Each binary links the core it is, not the other.
+	for _, c := range []struct{ cmd, notCore string }{
+		{"cmd/servercount", "pkg/agent"}, {"cmd/servercount", "pkg/server"},
+		{"cmd/proxy-server", "pkg/agent"}, {"cmd/proxy-agent", "pkg/server"},
+	} {
+		if slices.Contains(deps(t, module+c.cmd), c.notCore) {
+			t.Errorf("%s links %s", c.cmd, c.notCore)
+		}
+	}
+	// What ships links no test kit, suite or generator, and nothing
+	// below cmd/ imports cmd/.
+	for _, p := range deps(t, module+"cmd/...") {
+		if strings.HasPrefix(p, "internal/") && (strings.HasSuffix(p, "test") || slices.Contains(notShipped, p)) {
+			t.Errorf("the binaries link %s", p)
+		}
+		if !strings.HasPrefix(p, "cmd/") {
+			for _, imp := range imports(t, p) {
+				if strings.HasPrefix(imp, "cmd/") {
+					t.Errorf("%s, linked by the binaries, imports %s", p, imp)
+				}
+			}
+		}
+	}
+}
+
+// notShipped are the internal packages that are kits, suites or tools
+// without the test suffix.
+var notShipped = []string{
+	"internal/adversary", "internal/balancer", "internal/pki", "internal/churn", "internal/fleet",
+	"internal/parity", "internal/soak", "internal/tunnelbench", "internal/upstream", "internal/faults",
+	"internal/chart", "internal/docgen", "internal/proxytest",
+}
