@@ -11,9 +11,28 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn faults upstream upstream-suite parity cross images push image-test rules-test
+.PHONY: help ci docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn faults upstream upstream-suite parity cross images push image-test rules-test
 
 all: lint test build
+
+## help: this list
+help:
+	@awk '/^## /{sub(/^## /, ""); if ($$0 ~ /^[a-z-]+:/) print ""; print "  " $$0}' $(MAKEFILE_LIST)
+
+## ci: every check CI runs, in order (.ci/run installs what they need, then
+## runs this): lint, test (the README's test command), churn, soak, the fault
+## matrix, upstream's suite, parity, the rules, the images, e2e
+ci:
+	$(MAKE) lint
+	$(MAKE) test
+	$(MAKE) churn CHURN_DURATION=20s
+	$(MAKE) soak
+	$(MAKE) faults
+	$(MAKE) upstream-suite
+	$(MAKE) parity
+	$(MAKE) rules-test
+	$(MAKE) image-test
+	$(MAKE) e2e
 
 ## build: the binaries, into ./bin
 build:
