@@ -18,7 +18,9 @@ func TestZeroValues(t *testing.T) {
 	type zero = flagtest.Zero[*options.Options]
 	cfg := func(o *options.Options) options.Config { return o.Config() }
 	none := func(get func(options.Config) time.Duration) func(*testing.T, *options.Options) {
-		return func(t *testing.T, o *options.Options) { assert.Equal(t, time.Duration(-1), get(cfg(o)), "the library's none") }
+		return func(t *testing.T, o *options.Options) {
+			assert.Equal(t, time.Duration(-1), get(cfg(o)), "the library's none")
+		}
 	}
 	anyPort := func(get func(options.Config) int) func(*testing.T, *options.Options) {
 		return func(t *testing.T, o *options.Options) { assert.Zero(t, get(cfg(o)), "port 0: any free one") }
