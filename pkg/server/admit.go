@@ -99,8 +99,13 @@ func (h *handshakes) enter(ctx context.Context) (leave func(), err error) {
 	}, nil
 }
 
-// refusedToken counts a token of ctx's peer that a check refused.
+// refusedToken counts a token of ctx's peer that a check refused. With no
+// bound per address (agents behind one SNAT address), there is none on
+// its refusals either: one broken agent would shut out the others.
 func (h *handshakes) refusedToken(ctx context.Context) {
+	if h.perAddress < 0 {
+		return
+	}
 	addr := peerPrefix(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"runtime"
@@ -57,7 +56,7 @@ func (h *heldReviews) AuthenticateToken(ctx context.Context, token string) error
 		return ctx.Err()
 	}
 	if token != "good" {
-		return errors.New("not a good token")
+		return fmt.Errorf("%w: not a good token", server.ErrTokenRefused)
 	}
 	return nil
 }
@@ -217,7 +216,8 @@ func TestStreamsPerAgentAreBounded(t *testing.T) {
 }
 
 // With MaxHandshakesPerAddress negative, one address (agents behind one
-// SNAT address) may have every handshake in review.
+// SNAT address) may have every handshake in review, and refused tokens
+// from it never shut it out.
 func TestHandshakesPerAddressUnbounded(t *testing.T) {
 	reviews := newHeldReviews(t)
 	e := startEnv(t, server.Config{Authenticator: reviews, MaxHandshakesPerAddress: -1})
@@ -237,6 +237,10 @@ func TestHandshakesPerAddressUnbounded(t *testing.T) {
 	reviews.open()
 	wg.Wait()
 	waitBackends(t, e, n)
+	for i := range 3 * 10 {
+		_, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Addr: e.agentAddr, TLS: e.agentTLS, ID: fmt.Sprint("broken-", i), Token: "bad"})
+		require.Equal(t, codes.Unauthenticated, status.Code(err), "refused token %d: %v", i, err)
+	}
 }
 
 // countingAuth counts the tokens a token file checks.

@@ -192,9 +192,12 @@ type Config struct {
 	// in review from one IP address (an IPv6 /64): a flood from one
 	// address cannot fill the review queue that every agent shares.
 	// Handshakes beyond it are refused at once and the agents try again.
+	// An address whose tokens were refused 10 times, and then more than
+	// once a second, is refused without a check until it slows down.
 	// Zero means [DefaultMaxHandshakesPerAddress]; a negative value
-	// leaves only the bound in all ([MaxHandshakes]), for agents that
-	// reach the server through one SNAT address.
+	// leaves only the bound in all ([MaxHandshakes]), and none on
+	// refusals, for agents that reach the server through one SNAT
+	// address.
 	MaxHandshakesPerAddress int
 	// Logger receives the server's logs, named "proxy-server". The zero
 	// value is klog's global logger.
