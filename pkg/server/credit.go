@@ -1,0 +1,270 @@
+package server
+
+import (
+	"errors"
+	"time"
+
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/internal/flow"
+	"github.com/servercount/servercount/pkg/wire"
+)
+
+// pump delivers a flow-controlled tunnel's DATA from its queue to its
+// frontend, granting the agent credit as the frontend takes it, and then
+// the tunnel's last packet. A frontend that does not read makes pump wait
+// (up to FrontendWriteTimeout, after which the frontend is ended), never
+// the agent stream's receive loop.
+func (s *Server) pump(t *tunnel) {
+	defer s.wg.Done()
+	defer s.tunnelMayHaveEnded()
+	defer s.pumps.Add(-1)
+	for {
+		b, ok := t.q.Next(wire.MaxDataPayload, s.quit)
+		if !ok {
+			// What a closing Server leaves queued goes with it.
+			s.metrics.addQueuedBytes(-t.q.Close())
+			break
+		}
+		s.metrics.addQueuedBytes(-len(b))
+		t.fe.deliver(wire.Data(t.connectID, b), nil)
+		if grant := t.q.Release(len(b)); grant > 0 {
+			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), 0, s.quit, nil)
+		}
+	}
+	s.mu.Lock()
+	last := t.last
+	s.mu.Unlock()
+	if last != nil {
+		t.fe.deliver(last, nil)
+	}
+	// Only now, after its last packet: a frontend packet for the tunnel
+	// answered "unknown connectID" before it would overtake the data.
+	s.mu.Lock()
+	t.fe.forget(t)
+	s.mu.Unlock()
+}
+
+// onWindowUpdate handles WINDOW from agent stream be: credit for a
+// tunnel's frontend to send more.
+func (s *Server) onWindowUpdate(be *backend, pkt *client.Packet) {
+	id, n, ok := wire.ParseWindowUpdate(pkt)
+	if !ok || be.peerWindow == 0 {
+		s.log.V(4).Info("Ignored a WINDOW packet", "agentID", be.logID, "flowControl", be.peerWindow > 0)
+		return
+	}
+	s.mu.Lock()
+	t := be.conns[id]
+	s.mu.Unlock()
+	if t != nil && t.credit != nil {
+		t.credit.Give(n)
+	}
+}
+
+// onAgentData handles DATA from agent stream be.
+func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
+	id := pkt.GetData().GetConnectID()
+	s.mu.Lock()
+	t := be.conns[id]
+	s.mu.Unlock()
+	if t == nil {
+		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.logID, "connectionID", id)
+		be.peer.sendControl(wire.CloseReq(id), id)
+		return
+	}
+	if t.q != nil {
+		s.queueAgentData(be, t, pkt.GetData().GetData())
+		return
+	}
+	if len(pkt.GetData().GetData()) <= wire.MaxDataPayload {
+		t.fe.deliver(pkt, be.peer.done) // forwarded as it came: no new packet to build
+		return
+	}
+	// Queued in pieces, each waiting for room like any packet, so that the
+	// frontend's queue holds at most queueSize x MaxDataPayload bytes
+	// whatever size the agent sends.
+	wire.SplitData(pkt.GetData().GetData(), func(piece []byte) bool {
+		t.fe.deliver(wire.Data(id, piece), be.peer.done)
+		return true
+	})
+}
+
+// queueAgentData queues DATA of a flow-controlled tunnel for pump: it
+// never waits. An agent that sends more than the window loses the tunnel.
+func (s *Server) queueAgentData(be *backend, t *tunnel, data []byte) {
+	err := t.q.Put(data)
+	switch {
+	case err == nil:
+		s.metrics.addQueuedBytes(len(data))
+		return
+	case !errors.Is(err, flow.ErrWindowExceeded):
+		return // the tunnel is ending: its data goes nowhere
+	}
+	s.log.V(2).Info("Closed a tunnel whose agent sent more than the flow-control window", "agentID", be.logID, "connectionID", t.connectID, "window", s.cfg.TunnelWindow)
+	s.mu.Lock()
+	established := be.conns[t.connectID] == t
+	if established {
+		s.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextWindowExceeded))
+	}
+	s.mu.Unlock()
+	if established {
+		be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
+	}
+}
+
+// sendOutbox sends what waits in t's outbox to t's agent as credit comes,
+// then CLOSE_REQ if the frontend asked for it. It ends with the tunnel or
+// the frontend (feDone). A wait for credit is bounded by
+// FrontendWriteTimeout: an agent that grants none for so long loses the
+// tunnel, which frees the frontend's receive loop if it waits for room in
+// the outbox.
+func (s *Server) sendOutbox(t *tunnel, ob *flow.Queue, feDone <-chan struct{}) {
+	defer s.wg.Done()
+	for {
+		b, ok := ob.Next(wire.MaxDataPayload, feDone)
+		if !ok {
+			break
+		}
+		for len(b) > 0 {
+			n := s.takeCreditWithin(t, len(b), feDone)
+			if n == 0 {
+				ob.Release(len(b))
+				return
+			}
+			// A fresh slice: the outbox's bytes are its own, and the
+			// packet's writer recycles only whole buffers of wire's.
+			if !s.sendToAgent(t.be, wire.Data(t.connectID, b[:n:n]), feDone) {
+				ob.Release(len(b))
+				return
+			}
+			ob.Release(n)
+			b = b[n:]
+		}
+	}
+	s.mu.Lock()
+	send := t.closeAfterOutbox && t.be.conns[t.connectID] == t
+	s.mu.Unlock()
+	if send {
+		s.sendToAgent(t.be, wire.CloseReq(t.connectID), feDone)
+	}
+}
+
+// takeCreditWithin waits up to FrontendWriteTimeout for credit for t and
+// takes up to max bytes of it. It returns 0 when the tunnel or the
+// frontend ended first, or when the time passed: then it ends t.
+func (s *Server) takeCreditWithin(t *tunnel, max int, feDone <-chan struct{}) int {
+	if n, open := t.credit.TryTake(max); n > 0 || !open {
+		return n
+	}
+	timer := time.NewTimer(s.cfg.FrontendWriteTimeout)
+	defer timer.Stop()
+	for {
+		n, open := t.credit.TryTake(max)
+		if n > 0 || !open {
+			return n
+		}
+		select {
+		case <-t.credit.Ready():
+		case <-feDone:
+			return 0
+		case <-timer.C:
+			s.endStuckTunnel(t, TunnelEndedNoCredit)
+			return 0
+		}
+	}
+}
+
+// endStuckTunnel ends established tunnel t, stuck for reason, at both
+// ends: the frontend gets CLOSE_RSP with an error after the data on its
+// way, and the agent CLOSE_REQ.
+func (s *Server) endStuckTunnel(t *tunnel, reason TunnelEndedReason) {
+	s.mu.Lock()
+	established := t.be.conns[t.connectID] == t
+	direct := false
+	if established {
+		direct = s.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextNoCredit))
+	}
+	s.mu.Unlock()
+	if !established {
+		return
+	}
+	s.metrics.observeTunnelEnded(reason)
+	s.log.Info("Ended a tunnel whose agent granted no flow-control credit for too long", "agentID", t.be.logID, "connectionID", t.connectID, "timeout", s.cfg.FrontendWriteTimeout)
+	if direct {
+		t.fe.deliver(wire.CloseRsp(t.connectID, errTextNoCredit), nil)
+	}
+	t.be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
+}
+
+// sendData sends DATA pkt of tunnel t, from a frontend that ends when
+// feDone closes, to t's agent in packets of at most MaxDataPayload. With
+// flow control each piece first waits for the agent's credit; then, as
+// every packet, for room on the stream (sendToAgent). It reports whether
+// all of it was queued.
+func (s *Server) sendData(t *tunnel, pkt *client.Packet, feDone <-chan struct{}) bool {
+	data := pkt.GetData().GetData()
+	if t.credit == nil && len(data) <= wire.MaxDataPayload {
+		return s.sendToAgent(t.be, pkt, feDone) // forwarded as it came
+	}
+	// konnectivity-client sends each Write as one DATA packet of up to
+	// MaxMessageSize: queued whole, 32 of them would hold 512 MiB on the
+	// agent stream.
+	ok := true
+	wire.SplitData(data, func(piece []byte) bool {
+		ok = s.sendPiece(t, piece, feDone)
+		return ok
+	})
+	return ok
+}
+
+// sendPiece sends piece, at most MaxDataPayload bytes of t's data, to t's
+// agent: with flow control in as many packets as the credit it gets
+// allows. It reports false when the tunnel, the frontend or the stream
+// ended first.
+func (s *Server) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool {
+	for len(piece) > 0 {
+		n := len(piece)
+		if t.credit != nil {
+			if n = t.credit.Take(n, feDone); n == 0 {
+				return false
+			}
+		}
+		// A prefix is cut with its capacity, so that wire.Recycle does not
+		// take it for the whole buffer while its rest waits for credit.
+		p := piece
+		if n < len(piece) {
+			p = piece[:n:n]
+		}
+		if !s.sendToAgent(t.be, wire.Data(t.connectID, p), feDone) {
+			return false
+		}
+		piece = piece[n:]
+	}
+	return true
+}
+
+// sendToAgent queues pkt, from a frontend that ends when feDone closes,
+// on agent stream be. While be's queue is full it waits (back-pressure on
+// that frontend), counted as waiting for the agent, until there is room,
+// be ends, the frontend ends or the Server closes: a frontend must never
+// outlive its own end because its agent does not read. It reports whether
+// pkt was queued.
+func (s *Server) sendToAgent(be *backend, pkt *client.Packet, feDone <-chan struct{}) bool {
+	select {
+	case be.peer.out <- pkt:
+		be.peer.queued.add(dataLen(pkt))
+		return true
+	default:
+	}
+	s.metrics.addWaitingForAgent(1)
+	defer s.metrics.addWaitingForAgent(-1)
+	select {
+	case be.peer.out <- pkt:
+		be.peer.queued.add(dataLen(pkt))
+		return true
+	case <-be.peer.done:
+	case <-feDone:
+	case <-s.quit:
+	}
+	return false
+}
