@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/pkg/wire"
@@ -67,42 +68,9 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	log := s.log.WithValues("address", capPeer(r.Host), "agentID", be.logID, "dialID", t.random)
 
-	// The dial's own timer (BackendDialTimeout) answers it if no agent
-	// does; the answer may come while the request still waits for room
-	// in the queue of the agent chosen first, when the dial was sent to
-	// another one meanwhile.
-	var rsp *client.DialResponse
-	req := wire.DialReq("tcp", r.Host, t.random)
-	select {
-	case be.peer.out <- req:
-	case rsp = <-ht.dialed:
-	case <-be.peer.done:
-		s.closeFromFrontend(t)
-		http.Error(w, "sending the dial request to the agent failed: agent stream closed", http.StatusBadGateway)
+	rsp, ok := s.awaitDial(w, r, ht, t, be)
+	if !ok {
 		return
-	case <-r.Context().Done():
-		s.closeFromFrontend(t)
-		return
-	case <-s.quit:
-		http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
-		return
-	}
-
-	// From here on the agent's DIAL_RSP may have established the tunnel
-	// by the time the client's disconnect is handled, even when the
-	// disconnect was seen first: closeFromFrontend drops the dial if it
-	// is still pending and otherwise sends CLOSE_REQ, where dropping the
-	// pending dial alone would leave an established tunnel open forever.
-	if rsp == nil {
-		select {
-		case rsp = <-ht.dialed:
-		case <-r.Context().Done():
-			s.closeFromFrontend(t)
-			return
-		case <-s.quit:
-			http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
-			return
-		}
 	}
 	if rsp.GetError() != "" {
 		code := dialErrorStatus(rsp.GetError())
@@ -111,6 +79,47 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	s.relayConnect(w, ht, t, log)
+}
+
+// awaitDial sends t's DIAL_REQ to be and waits for the agent's answer.
+// The dial's own timer (BackendDialTimeout) answers it if no agent does;
+// the answer may come while the request still waits for room in the
+// queue of the agent chosen first, when the dial was sent to another one
+// meanwhile. ok is false when the request ended first, answered if the
+// client is still there.
+//
+// Once the request is sent the agent's DIAL_RSP may have established the
+// tunnel by the time the client's disconnect is handled, even when the
+// disconnect was seen first: closeFromFrontend drops the dial if it is
+// still pending and otherwise sends CLOSE_REQ, where dropping the pending
+// dial alone would leave an established tunnel open forever.
+func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunnel, t *tunnel, be *backend) (rsp *client.DialResponse, ok bool) {
+	req := wire.DialReq("tcp", r.Host, t.random)
+	out, peerDone := be.peer.out, be.peer.done
+	for {
+		select {
+		case out <- req:
+			out, peerDone = nil, nil // sent: the answer is all that is left
+		case rsp := <-ht.dialed:
+			return rsp, true
+		case <-peerDone:
+			s.closeFromFrontend(t)
+			http.Error(w, "sending the dial request to the agent failed: agent stream closed", http.StatusBadGateway)
+			return nil, false
+		case <-r.Context().Done():
+			s.closeFromFrontend(t)
+			return nil, false
+		case <-s.quit:
+			http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
+			return nil, false
+		}
+	}
+}
+
+// relayConnect takes over the client's connection once the agent has
+// dialled, answers 200, and relays until either side ends the tunnel.
+func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, log klog.Logger) {
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		s.closeFromFrontend(t)
