@@ -208,6 +208,71 @@ func (s *Server) Close() {
 	}
 }
 
+// watchNodes watches the Nodes in g, and waits, within nodeSyncTimeout,
+// until they are listed.
+func (s *Server) watchNodes(ctx context.Context, g *serve.Group) {
+	nctx, stopNodes := context.WithCancel(context.WithoutCancel(ctx))
+	g.Go("node watch", func() error { s.nodes.Run(nctx); return nil }, func(context.Context) { stopNodes() })
+	sctx, cancel := context.WithTimeout(ctx, nodeSyncTimeout)
+	defer cancel()
+	if !s.nodes.Synced(sctx) {
+		klog.InfoS("Serving agents before the Nodes were listed: until they are, agents' address claims are dropped (check get, list and watch on nodes in the server's RBAC)", "waited", nodeSyncTimeout)
+	}
+}
+
+// serveFrontends serves the frontend port in g, in the configured mode,
+// and returns what stops taking new frontends, leaving open tunnels be.
+func (s *Server) serveFrontends(g *serve.Group) (stop func(context.Context)) {
+	fl := s.frontends
+	switch s.cfg.Mode {
+	case options.ModeGRPC:
+		fopts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.cfg.FrontendKeepaliveTime}))
+		if s.frontendTLS != nil {
+			fopts = append(fopts, grpc.Creds(server.TLSCredentials(s.frontendTLS, "frontend", klog.Background())))
+		}
+		fg := grpc.NewServer(fopts...)
+		client.RegisterProxyServiceServer(fg, s.srv)
+		g.GRPC("frontend server", fl, fg)
+		return func(context.Context) { go fg.GracefulStop() } // waits for the streams: not here
+	default: // options.ModeHTTPConnect
+		if s.frontendTLS != nil {
+			fl = tls.NewListener(fl, s.frontendTLS)
+		}
+		hs := g.HTTP("frontend server", fl, s.srv.HTTPConnect())
+		// Tunnels are hijacked connections, which Shutdown leaves be.
+		return func(ctx context.Context) { go func() { _ = hs.Shutdown(ctx) }() }
+	}
+}
+
+// stopGracefully is the first of a shutdown's steps: not ready and no
+// lease at once, new frontends taken for ShutdownDelay, then none; DRAIN
+// and GOAWAY to agents; open tunnels let run for GracefulShutdownTimeout,
+// the rest cut.
+func (s *Server) stopGracefully(ctx context.Context, stopLeases func(), stopFrontends func(context.Context), agentGRPC *grpc.Server) {
+	cfg := s.cfg
+	s.srv.StopReadiness()
+	stopLeases()
+	if cfg.ShutdownDelay > 0 {
+		klog.InfoS("Shutting down: not ready, still taking new frontends", "shutdownDelay", cfg.ShutdownDelay)
+		t := time.NewTimer(cfg.ShutdownDelay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	stopFrontends(ctx)
+	go agentGRPC.GracefulStop() // no new agent stream; GOAWAY to agents
+	tctx, cancel := context.WithTimeout(ctx, cfg.GracefulShutdownTimeout)
+	defer cancel()
+	klog.InfoS("Shutting down: taking no new frontends, letting open tunnels finish", "gracefulShutdownTimeout", cfg.GracefulShutdownTimeout)
+	if cut := s.srv.Shutdown(tctx); cut > 0 {
+		klog.InfoS("Cut the tunnels still open after the grace period", "tunnels", cut, "gracefulShutdownTimeout", cfg.GracefulShutdownTimeout)
+	} else {
+		klog.InfoS("Every tunnel has ended")
+	}
+}
+
 // nodeSyncTimeout bounds the wait for the first list of Nodes before the
 // agent port serves.
 const nodeSyncTimeout = 30 * time.Second
@@ -230,13 +295,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	// The Nodes' addresses, before the first agent claims them.
 	if s.nodes != nil {
-		nctx, stopNodes := context.WithCancel(context.WithoutCancel(ctx))
-		g.Go("node watch", func() error { s.nodes.Run(nctx); return nil }, func(context.Context) { stopNodes() })
-		sctx, cancel := context.WithTimeout(ctx, nodeSyncTimeout)
-		if !s.nodes.Synced(sctx) {
-			klog.InfoS("Serving agents before the Nodes were listed: until they are, agents' address claims are dropped (check get, list and watch on nodes in the server's RBAC)", "waited", nodeSyncTimeout)
-		}
-		cancel()
+		s.watchNodes(ctx, g)
 	}
 
 	// Agents.
@@ -249,27 +308,7 @@ func (s *Server) Run(ctx context.Context) error {
 	g.GRPC("agent server", s.agents, agentGRPC)
 
 	// Frontends.
-	fl := s.frontends
-	// stopFrontends stops taking new frontends, leaving open tunnels be.
-	var stopFrontends func(context.Context)
-	switch cfg.Mode {
-	case options.ModeGRPC:
-		fopts := append(server.GRPCServerOptions(), grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.FrontendKeepaliveTime}))
-		if s.frontendTLS != nil {
-			fopts = append(fopts, grpc.Creds(server.TLSCredentials(s.frontendTLS, "frontend", klog.Background())))
-		}
-		fg := grpc.NewServer(fopts...)
-		client.RegisterProxyServiceServer(fg, srv)
-		g.GRPC("frontend server", fl, fg)
-		stopFrontends = func(context.Context) { go fg.GracefulStop() } // waits for the streams: not here
-	case options.ModeHTTPConnect:
-		if s.frontendTLS != nil {
-			fl = tls.NewListener(fl, s.frontendTLS)
-		}
-		hs := g.HTTP("frontend server", fl, srv.HTTPConnect())
-		// Tunnels are hijacked connections, which Shutdown leaves be.
-		stopFrontends = func(ctx context.Context) { go func() { _ = hs.Shutdown(ctx) }() }
-	}
+	stopFrontends := s.serveFrontends(g)
 
 	// Health and admin.
 	health := http.NewServeMux()
@@ -292,29 +331,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	// The graceful stop, first of the shutdown's steps; the servers'
 	// own stops come after it.
-	g.Defer(func(ctx context.Context) {
-		srv.StopReadiness()
-		stopLeases()
-		if cfg.ShutdownDelay > 0 {
-			klog.InfoS("Shutting down: not ready, still taking new frontends", "shutdownDelay", cfg.ShutdownDelay)
-			t := time.NewTimer(cfg.ShutdownDelay)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-			}
-			t.Stop()
-		}
-		stopFrontends(ctx)
-		go agentGRPC.GracefulStop() // no new agent stream; GOAWAY to agents
-		tctx, cancel := context.WithTimeout(ctx, cfg.GracefulShutdownTimeout)
-		defer cancel()
-		klog.InfoS("Shutting down: taking no new frontends, letting open tunnels finish", "gracefulShutdownTimeout", cfg.GracefulShutdownTimeout)
-		if cut := srv.Shutdown(tctx); cut > 0 {
-			klog.InfoS("Cut the tunnels still open after the grace period", "tunnels", cut, "gracefulShutdownTimeout", cfg.GracefulShutdownTimeout)
-		} else {
-			klog.InfoS("Every tunnel has ended")
-		}
-	})
+	g.Defer(func(ctx context.Context) { s.stopGracefully(ctx, stopLeases, stopFrontends, agentGRPC) })
 
 	klog.InfoS("Proxy-server started", "serverID", cfg.Server.ServerID, "serverCount", cfg.ServerCount, "mode", cfg.Mode,
 		"agentAddress", s.agents.Addr().String(), "frontendAddress", s.frontends.Addr().String(),
