@@ -170,110 +170,6 @@ func (c *client) send(p *pb.Packet) error {
 // distinct connections, and the stream is ended.
 const maxControl = 4096
 
-// controlKey names what a control packet answers: its type and its
-// connection ID (or dial random).
-type controlKey struct {
-	typ pb.PacketType
-	id  int64
-}
-
-// sendControl queues p, an answer without data, for controlLoop, without
-// waiting: that is how the receive loop answers, so that it never waits
-// on its own peer's send path. A packet with the same type and ID as one
-// still queued is dropped: the queued one says the same. A server that
-// leaves maxControl answers unread loses the stream.
-func (c *client) sendControl(p *pb.Packet, id int64) {
-	key := controlKey{p.GetType(), id}
-	c.controlMu.Lock()
-	if _, dup := c.controlKeys[key]; dup || c.controlOver {
-		c.controlMu.Unlock()
-		return
-	}
-	if len(c.controlKeys) >= maxControl { // the one being sent included
-		c.controlMu.Unlock()
-		c.drop(streamEndedControlBacklog, "Ended a proxy-server stream whose server left too many answers unread; the agent will connect again", "queued", maxControl)
-		return
-	}
-	if c.controlKeys == nil {
-		c.controlKeys = map[controlKey]struct{}{}
-	}
-	c.controlKeys[key] = struct{}{}
-	c.control = append(c.control, p)
-	c.controlMu.Unlock()
-	c.cs.metrics.addControlQueued(1)
-	select {
-	case c.controlReady <- struct{}{}:
-	default: // controlLoop is woken already
-	}
-}
-
-// controlLoop sends the control queue until ctx, the stream's, ends, and
-// is the stream's liveness backstop: a stream on which nothing has moved
-// for StreamStallTimeout while packets wait to be sent is stuck, whatever
-// the cause, and is ended, so that the agent dials the server again.
-func (c *client) controlLoop(ctx context.Context) {
-	defer c.dropControl()
-	var tick <-chan time.Time
-	if d := c.cs.cfg.StreamStallTimeout; d > 0 {
-		ticker := time.NewTicker(d / 4)
-		defer ticker.Stop()
-		tick = ticker.C
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick:
-			if c.stalled(c.cs.cfg.StreamStallTimeout) {
-				c.drop(streamEndedStalled, "Ended a proxy-server stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", c.cs.cfg.StreamStallTimeout)
-				return
-			}
-		case <-c.controlReady:
-			for {
-				c.controlMu.Lock()
-				if len(c.control) == 0 {
-					c.controlMu.Unlock()
-					break
-				}
-				p := c.control[0]
-				c.control[0] = nil
-				c.control = c.control[1:]
-				if len(c.control) == 0 {
-					c.control = nil // let the array go
-				}
-				c.controlMu.Unlock()
-				// Its key stays until it is sent: a second answer queued
-				// meanwhile would say the same.
-				err := c.send(p)
-				c.controlMu.Lock()
-				delete(c.controlKeys, controlKey{p.GetType(), controlID(p)})
-				c.controlMu.Unlock()
-				c.cs.metrics.addControlQueued(-1)
-				if err != nil {
-					c.logger.V(4).Info("Failed to send an answer", "type", p.GetType().String(), "err", err)
-					return // the stream is broken: the receive loop sees it
-				}
-			}
-		}
-	}
-}
-
-// controlID is the ID a control packet is keyed by.
-func controlID(p *pb.Packet) int64 {
-	if p.GetType() == pb.PacketType_DIAL_RSP {
-		return p.GetDialResponse().GetRandom()
-	}
-	return p.GetCloseResponse().GetConnectID()
-}
-
-// dropControl empties the control queue of a stream that has ended.
-func (c *client) dropControl() {
-	c.controlMu.Lock()
-	defer c.controlMu.Unlock()
-	c.cs.metrics.addControlQueued(-len(c.control))
-	c.control, c.controlKeys, c.controlOver = nil, nil, true
-}
-
 // stalled reports whether packets have waited to be sent while nothing
 // moved on the stream for d.
 func (c *client) stalled(d time.Duration) bool {
@@ -420,70 +316,78 @@ func (c *client) receive(ctx context.Context) error {
 		}
 		c.moved.Store(now)
 		c.cs.metrics.packet(segmentReceived, p.GetType())
-		switch p.GetType() {
-		case pb.PacketType_DIAL_REQ:
-			req := p.GetDialRequest()
-			logger.V(4).Info("Received DIAL_REQ", "protocol", req.GetProtocol(), "address", req.GetAddress(), "dialID", req.GetRandom())
-			// Refused here, in the receive loop, before any goroutine or
-			// socket: a server flooding DIAL_REQs costs one reply each.
-			if reason, errText := c.admitDial(); reason != "" {
-				c.cs.metrics.endpointDialFailed(reason)
-				logger.V(2).Info("Refused DIAL_REQ", "reason", string(reason), "dialID", req.GetRandom())
-				c.sendControl(wire.DialRsp(req.GetRandom(), 0, errText), req.GetRandom())
-				continue
-			}
-			c.wg.Go(func() { c.dial(ctx, req) })
-		case pb.PacketType_DATA:
-			d := p.GetData()
-			if t := c.tunnel(d.GetConnectID()); t != nil {
-				if !t.closing {
-					// Queued in pieces of at most MaxDataPayload, each
-					// within the window or (without flow control)
-					// waiting for room, so that a tunnel's queue holds
-					// its bound in bytes whatever size the server sends.
-					wire.SplitData(d.GetData(), func(piece []byte) bool {
-						return t.enqueue(ctx, piece)
-					})
-				}
-			} else {
-				logger.V(4).Info("Received DATA for an unknown connectID", "connectID", d.GetConnectID())
-				c.sendCloseRsp(d.GetConnectID(), errUnknownConnectID)
-			}
-		case pb.PacketType_CLOSE_REQ:
-			id := p.GetCloseRequest().GetConnectID()
-			logger.V(4).Info("Received CLOSE_REQ", "connectID", id)
-			if t := c.tunnel(id); t != nil && !t.closing {
-				t.closing = true
-				t.closeAfterWrites()
-			} else {
-				c.sendCloseRsp(id, errUnknownConnectID)
-			}
-		case wire.PacketWindow:
-			if id, n, ok := wire.ParseWindowUpdate(p); ok && c.peerWindow > 0 {
-				if t := c.tunnel(id); t != nil && t.credit != nil {
-					t.credit.Give(n)
-				}
-			} else {
-				logger.V(4).Info("Ignored a WINDOW packet", "flowControl", c.peerWindow > 0)
-			}
-		case pb.PacketType_DRAIN:
-			// Ours sends it when it shuts down gracefully (upstream's
-			// servers never do): its tunnels go on until they end, and
-			// the sync loop connects to another server meanwhile.
-			if !c.serverDraining.Swap(true) {
-				logger.V(2).Info("Proxy-server is shutting down: its tunnels finish, and another server is sought")
-				c.cs.recount()
-				c.cs.wakeSync()
-			}
-		case wire.PacketHeartbeat:
-			// Its arrival is all it says: the server is alive.
-		case pb.PacketType_DIAL_CLS:
-			// A frontend gave up on a pending dial. Our dial answers within
-			// DialTimeout anyway and the server drops the unmatched reply.
-			logger.V(4).Info("Ignored DIAL_CLS", "dialID", p.GetCloseDial().GetRandom())
-		default:
-			logger.V(4).Info("Ignored unexpected packet", "type", p.GetType().String())
+		c.handle(ctx, logger, p)
+	}
+}
+
+// handle is what receive does with packet p from the server. It never
+// waits for the server: a DIAL_REQ is refused or dialled in a goroutine of
+// its own, DATA waits only for its tunnel's room, and replies go through
+// the control queue.
+func (c *client) handle(ctx context.Context, logger klog.Logger, p *pb.Packet) {
+	switch p.GetType() {
+	case pb.PacketType_DIAL_REQ:
+		req := p.GetDialRequest()
+		logger.V(4).Info("Received DIAL_REQ", "protocol", req.GetProtocol(), "address", req.GetAddress(), "dialID", req.GetRandom())
+		// Refused here, in the receive loop, before any goroutine or
+		// socket: a server flooding DIAL_REQs costs one reply each.
+		if reason, errText := c.admitDial(); reason != "" {
+			c.cs.metrics.endpointDialFailed(reason)
+			logger.V(2).Info("Refused DIAL_REQ", "reason", string(reason), "dialID", req.GetRandom())
+			c.sendControl(wire.DialRsp(req.GetRandom(), 0, errText), req.GetRandom())
+			return
 		}
+		c.wg.Go(func() { c.dial(ctx, req) })
+	case pb.PacketType_DATA:
+		d := p.GetData()
+		if t := c.tunnel(d.GetConnectID()); t != nil {
+			if !t.closing {
+				// Queued in pieces of at most MaxDataPayload, each
+				// within the window or (without flow control)
+				// waiting for room, so that a tunnel's queue holds
+				// its bound in bytes whatever size the server sends.
+				wire.SplitData(d.GetData(), func(piece []byte) bool {
+					return t.enqueue(ctx, piece)
+				})
+			}
+		} else {
+			logger.V(4).Info("Received DATA for an unknown connectID", "connectID", d.GetConnectID())
+			c.sendCloseRsp(d.GetConnectID(), errUnknownConnectID)
+		}
+	case pb.PacketType_CLOSE_REQ:
+		id := p.GetCloseRequest().GetConnectID()
+		logger.V(4).Info("Received CLOSE_REQ", "connectID", id)
+		if t := c.tunnel(id); t != nil && !t.closing {
+			t.closing = true
+			t.closeAfterWrites()
+		} else {
+			c.sendCloseRsp(id, errUnknownConnectID)
+		}
+	case wire.PacketWindow:
+		if id, n, ok := wire.ParseWindowUpdate(p); ok && c.peerWindow > 0 {
+			if t := c.tunnel(id); t != nil && t.credit != nil {
+				t.credit.Give(n)
+			}
+		} else {
+			logger.V(4).Info("Ignored a WINDOW packet", "flowControl", c.peerWindow > 0)
+		}
+	case pb.PacketType_DRAIN:
+		// Ours sends it when it shuts down gracefully (upstream's
+		// servers never do): its tunnels go on until they end, and
+		// the sync loop connects to another server meanwhile.
+		if !c.serverDraining.Swap(true) {
+			logger.V(2).Info("Proxy-server is shutting down: its tunnels finish, and another server is sought")
+			c.cs.recount()
+			c.cs.wakeSync()
+		}
+	case wire.PacketHeartbeat:
+		// Its arrival is all it says: the server is alive.
+	case pb.PacketType_DIAL_CLS:
+		// A frontend gave up on a pending dial. Our dial answers within
+		// DialTimeout anyway and the server drops the unmatched reply.
+		logger.V(4).Info("Ignored DIAL_CLS", "dialID", p.GetCloseDial().GetRandom())
+	default:
+		logger.V(4).Info("Ignored unexpected packet", "type", p.GetType().String())
 	}
 }
 

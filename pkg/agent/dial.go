@@ -90,9 +90,10 @@ func (cs *ClientSet) dialAddress(ctx context.Context, counted servercounter.Resu
 	return "", false
 }
 
-// connect dials, opens the stream and checks the handshake headers. On
-// success the returned client owns the connection; it is not running yet.
-func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) {
+// handshakeMetadata is what the agent says of itself in the Connect
+// handshake: its ID and identifiers, its token (read again each time, as
+// the kubelet rotates it), and the flow control and heartbeats it offers.
+func (cs *ClientSet) handshakeMetadata() (metadata.MD, error) {
 	md := metadata.Pairs(wire.HeaderAgentID, cs.cfg.AgentID)
 	if ids := cs.cfg.Identifiers.String(); ids != "" {
 		md.Set(wire.HeaderAgentIdentifiers, ids)
@@ -110,9 +111,13 @@ func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) 
 	if cs.cfg.Heartbeat > 0 {
 		md.Set(wire.HeaderHeartbeat, wire.FormatHeartbeat(cs.cfg.Heartbeat))
 	}
+	return md, nil
+}
 
-	// The same windows, message limit and codec as the server's (wire),
-	// before the caller's options so that those can override them.
+// dialOptions are the options of a connection to a server: the same
+// windows, message limit and codec as the server's (wire), before the
+// caller's options so that those can override them.
+func (cs *ClientSet) dialOptions() []grpc.DialOption {
 	opts := append([]grpc.DialOption{
 		grpc.WithInitialWindowSize(wire.StreamWindow),
 		grpc.WithInitialConnWindowSize(wire.ConnWindow),
@@ -121,9 +126,19 @@ func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) 
 	if cs.cfg.Insecure {
 		opts = append(opts[:len(opts):len(opts)], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
+	return opts
+}
+
+// connect dials, opens the stream and checks the handshake headers. On
+// success the returned client owns the connection; it is not running yet.
+func (cs *ClientSet) connect(ctx context.Context, addr string) (*client, error) {
+	md, err := cs.handshakeMetadata()
+	if err != nil {
+		return nil, err
+	}
 	// One ClientConn per stream, so that a load balancer can send each to
 	// a different server.
-	cc, err := grpc.NewClient(addr, opts...)
+	cc, err := grpc.NewClient(addr, cs.dialOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("create gRPC client for %s: %w", addr, err)
 	}

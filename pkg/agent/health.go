@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -74,4 +75,88 @@ func writeText(w http.ResponseWriter, code int, text string) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
 	_, _ = w.Write([]byte(text + "\n")) // a failed write means the prober left
+}
+
+// Ready reports whether the agent is ready: it holds at least one server
+// and, with Config.ReadyWhenAll, it has not served on fewer servers than
+// its target for longer than Config.ReadinessGracePeriod.
+func (cs *ClientSet) Ready() bool { return cs.Readiness().Ready }
+
+// Readiness is what the agent's readiness is made of, for /readyz's
+// report and servercount explain.
+type Readiness struct {
+	// Ready is what Ready reports.
+	Ready bool
+	// Target is the number of servers the agent aims for, and Source
+	// where that number came from.
+	Target int
+	Source string
+	// Serving are the serverIDs of the servers held that are not going
+	// away (no DRAIN, not given up on), sorted; Held counts every server
+	// held, those that sent DRAIN included.
+	Serving []string
+	Held    int
+	// Dialing is the address of a server dial in flight, empty when none
+	// is.
+	Dialing string
+	// MissingFor is how long the agent has served on fewer servers than
+	// Target, 0 when it serves on them all.
+	MissingFor time.Duration
+	// AllServers and GracePeriod are Config.ReadyWhenAll and
+	// Config.ReadinessGracePeriod.
+	AllServers  bool
+	GracePeriod time.Duration
+}
+
+// noteServing records, for readiness, whether the agent serves on as many
+// servers as target at now.
+func (cs *ClientSet) noteServing(serving, target int, now time.Time) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	switch {
+	case serving >= target:
+		cs.missingSince = time.Time{}
+	case cs.missingSince.IsZero():
+		cs.missingSince = now
+	}
+}
+
+// readinessGauges returns, for the metrics, whether the agent is ready
+// and how long it has served on fewer servers than its target.
+func (cs *ClientSet) readinessGauges() (ready bool, missingFor time.Duration) {
+	r := cs.Readiness()
+	return r.Ready, r.MissingFor
+}
+
+// setDialing records the address of the server dial in flight, empty
+// when it is over.
+func (cs *ClientSet) setDialing(addr string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.dialing = addr
+}
+
+// Readiness returns the agent's readiness now.
+func (cs *ClientSet) Readiness() Readiness {
+	now := cs.now()
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	r := Readiness{
+		Target: cs.lastTarget, Source: cs.lastSource, Held: cs.heldLocked(), Dialing: cs.dialing,
+		AllServers: cs.cfg.ReadyWhenAll, GracePeriod: cs.cfg.ReadinessGracePeriod,
+	}
+	for id, c := range cs.clients {
+		if !c.dropped.Load() && !c.serverDraining.Load() {
+			r.Serving = append(r.Serving, id)
+		}
+	}
+	slices.Sort(r.Serving)
+	if len(r.Serving) < r.Target && !cs.missingSince.IsZero() {
+		r.MissingFor = now.Sub(cs.missingSince)
+	}
+	r.Ready = r.Held > 0
+	if r.AllServers && len(r.Serving) < r.Target && r.MissingFor > r.GracePeriod {
+		r.Ready = false
+	}
+	return r
 }

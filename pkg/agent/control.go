@@ -1,0 +1,112 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+)
+
+// controlKey names what a control packet answers: its type and its
+// connection ID (or dial random).
+type controlKey struct {
+	typ pb.PacketType
+	id  int64
+}
+
+// sendControl queues p, an answer without data, for controlLoop, without
+// waiting: that is how the receive loop answers, so that it never waits
+// on its own peer's send path. A packet with the same type and ID as one
+// still queued is dropped: the queued one says the same. A server that
+// leaves maxControl answers unread loses the stream.
+func (c *client) sendControl(p *pb.Packet, id int64) {
+	key := controlKey{p.GetType(), id}
+	c.controlMu.Lock()
+	if _, dup := c.controlKeys[key]; dup || c.controlOver {
+		c.controlMu.Unlock()
+		return
+	}
+	if len(c.controlKeys) >= maxControl { // the one being sent included
+		c.controlMu.Unlock()
+		c.drop(streamEndedControlBacklog, "Ended a proxy-server stream whose server left too many answers unread; the agent will connect again", "queued", maxControl)
+		return
+	}
+	if c.controlKeys == nil {
+		c.controlKeys = map[controlKey]struct{}{}
+	}
+	c.controlKeys[key] = struct{}{}
+	c.control = append(c.control, p)
+	c.controlMu.Unlock()
+	c.cs.metrics.addControlQueued(1)
+	select {
+	case c.controlReady <- struct{}{}:
+	default: // controlLoop is woken already
+	}
+}
+
+// controlLoop sends the control queue until ctx, the stream's, ends, and
+// is the stream's liveness backstop: a stream on which nothing has moved
+// for StreamStallTimeout while packets wait to be sent is stuck, whatever
+// the cause, and is ended, so that the agent dials the server again.
+func (c *client) controlLoop(ctx context.Context) {
+	defer c.dropControl()
+	var tick <-chan time.Time
+	if d := c.cs.cfg.StreamStallTimeout; d > 0 {
+		ticker := time.NewTicker(d / 4)
+		defer ticker.Stop()
+		tick = ticker.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+			if c.stalled(c.cs.cfg.StreamStallTimeout) {
+				c.drop(streamEndedStalled, "Ended a proxy-server stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", c.cs.cfg.StreamStallTimeout)
+				return
+			}
+		case <-c.controlReady:
+			for {
+				c.controlMu.Lock()
+				if len(c.control) == 0 {
+					c.controlMu.Unlock()
+					break
+				}
+				p := c.control[0]
+				c.control[0] = nil
+				c.control = c.control[1:]
+				if len(c.control) == 0 {
+					c.control = nil // let the array go
+				}
+				c.controlMu.Unlock()
+				// Its key stays until it is sent: a second answer queued
+				// meanwhile would say the same.
+				err := c.send(p)
+				c.controlMu.Lock()
+				delete(c.controlKeys, controlKey{p.GetType(), controlID(p)})
+				c.controlMu.Unlock()
+				c.cs.metrics.addControlQueued(-1)
+				if err != nil {
+					c.logger.V(4).Info("Failed to send an answer", "type", p.GetType().String(), "err", err)
+					return // the stream is broken: the receive loop sees it
+				}
+			}
+		}
+	}
+}
+
+// controlID is the ID a control packet is keyed by.
+func controlID(p *pb.Packet) int64 {
+	if p.GetType() == pb.PacketType_DIAL_RSP {
+		return p.GetDialResponse().GetRandom()
+	}
+	return p.GetCloseResponse().GetConnectID()
+}
+
+// dropControl empties the control queue of a stream that has ended.
+func (c *client) dropControl() {
+	c.controlMu.Lock()
+	defer c.controlMu.Unlock()
+	c.cs.metrics.addControlQueued(-len(c.control))
+	c.control, c.controlKeys, c.controlOver = nil, nil, true
+}
