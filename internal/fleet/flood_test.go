@@ -21,6 +21,7 @@ import (
 
 	"github.com/servercount/servercount/internal/adversary"
 	"github.com/servercount/servercount/internal/jwttest"
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/proxytest"
 	"github.com/servercount/servercount/internal/tokenreview"
 )
@@ -89,8 +90,11 @@ func TestRealAgentsGetInThroughAHandshakeFlood(t *testing.T) {
 		}
 	}
 	defer func() { stop(); flood.Wait() }()
-	// The flood is on once the server has refused the first of it.
-	require.Eventually(t, func() bool { return reviews.count.Load() > 50 }, 30*time.Second, time.Millisecond)
+	// The flood is on once the server refuses its host without a check.
+	require.Eventually(t, func() bool {
+		v, _ := metricstest.Value(reg, "servercount_server_agent_rejections_total", "reason", "too_many_refused_tokens")
+		return v > 0
+	}, 30*time.Second, time.Millisecond)
 
 	// The real agents' connections are made first: 100 TLS handshakes at
 	// once take this process's two cores most of a second under the race

@@ -484,9 +484,9 @@ func (au *audience) UnmarshalJSON(b []byte) error {
 // precheck refuses, without a review, a token that the API server would
 // surely refuse as the agents' service-account token for the audience: one
 // that is not a signed JWT, whose subject is another account, that expired
-// or is not yet valid (by more than clockSkew), or that lacks the
+// or is not yet valid (by more than clockSkew), or whose aud lacks the
 // audience. Both bound tokens and legacy secret tokens carry sub, and
-// bound tokens aud and exp. It reads; it verifies no signature: the
+// bound tokens aud and exp; a token without aud is left to the review. It reads; it verifies no signature: the
 // review does.
 func (a *Authenticator) precheck(token string) error {
 	parts := strings.Split(token, ".")
@@ -514,7 +514,9 @@ func (a *Authenticator) precheck(token string) error {
 		return fmt.Errorf("%w: agent token expired at %v", errDenied, time.Unix(*c.Exp, 0).UTC())
 	case c.Nbf != nil && now.Add(clockSkew).Before(time.Unix(*c.Nbf, 0)):
 		return fmt.Errorf("%w: agent token not valid before %v", errDenied, time.Unix(*c.Nbf, 0).UTC())
-	case a.audience != "" && !slices.Contains(c.Audience, a.audience):
+	case a.audience != "" && c.Audience != nil && !slices.Contains(c.Audience, a.audience):
+		// Without aud (a legacy secret token) the API server decides:
+		// such a token is for the API server's own audiences.
 		return fmt.Errorf("%w: agent token not for audience %q (it is for %v): set the agents' token audience to %q", errDenied, a.audience, []string(c.Audience), a.audience)
 	}
 	return nil

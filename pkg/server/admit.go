@@ -44,8 +44,7 @@ const (
 	refusedBurst     = 10
 	refusedPerSecond = 1
 	// maxRefusingAddrs bounds the addresses whose refusals are counted;
-	// past it, those that could be refused again at their full burst are
-	// forgotten.
+	// past it, one is forgotten for each new one.
 	maxRefusingAddrs = 4096
 	// MaxStreamsPerAgent bounds the streams of one agentID: one per
 	// server, and a few more while a reconnect overlaps a stream that
@@ -61,7 +60,7 @@ type handshakes struct {
 	n          int
 	byAddr     map[netip.Prefix]int
 	// refused holds, by address, what is left of its refusedBurst.
-	refused map[netip.Prefix]*rate.Limiter
+	refused map[netip.Prefix]*refusedBucket
 }
 
 // errTooManyRefused is what a peer whose tokens were refused too often is
@@ -73,15 +72,19 @@ var errTooManyRefused = errors.New("too many refused agent tokens from this addr
 var errTooManyHandshakes = errors.New("too many agent handshakes in progress: try again")
 
 // enter counts a handshake from the peer of ctx, unless that would pass
-// a bound. leave undoes it.
-func (h *handshakes) enter(ctx context.Context) (leave func(), err error) {
+// a bound. An address with refused tokens of late needs, for each of its
+// handshakes in progress, one of what is left of its refusedBurst: its
+// handshakes at once cannot each count on the same one. leave(refused)
+// ends the handshake, spending one if its token was refused.
+func (h *handshakes) enter(ctx context.Context) (leave func(refused bool), err error) {
 	addr := peerPrefix(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.n >= MaxHandshakes || h.perAddress >= 0 && h.byAddr[addr] >= h.perAddress {
 		return nil, errTooManyHandshakes
 	}
-	if lim := h.refused[addr]; lim != nil && lim.Tokens() < 1 {
+	b := h.refused[addr]
+	if b != nil && b.lim.Tokens() < float64(b.checking+1) {
 		return nil, errTooManyRefused
 	}
 	if h.byAddr == nil {
@@ -89,45 +92,51 @@ func (h *handshakes) enter(ctx context.Context) (leave func(), err error) {
 	}
 	h.n++
 	h.byAddr[addr]++
-	return func() {
+	if b != nil {
+		b.checking++
+	}
+	return func(refused bool) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		h.n--
 		if h.byAddr[addr]--; h.byAddr[addr] == 0 {
 			delete(h.byAddr, addr)
 		}
+		if b != nil {
+			b.checking--
+		}
+		if refused && h.perAddress >= 0 {
+			h.refusedLocked(addr)
+		}
 	}, nil
 }
 
-// refusedToken counts a token of ctx's peer that a check refused. With no
-// bound per address (agents behind one SNAT address), there is none on
-// its refusals either: one broken agent would shut out the others.
-func (h *handshakes) refusedToken(ctx context.Context) {
-	if h.perAddress < 0 {
-		return
-	}
-	addr := peerPrefix(ctx)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	lim := h.refused[addr]
-	if lim == nil {
-		if len(h.refused) >= maxRefusingAddrs {
-			for a, l := range h.refused {
-				if l.Tokens() >= refusedBurst {
-					delete(h.refused, a)
-				}
-			}
-			if len(h.refused) >= maxRefusingAddrs {
-				return // all are refusing now: this one is not counted
-			}
-		}
+// refusedBucket is what is left of an address's refusedBurst, and how
+// many of its handshakes are being checked.
+type refusedBucket struct {
+	lim      *rate.Limiter
+	checking int
+}
+
+// refusedLocked spends one of addr's bucket, which starts full at its
+// first refusal. When maxRefusingAddrs are counted, one of them, chosen by
+// the map's order, is forgotten for a new one. Called with h.mu held.
+func (h *handshakes) refusedLocked(addr netip.Prefix) {
+	b := h.refused[addr]
+	if b == nil {
 		if h.refused == nil {
-			h.refused = map[netip.Prefix]*rate.Limiter{}
+			h.refused = map[netip.Prefix]*refusedBucket{}
 		}
-		lim = rate.NewLimiter(refusedPerSecond, refusedBurst)
-		h.refused[addr] = lim
+		if len(h.refused) >= maxRefusingAddrs {
+			for a := range h.refused {
+				delete(h.refused, a)
+				break
+			}
+		}
+		b = &refusedBucket{lim: rate.NewLimiter(refusedPerSecond, refusedBurst)}
+		h.refused[addr] = b
 	}
-	lim.Allow() // takes one if there is one; the bucket stays at 0 else
+	b.lim.Allow() // takes one if there is one; the bucket stays empty else
 }
 
 // peerPrefix is the address of ctx's gRPC peer, an IPv6 address's /64
@@ -180,12 +189,9 @@ func (s *Server) admit(ctx context.Context, md metadata.MD) (Identity, error) {
 		s.rejected(ctx, md, RejectTooManyHandshakes, fmt.Errorf("%w (at most %d from one address, %d in all)", err, s.handshakes.perAddress, MaxHandshakes))
 		return Identity{}, status.Error(codes.ResourceExhausted, err.Error())
 	}
-	defer leave()
 	id, err := s.authenticate(ctx, md)
+	leave(errors.Is(err, ErrTokenRefused))
 	if err != nil {
-		if errors.Is(err, ErrTokenRefused) {
-			s.handshakes.refusedToken(ctx)
-		}
 		s.rejected(ctx, md, RejectUnauthenticated, err)
 		return Identity{}, status.Error(codes.Unauthenticated, errTextUnauthenticated)
 	}

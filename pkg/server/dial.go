@@ -19,10 +19,11 @@ func (s *Server) startDial(fe frontend, protocol, address string, random int64) 
 	key := dialHostKey(address)
 	for {
 		// Chosen without Server.mu, which every packet takes; a stream
-		// that ended since is chosen again, without it.
-		be, _, st := s.routes.choose(s.cfg.Strategies, key, nil)
+		// that ended or stopped answering since is chosen again.
+		be, tier, st := s.routes.choose(s.cfg.Strategies, key, nil)
 		s.mu.Lock()
-		if be != nil && be.gone {
+		if be != nil && (be.gone || tier < tierUnresponsive && !be.unresponsive.IsZero()) {
+			// It ended, or was taken for unresponsive, meanwhile.
 			s.mu.Unlock()
 			continue
 		}

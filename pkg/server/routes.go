@@ -181,7 +181,7 @@ func (r *routes) add(be *backend) (shadowedBy map[string]*backend) {
 			p = &streamPool{}
 			r.hosts[k] = p
 		}
-		if first := p.first(be.agentID); first != nil {
+		if first := p.holder(be.agentID); first != nil {
 			if shadowedBy == nil {
 				shadowedBy = map[string]*backend{}
 			}
@@ -407,14 +407,12 @@ func (p *streamPool) pick(avoid *backend) *backend {
 	return nil
 }
 
-// first returns the oldest stream of an agent other than agentID's, of
-// the best tier, or nil.
-func (p *streamPool) first(agentID string) *backend {
-	for _, list := range p.byTier {
-		for _, b := range list {
-			if b.agentID != agentID {
-				return b
-			}
+// holder returns the oldest ready stream of an agent other than
+// agentID's, which a new ready stream of agentID's comes after, or nil.
+func (p *streamPool) holder(agentID string) *backend {
+	for _, b := range p.byTier[tierReady] {
+		if b.agentID != agentID {
+			return b
 		}
 	}
 	return nil
