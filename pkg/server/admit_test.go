@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -61,14 +62,6 @@ func (h *heldReviews) AuthenticateToken(ctx context.Context, token string) error
 	return nil
 }
 
-// heapInUse is the heap in use after a collection.
-func heapInUse() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse
-}
-
 // A peer that has proven nothing holds little: 300 Connect streams on one
 // connection, each followed by a stream window of data (300 MiB offered),
 // while their tokens wait for review, cost the server under 20 MiB of
@@ -78,7 +71,7 @@ func heapInUse() uint64 {
 func TestUnauthenticatedStreamsHoldNothing(t *testing.T) {
 	reviews := newHeldReviews(t)
 	e := startEnv(t, server.Config{Authenticator: reviews})
-	before := heapInUse()
+	before := metricstest.HeapInUse()
 
 	cfg := e.agentTLS.Clone()
 	cfg.NextProtos = []string{"h2"}
@@ -122,7 +115,7 @@ func TestUnauthenticatedStreamsHoldNothing(t *testing.T) {
 		}
 	}()
 	n := <-written
-	grown := int64(heapInUse()) - int64(before)
+	grown := int64(metricstest.HeapInUse()) - int64(before)
 	t.Logf("offered %d MiB; the server read until the socket was full; heap grew %.1f MiB", n>>20, float64(grown)/(1<<20))
 	assert.Less(t, grown, int64(20<<20), "heap held for unauthenticated streams")
 	assert.LessOrEqual(t, reviews.calls.Load(), int64(server.MaxAgentStreamsPerConn), "tokens in review")

@@ -11,13 +11,13 @@ import (
 
 const module = "github.com/servercount/servercount/"
 
-// deps returns the project packages that pkgs link (their non-test
-// imports, transitively), module prefix cut.
-func deps(t *testing.T, pkgs ...string) []string {
+// goList runs go list with args and returns the project packages it
+// prints, module prefix cut.
+func goList(t *testing.T, args ...string) []string {
 	t.Helper()
-	out, err := exec.Command("go", append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, pkgs...)...).Output()
+	out, err := exec.Command("go", append([]string{"list"}, args...)...).Output()
 	if err != nil {
-		t.Fatalf("go list -deps %v: %v", pkgs, err)
+		t.Fatalf("go list %v: %v", args, err)
 	}
 	var own []string
 	for _, p := range strings.Fields(string(out)) {
@@ -28,21 +28,16 @@ func deps(t *testing.T, pkgs ...string) []string {
 	return own
 }
 
+// deps returns the project packages that pkgs link (their non-test
+// imports, transitively).
+func deps(t *testing.T, pkgs ...string) []string {
+	return goList(t, append([]string{"-deps", "-f", "{{.ImportPath}}"}, pkgs...)...)
+}
+
 // imports returns the project packages that pkg imports directly, outside
 // its tests.
 func imports(t *testing.T, pkg string) []string {
-	t.Helper()
-	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, module+pkg).Output()
-	if err != nil {
-		t.Fatalf("go list %s: %v", pkg, err)
-	}
-	var own []string
-	for _, p := range strings.Fields(string(out)) {
-		if strings.HasPrefix(p, module) {
-			own = append(own, strings.TrimPrefix(p, module))
-		}
-	}
-	return own
+	return goList(t, "-f", `{{join .Imports "\n"}}`, module+pkg)
 }
 
 // The rules of docs/architecture.md's import table.
