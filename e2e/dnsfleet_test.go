@@ -12,7 +12,7 @@ import (
 	"github.com/servercount/servercount/e2e/harness"
 )
 
-// Issue 32, end to end: 20 agents count 3 proxy-servers through real
+// End to end: 20 agents count 3 proxy-servers through real
 // CoreDNS (SRV records, the suite's TTL of 1 s), with the binary's DNS
 // cache defaults. CoreDNS is
 // stopped for 60 s (its port then answers every query with ICMP port

@@ -126,7 +126,7 @@ func TestAgentTokenReview(t *testing.T) {
 	assert.Equal(t, 1, good.Connections())
 }
 
-// Scenario 10 (issue #12): a proxy-server caches its TokenReviews, so K
+// Scenario 10: a proxy-server caches its TokenReviews, so K
 // agents that each reconnect R times cost the real kube-apiserver about K
 // reviews, not K x (R+1). The count comes from the API server's own
 // apiserver_request_total, not from our metrics, and our metrics must
@@ -285,7 +285,7 @@ func tokenReviewSeries(m harness.Metrics) []string {
 	return out
 }
 
-// Scenario 9b (issue 33): with --bind-agent-identifiers, an agent whose
+// Scenario 9b: with --bind-agent-identifiers, an agent whose
 // token is bound to a pod on node X may claim X's name and address, and
 // gets X's traffic; claiming node Y's as well gets it none of Y's, and the
 // dropped claims are counted. The API server's TokenReview names the node

@@ -78,7 +78,7 @@ func TestBinariesRejectBadFlagsWithOneLine(t *testing.T) {
 	}{
 		{"proxy-agent", []string{"--server-dial-mode=resolved"}, "proxy-agent: --server-dial-mode=resolved needs --server-count-dns: the addresses to dial come from it"},
 		{"proxy-agent", []string{"--no-such-flag"}, "proxy-agent: unknown flag: --no-such-flag"},
-		// Issue 10, item 13: named by their own flag, exit 2, no klog line.
+		// Named by their own flag, exit 2, no klog line.
 		{"proxy-agent", []string{"--server-count-dns=proxy.example", "--server-count-dns-server=bad host"}, `proxy-agent: invalid --server-count-dns-server "bad host": want host:port or host, e.g. 10.96.0.10:53`},
 		{"proxy-agent", []string{"--ca-cert=/nonexistent/ca.crt"}, "proxy-agent: --ca-cert: read CA certificate: open /nonexistent/ca.crt: no such file or directory"},
 		{"proxy-server", []string{"--mode=socks", "--insecure-plaintext"}, `proxy-server: invalid --mode "socks": use grpc or http-connect`},
@@ -156,7 +156,7 @@ func waitReady(t *testing.T, port int, msg string) {
 
 // Two SIGTERMs sent back to back, as `kill PID; kill PID` does, stop the
 // agent: at once when both arrive, and within --drain-timeout when the Go
-// runtime merged the second into the first (issue 10, item 15). Several
+// runtime merged the second into the first. Several
 // rounds, since the merge does not happen every time.
 func TestAgentStopsOnBackToBackSignals(t *testing.T) {
 	_, sp := startServer(t, "--insecure-plaintext")
@@ -169,7 +169,7 @@ func TestAgentStopsOnBackToBackSignals(t *testing.T) {
 	}
 }
 
-// Issue 22, item 6: after the first SIGTERM the agent drains as
+// After the first SIGTERM the agent drains as
 // upstream's does: it keeps serving, new tunnels included, even with none
 // open, and the second signal stops it. (It used to stop at once when
 // nothing was open, and upstream's suite then found "No agent available"

@@ -18,7 +18,7 @@ import (
 	"github.com/servercount/servercount/internal/proctest"
 )
 
-// Issue 23, item 1: nothing the agent depends on can keep it from serving
+// Nothing the agent depends on can keep it from serving
 // its health port or from stopping. Against an API server that accepts
 // TCP and never answers (with --count-server-leases), a nameserver that
 // never answers (with --server-count-dns), and a proxy-server that

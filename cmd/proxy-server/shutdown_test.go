@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// Issue 23, item 2: a proxy-server that gets SIGTERM lets an open tunnel
+// A proxy-server that gets SIGTERM lets an open tunnel
 // finish, in both frontend modes. A streaming download (10 chunks, one
 // every 300 ms) through a server told to stop after its first chunk
 // receives every byte; a new frontend connection after the SIGTERM is

@@ -78,7 +78,7 @@ func roundTrip(c net.Conn, b byte) error {
 	return nil
 }
 
-// Issue 26: the CA and then the leaf certificates of both binaries rotate
+// The CA and then the leaf certificates of both binaries rotate
 // under a live tunnel, in both frontend modes, as cert-manager does it
 // through Secret volumes: the new CA is added beside the old, the leaves
 // move to the new CA, the old CA is removed. Nothing restarts, the open

@@ -40,8 +40,8 @@ type AgentConfig struct {
 // DeafAgent is an agent on /AgentService/Connect that has completed its
 // handshake and reads nothing unless the test calls [DeafAgent.Recv] (or
 // [DeafAgent.AcceptDial]): a proxy-server's packets to it stay in gRPC's
-// windows and the server's queue, as they did for the agent that never
-// read in issue 10. Sends are serialised, so several goroutines may send.
+// windows and the server's queue, as they did for an agent that never
+// read. Sends are serialised, so several goroutines may send.
 //
 // A DeafAgent starts no goroutine of its own; [DeafAgent.Close] ends its
 // stream and frees everything it holds.

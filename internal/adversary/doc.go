@@ -1,7 +1,7 @@
 // Package adversary holds hostile peers of servercount's proxy-server and
 // proxy-agent, as reusable test doubles. Each speaks the real wire
-// protocol over a real socket and misbehaves in one named way, as the
-// peers that found the defects of issue 10 did:
+// protocol over a real socket and misbehaves in one named way, as peers
+// that once found defects in the binaries did:
 //
 //   - [DeafAgent]: an agent that completes the /AgentService/Connect
 //     handshake and then reads only when the test makes it;

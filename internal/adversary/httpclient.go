@@ -21,8 +21,7 @@ type HTTPClientConfig struct {
 }
 
 // DeafHTTPClient is an HTTP CONNECT client that has its tunnel and never
-// reads what comes through it, as the slow clients of issue 10 item 7
-// did. It may write.
+// reads what comes through it, as slow clients once did. It may write.
 type DeafHTTPClient struct {
 	conn net.Conn
 	br   *bufio.Reader // holds what came with the response head

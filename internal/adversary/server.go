@@ -38,8 +38,8 @@ type ServerConfig struct {
 	Listener net.Listener
 	// ID is the serverID header.
 	ID string
-	// NewIDPerStream sends ID-1, ID-2, ... on successive streams, as the
-	// server of issue 10 item 5 did, so that each stream looks like one
+	// NewIDPerStream sends ID-1, ID-2, ... on successive streams, as a
+	// hostile server once did, so that each stream looks like one
 	// more server to the agent.
 	NewIDPerStream bool
 	// Count is the serverCount header exactly as sent: "1000000000",
@@ -245,7 +245,7 @@ func (ss *ServerStream) Send(tb testing.TB, p *client.Packet) {
 }
 
 // FloodDialReqs sends n DIAL_REQs for address with randoms 1 to n,
-// without waiting for any answer, as the server of issue 10 item 4 did.
+// without waiting for any answer, as a hostile server once did.
 func (ss *ServerStream) FloodDialReqs(tb testing.TB, address string, n int) {
 	tb.Helper()
 	for i := range n {

@@ -1,5 +1,5 @@
 // Package churn drives the traffic under which an agent stream once locked
-// up for good (issue 21): long uploads and downloads beside a stream of
+// up for good: long uploads and downloads beside a stream of
 // short tunnels that are closed from both ends while data is still moving,
 // some of them read slowly. It watches that the stream keeps making
 // progress: a new tunnel must get its first byte at any moment, and every

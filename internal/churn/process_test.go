@@ -30,7 +30,7 @@ type binaries struct {
 	server, agent string
 }
 
-// Issue 21: the churn through the binaries as processes, mTLS between
+// The churn through the binaries as processes, mTLS between
 // agent and server, frontends over a Unix socket as kube-apiserver's, in
 // all four pairings of our server and agent with upstream's, in both
 // frontend modes. Each of our halves must hold against upstream's other

@@ -49,7 +49,7 @@ func TestBuildCountsAndExportsMetrics(t *testing.T) {
 	assert.GreaterOrEqual(t, value(reg, "servercount_agent_dns_lookups_total", "outcome", "records"), 1.0)
 }
 
-// Issue 32: while DNS fails the count backs off, and the metrics say how
+// While DNS fails the count backs off, and the metrics say how
 // long the wait is and when it ends; a success sets both to 0.
 func TestBackoffIsExported(t *testing.T) {
 	srv := dnstest.NewServer(t)
@@ -89,7 +89,7 @@ func TestValidate(t *testing.T) {
 }
 
 // A bad nameserver or name is refused by Validate, naming its own flag,
-// without the library's prefix (issue 10, item 13).
+// without the library's prefix.
 func TestValidateNamesTheDNSFlag(t *testing.T) {
 	t.Parallel()
 	errs := parseDNS(t, "--server-count-dns=a..b", "--server-count-dns-server=bad host,10.0.0.1:99999").Validate()
@@ -124,7 +124,7 @@ func value(reg prometheus.Gatherer, name string, labels ...string) float64 {
 }
 
 // An agent that cannot reach DNS says so at the default level, once
-// however often it retries (issue 10, item 12).
+// however often it retries.
 func TestUnreachableDNSLoggedOnceAtLevelZero(t *testing.T) {
 	l, err := net.ListenPacket("udp", "127.0.0.1:0")
 	require.NoError(t, err)

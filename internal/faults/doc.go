@@ -1,4 +1,4 @@
-// Package faults is the fault matrix (issue 31): the faults that make a
+// Package faults is the fault matrix: the faults that make a
 // proxy-agent hold a server that is gone or a proxy-server route to an
 // agent that cannot answer, made to happen to the binaries as processes,
 // ours asserted and upstream's measured side by side.

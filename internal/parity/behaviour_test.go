@@ -24,7 +24,7 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// Issue 22, item 4: the IDs come from PROXY_SERVER_ID and PROXY_AGENT_ID
+// The IDs come from PROXY_SERVER_ID and PROXY_AGENT_ID
 // when the flags are not set.
 func TestIDsFromTheEnvironment(t *testing.T) {
 	up, ours := sides(t)
@@ -51,7 +51,7 @@ func TestIDsFromTheEnvironment(t *testing.T) {
 	}
 }
 
-// Issue 22, items 2 and 3: the frontend socket is created with mode 0770
+// The frontend socket is created with mode 0770
 // (a kube-apiserver in its group may connect), and a file left at its
 // path by an unclean stop is removed first, by default.
 func TestFrontendSocket(t *testing.T) {
@@ -126,7 +126,7 @@ func TestHealthPaths(t *testing.T) {
 	}
 }
 
-// Issue 22, item 6: after the first SIGTERM the agent drains and keeps
+// After the first SIGTERM the agent drains and keeps
 // serving, new tunnels included, until the second signal, which stops
 // it; both exit with the same status. The server's exit status on
 // SIGTERM matches too.
@@ -221,8 +221,8 @@ func serverTLS(t *testing.T, p pkiFiles) *tls.Config {
 	return &tls.Config{Certificates: []tls.Certificate{pair.TLS}, ClientCAs: p.ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert}
 }
 
-// What SIGTERM does to an open tunnel (issue 22, and the lifecycle of
-// issue 23): a streaming download, 10 chunks a 300 ms apart, through a
+// What SIGTERM does to an open tunnel: a streaming download, 10 chunks
+// 300 ms apart, through a
 // server that gets SIGTERM after the first chunk, with
 // --graceful-shutdown-timeout=20s. Ours delivers every chunk in both
 // modes; where upstream's does not, it is a row of the table.

@@ -45,8 +45,7 @@ func helpFlags(t *testing.T, bin string) map[string]helpFlag {
 var randomDefaults = map[string]bool{"server-id": true, "agent-id": true, "help": true}
 
 // Every flag of upstream's server and agent is accepted by ours, with the
-// same type and default, the hidden and deprecated ones included
-// (issue 22, items 1 and 2).
+// same type and default, the hidden and deprecated ones included.
 func TestFlags(t *testing.T) {
 	up, ours := sides(t)
 	known := differences(t)

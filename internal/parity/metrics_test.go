@@ -29,7 +29,7 @@ type family struct {
 	values    map[string][]string
 }
 
-// Issue 22, item 5: after the same scenario (a dial with no agent, then
+// After the same scenario (a dial with no agent, then
 // a tunnel and a refused dial, in both frontend modes) the metrics under
 // upstream's names match upstream's: the same names, types, HELP, label
 // names, and label values seen. Our own metrics live only under

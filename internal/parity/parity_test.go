@@ -1,4 +1,4 @@
-// Package parity is the behaviour-parity suite (issue 22): it drives the
+// Package parity is the behaviour-parity suite: it drives the
 // same scenarios through upstream's binaries and through ours and
 // compares what an operator observes: flags and their defaults, the
 // environment, the frontend socket, health paths, metrics after the same

@@ -31,7 +31,7 @@ var churnWindows = []struct {
 	{"window=off", -1},
 }
 
-// Issue 21: ordinary churn must never lock an agent stream up. Long
+// Ordinary churn must never lock an agent stream up. Long
 // uploads and downloads run beside short tunnels that are closed from
 // both ends mid-transfer, some readers slow, over one agent stream, in
 // both frontend modes and every window setting. Every tunnel must finish

@@ -147,7 +147,7 @@ var deafFrontends = map[string]func(t *testing.T, s *Server, addr string) (close
 	},
 }
 
-// Issue 10, item 7: one frontend that does not read costs only its own
+// One frontend that does not read costs only its own
 // tunnel. With flow control between our agent and our server, the deaf
 // frontend's tunnel fills its window and stops there, while another tunnel
 // through the same agent stream keeps flowing. FrontendWriteTimeout is
@@ -178,7 +178,7 @@ func TestFlowControlDeafFrontendCostsOnlyItsTunnel(t *testing.T) {
 	}
 }
 
-// Issue 10, item 7, the endpoint's side: an endpoint that does not read
+// The endpoint's side: an endpoint that does not read
 // costs only its own tunnel. The frontend writing to it runs out of credit
 // and waits, the agent holds no more than the window for it, and another
 // tunnel through the same agent stream keeps flowing. EndpointWriteTimeout

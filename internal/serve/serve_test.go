@@ -60,7 +60,7 @@ func dialHTTP(t *testing.T, lim serve.HTTPLimits) net.Conn {
 	return c
 }
 
-// Issue 10, item 8: every HTTP server the binaries run has an idle
+// Every HTTP server the binaries run has an idle
 // timeout, a header timeout and a header size limit.
 func TestNewHTTPServerDefaults(t *testing.T) {
 	t.Parallel()
@@ -70,7 +70,7 @@ func TestNewHTTPServerDefaults(t *testing.T) {
 	assert.Equal(t, serve.DefaultHTTPMaxHeaderBytes, srv.MaxHeaderBytes)
 }
 
-// Issue 10, item 8: an idle keep-alive connection is closed by the server
+// An idle keep-alive connection is closed by the server
 // once IdleTimeout passes (a short one here, so that the test does not
 // wait for the default).
 func TestHTTPIdleKeepAliveIsClosed(t *testing.T) {
@@ -88,7 +88,7 @@ func TestHTTPIdleKeepAliveIsClosed(t *testing.T) {
 	assert.ErrorIs(t, err, io.EOF, "want the server to close the idle connection before the %v deadline", waitFor)
 }
 
-// Issue 10, item 8: a client that never finishes its headers is cut off
+// A client that never finishes its headers is cut off
 // after ReadHeaderTimeout.
 func TestHTTPSlowHeadersAreCut(t *testing.T) {
 	t.Parallel()
@@ -98,7 +98,7 @@ func TestHTTPSlowHeadersAreCut(t *testing.T) {
 	assert.NoError(t, err, "want the server to close the connection before the %v deadline", waitFor)
 }
 
-// Issue 10, item 8: headers beyond MaxHeaderBytes are refused with 431.
+// Headers beyond MaxHeaderBytes are refused with 431.
 func TestHTTPLargeHeadersAreRefused(t *testing.T) {
 	t.Parallel()
 	c := dialHTTP(t, serve.HTTPLimits{})

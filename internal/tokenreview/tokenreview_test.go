@@ -300,7 +300,7 @@ func TestCacheIsBoundedAndSkipsErrors(t *testing.T) {
 	assert.Equal(t, 2.0, errors)
 }
 
-// Issue 21: a flood of distinct bogus tokens, from callers that leave at
+// A flood of distinct bogus tokens, from callers that leave at
 // once, ends with them. Each caller's review waits for a slot, and runs,
 // only while a caller waits: once the callers have left, the goroutines
 // and the heap are back where they were and the API server has no review
@@ -361,7 +361,7 @@ func TestFloodEndsWithItsCallers(t *testing.T) {
 	assert.Less(t, rs.reviews.Load()-reviewed, int32(callers/2), "reviews were sent for callers that had gone")
 }
 
-// Issue 21: during a flood of distinct bogus tokens from callers that
+// During a flood of distinct bogus tokens from callers that
 // stay, a real agent's review waits behind no more than the bounded
 // queue: the flood beyond MaxInFlight + MaxQueued is refused at once
 // (counted), and the agent, refused too while the queue is full, tries

@@ -29,7 +29,7 @@
 // agent and server needs some receive loop to wait for its own peer to
 // read; with the rule on both sides none does, so both streams keep
 // draining. (Both loops once did, and a stream locked up for good under
-// ordinary churn: issue 21.)
+// ordinary churn.)
 //
 // The waits that remain, and why none closes a cycle:
 //   - Dial goroutines (DIAL_RSP), tunnel readers (DATA), tunnel writers

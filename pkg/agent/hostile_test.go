@@ -12,7 +12,7 @@ import (
 )
 
 // A DNS server that lies 100000 records never makes the agent aim for, or
-// hold, more than ServerCountMax servers (issue 10: counts are clamped by
+// hold, more than ServerCountMax servers (counts are clamped by
 // --server-count-max whatever their source). Five servers are reachable
 // behind the balancer, so an agent that believed DNS would hold five.
 func TestLyingDNSCountCappedByServerCountMax(t *testing.T) {
@@ -64,7 +64,7 @@ func TestFlappingDNSNeverExceedsServerCountMax(t *testing.T) {
 }
 
 // A server that says serverCount 1e9 and gives every stream a new server
-// ID, as the hostile server of issue 10 item 5 did (7368 connections in
+// ID, as a hostile server once did (7368 connections in
 // 20 s), gets ServerCountMax streams and no more.
 func TestNewServerIDPerStreamGetsServerCountMaxStreams(t *testing.T) {
 	const max = 3

@@ -15,7 +15,7 @@ import (
 )
 
 // A serverCount header is whatever a peer sends: 1e9 must not become the
-// target under any policy, TargetMax included (issue 10, item 5).
+// target under any policy, TargetMax included.
 func TestReceivedCountClampedByServerCountMax(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -114,8 +114,8 @@ func TestDialReqOverConcurrentDialLimitIsRefused(t *testing.T) {
 	assert.Equal(t, 2, a.OpenTunnels(), "the refused dial holds no slot")
 }
 
-// A server flooding DIAL_REQs to an address whose connects hang, as the
-// hostile server of issue 10 item 4 did, gets MaxConcurrentDials dials
+// A server flooding DIAL_REQs to an address whose connects hang, as a
+// hostile server once did, gets MaxConcurrentDials dials
 // and a refusal for every other request, each answered at once.
 func TestDialReqFloodIsBounded(t *testing.T) {
 	const maxDials, flood = 8, 500

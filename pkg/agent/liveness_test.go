@@ -207,7 +207,7 @@ func TestReadinessIsUpstreamsByDefault(t *testing.T) {
 	assert.Contains(t, body, "readiness: one server (upstream's)")
 }
 
-// Issue 32: when a server the agent held goes away, the agent asks its
+// When a server the agent held goes away, the agent asks its
 // count again at once, rather than when the count expires: a replacement
 // listed at a new address is held within seconds though the records'
 // TTL is an hour.

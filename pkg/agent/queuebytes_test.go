@@ -12,7 +12,7 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// Issue 10 item 6: a DATA packet of up to wire.MaxMessageSize was queued
+// A DATA packet of up to wire.MaxMessageSize was queued
 // whole, so an endpoint that does not read made a tunnel's queue of 128
 // packets hold up to 128 x 16 MiB. Now the queue is bounded in bytes
 // (plainQueueBytes, for a server without flow control as here), and an

@@ -13,7 +13,7 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// Issue 21, the liveness backstop: a server stream on which nothing moves
+// The liveness backstop: a server stream on which nothing moves
 // while the agent has packets to send (a server that stopped reading) is
 // ended within StreamStallTimeout, logged at level 0 and counted, and the
 // agent dials the server again.
@@ -76,7 +76,7 @@ func (a *testAgent) stuck(d time.Duration) bool {
 	return false
 }
 
-// Issue 21: the agent answers without waiting, so a server that stops
+// The agent answers without waiting, so a server that stops
 // reading can make it queue answers; the queue is bounded. Answers to the
 // same connectID are queued once, and past the bound the stream is ended
 // (and counted), freeing the queue.
@@ -114,7 +114,7 @@ func TestControlQueueIsBounded(t *testing.T) {
 	assert.Contains(t, logs.String(), "Ended a proxy-server stream whose server left too many answers unread")
 }
 
-// Issue 23: a server that shuts down gracefully sends DRAIN; the agent
+// A server that shuts down gracefully sends DRAIN; the agent
 // keeps that stream (its tunnels finish), no longer counts it, and
 // connects to another server at once.
 func TestServerDrainMakesTheAgentSeekAnother(t *testing.T) {

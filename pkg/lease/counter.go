@@ -109,9 +109,9 @@ type Counter struct {
 	mu sync.Mutex // guards the fields below
 	// leases are the leases in the informer's store, by name, and valid
 	// holds those valid when last looked at, soonest expiry first: the
-	// count is valid's length. Each event costs O(log n) (issue 21: a
-	// recount of every lease per event made the first list of 16,000
-	// leases quadratic).
+	// count is valid's length. Each event costs O(log n): a recount of
+	// every lease per event made the first list of 16,000 leases
+	// quadratic.
 	leases map[string]*counted
 	valid  expiryHeap
 	count  int

@@ -145,7 +145,7 @@ func (c *armCounter) AfterFunc(d time.Duration, f func()) clock.Timer {
 	return c.Clock.AfterFunc(d, f)
 }
 
-// Issue 21: the counter's work per informer event does not grow with the
+// The counter's work per informer event does not grow with the
 // number of leases. It once walked every lease and re-armed its expiry
 // timer on every event, so the first list of 16,000 leases took 4.4 s.
 // Now the soonest expiry is kept in a heap, and the timer is armed again

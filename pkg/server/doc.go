@@ -33,7 +33,7 @@
 // through other goroutines, for its own peer to read; the rule cuts every
 // such chain at the receive loop, which keeps reading, so every stream
 // keeps draining. (A stream once locked up for good under ordinary
-// churn when both receive loops waited on their own peer: issue 21.)
+// churn when both receive loops waited on their own peer.)
 //
 // Every gRPC stream has one writer goroutine, the only caller of Send. It
 // serves two queues. The data queue is bounded in packets (queueSize,

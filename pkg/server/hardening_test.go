@@ -45,7 +45,7 @@ func rawConnect(t *testing.T, e *env, target, host string) int {
 	return resp.StatusCode
 }
 
-// Issue 10, item 10: a CONNECT target the agent cannot dial is answered
+// A CONNECT target the agent cannot dial is answered
 // 400 by the server, and no DIAL_REQ reaches the agent.
 func TestHTTPConnectRefusesInvalidTargets(t *testing.T) {
 	t.Parallel()
@@ -69,7 +69,7 @@ func TestHTTPConnectRefusesInvalidTargets(t *testing.T) {
 	assert.Zero(t, a.dials.Load(), "dial requests that reached the agent")
 }
 
-// Issue 10, item 1: an HTTP CONNECT client that disconnects while its
+// An HTTP CONNECT client that disconnects while its
 // dial is in flight leaves nothing open, whichever of its disconnect and
 // the agent's DIAL_RSP the server handles first. The race is run many
 // times at once: the agent closes the client's connection and answers
@@ -118,7 +118,7 @@ func TestHTTPConnectClientGoneDuringDialLeavesNothing(t *testing.T) {
 	assert.Equal(t, 0.0, metricValue(t, reg, "konnectivity_network_proxy_server_pending_backend_dials", nil))
 }
 
-// Issue 10, item 3: a rejected agent's metadata is logged cut to a few
+// A rejected agent's metadata is logged cut to a few
 // hundred bytes, however large the agentID it sent (up to the header
 // limit).
 func TestRejectedAgentIDIsLoggedCapped(t *testing.T) {
@@ -163,7 +163,7 @@ func TestServerLogsThroughItsLogger(t *testing.T) {
 	assert.NotContains(t, global.String(), marker, "the line also went to klog's global logger")
 }
 
-// Issue 10, item 3: metadata beyond server.GRPCMaxHeaderListSize is
+// Metadata beyond server.GRPCMaxHeaderListSize is
 // refused by the gRPC transport, before the handler runs, instead of
 // gRPC's 16 MiB default.
 func TestOversizedHandshakeHeadersAreRefused(t *testing.T) {
@@ -177,7 +177,7 @@ func TestOversizedHandshakeHeadersAreRefused(t *testing.T) {
 	waitBackends(t, e, 1)
 }
 
-// Issue 10, item 2: a gRPC frontend whose client cancels is freed at once
+// A gRPC frontend whose client cancels is freed at once
 // although its receive loop is waiting for room in the queue of an agent
 // that does not read, and its connection is closed at that agent (the
 // CLOSE_REQ is queued behind what the agent has not read, without
@@ -241,7 +241,7 @@ func TestCloseAfterDataDeliversEveryByte(t *testing.T) {
 	}
 }
 
-// Issue 10, item 13: when the peer refuses the server's certificate, the
+// When the peer refuses the server's certificate, the
 // server says so, rather than that it refused the peer.
 func TestTLSRefusedByPeerIsLoggedAsSuch(t *testing.T) {
 	t.Parallel()
@@ -278,7 +278,7 @@ func TestTLSRefusedByPeerIsLoggedAsSuch(t *testing.T) {
 	assert.NotContains(t, log.String(), `"Refused TLS connection" err="remote error`)
 }
 
-// Issue 10, item 3: the header bound holds against a client that ignores
+// The header bound holds against a client that ignores
 // the server's SETTINGS_MAX_HEADER_LIST_SIZE (grpc-go's own client checks
 // it before sending, so the test speaks HTTP/2 itself): the stream is
 // reset before the handler runs, where it used to be accepted.
@@ -354,7 +354,7 @@ func TestOversizedHeadersFromAHostileClientAreReset(t *testing.T) {
 	}
 }
 
-// Issue 10, item 10, on the gRPC frontend too: a dial address no agent
+// On the gRPC frontend too: a dial address no agent
 // can dial is answered by the server, and no DIAL_REQ reaches the agent.
 func TestGRPCFrontendRefusesInvalidAddresses(t *testing.T) {
 	t.Parallel()

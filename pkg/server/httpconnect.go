@@ -143,7 +143,7 @@ func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, 
 	// The 200 goes out before the writer starts: a target that speaks
 	// first (SSH, SMTP, MySQL) has its bytes wait in ht.data meanwhile,
 	// and a client would read them as the proxy's answer if they came
-	// first (issue 23).
+	// first.
 	_, err = io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n")
 	writerDone := make(chan struct{})
 	go func() {

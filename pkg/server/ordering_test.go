@@ -20,7 +20,7 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// Issue 23, item 3: in HTTP CONNECT mode the 200 line reaches the client
+// In HTTP CONNECT mode the 200 line reaches the client
 // before any byte of the target's, even when the target speaks first and
 // its bytes reach the server before the 200 is written. The test makes
 // that ordering certain: the client connection holds the server's write

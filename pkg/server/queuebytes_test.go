@@ -35,7 +35,7 @@ func sendStream(send func(*client.Packet) error, packets, packetLen int) error {
 	return nil
 }
 
-// Issue 10 item 6: a frontend's DATA packet of up to wire.MaxMessageSize
+// A frontend's DATA packet of up to wire.MaxMessageSize
 // (konnectivity-client sends each Write whole) was queued whole on the
 // agent stream, so an agent that does not read made a queue of 32 packets
 // hold up to 512 MiB. Now it is queued in pieces of MaxDataPayload: the
@@ -87,7 +87,7 @@ func TestAgentQueueBoundedInBytes(t *testing.T) {
 	checkBound()
 }
 
-// The other way, issue 10 item 6: an agent's DATA packet of up to
+// The other way: an agent's DATA packet of up to
 // wire.MaxMessageSize was queued whole for its frontend, so an HTTP
 // CONNECT client that does not read made a queue of 32 packets hold up to
 // 512 MiB. Now it is queued in pieces: the tunnel's queue holds at most

@@ -164,7 +164,7 @@ func TestHandshakeRejections(t *testing.T) {
 		{name: "missing agentID", env: plain, opts: agentOpts{}, wantCode: codes.InvalidArgument, wantMsg: "want exactly one non-empty agentID"},
 		{name: "duplicate agentID", env: plain, opts: agentOpts{id: "a", extraMD: []string{wire.HeaderAgentID, "b"}}, wantCode: codes.InvalidArgument, wantMsg: "got 2"},
 		{name: "bad identifiers", env: plain, opts: agentOpts{id: "a", identifiers: "default-route=perhaps"}, wantCode: codes.InvalidArgument, wantMsg: "default-route"},
-		// Issue 10, item 9: an unauthenticated agent learns nothing
+		// An unauthenticated agent learns nothing
 		// but that it failed (the test checks the whole message).
 		{name: "missing token", env: withAuth, opts: agentOpts{id: "a"}, wantCode: codes.Unauthenticated, wantMsg: "authentication failed"},
 		{name: "bad token", env: withAuth, opts: agentOpts{id: "a", token: "guess"}, wantCode: codes.Unauthenticated, wantMsg: "authentication failed"},

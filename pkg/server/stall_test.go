@@ -24,7 +24,7 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// Issue 21, the liveness backstop: an agent stream on which nothing moves
+// The liveness backstop: an agent stream on which nothing moves
 // while packets wait to be sent is ended within its bound, logged at
 // level 0 and counted, so that its agent dials again. An idle stream with
 // nothing waiting is left alone.
@@ -55,7 +55,7 @@ func TestStalledAgentStreamIsEnded(t *testing.T) {
 	assert.Equal(t, float64(1), stalled(), "an idle stream was counted as stalled")
 }
 
-// Issue 21: a gRPC frontend's receive loop never waits for one tunnel's
+// A gRPC frontend's receive loop never waits for one tunnel's
 // flow-control credit. The agent grants none for tunnel 1 while the
 // frontend sends it more than the window; the frontend's DATA and
 // CLOSE_REQ for tunnel 2, sent after, still reach the agent, before
@@ -156,7 +156,7 @@ func recvWithin(a *adversary.DeafAgent, d time.Duration) (*client.Packet, error)
 	}
 }
 
-// Issue 21: the server answers an agent without waiting, so an agent
+// The server answers an agent without waiting, so an agent
 // that stops reading can make it queue answers; the queue is bounded.
 // Answers for the same connection are queued once, and past the bound
 // the stream is ended (and counted), freeing the queue.
@@ -191,7 +191,7 @@ func TestControlQueueIsBounded(t *testing.T) {
 	stop()
 }
 
-// Issue 23: during a graceful stop a frontend stream stays open, and a
+// During a graceful stop a frontend stream stays open, and a
 // dial it asks for is answered at once with an error, not left to the
 // client's own timeout; the stream's end then lets Shutdown return
 // without cutting anything.
@@ -295,7 +295,7 @@ var deafFrontends = []struct {
 
 // A frontend that opens a tunnel and never reads costs only its own
 // tunnel, with an agent that does not offer flow control, as upstream's
-// (issue 10, item 7; with flow control see internal/proxytest's
+// (with flow control see internal/proxytest's
 // TestFlowControlDeafFrontendCostsOnlyItsTunnel): another tunnel on the
 // same agent stream keeps flowing, waiting at most FrontendWriteTimeout;
 // the deaf frontend is then ended at the server and its connection closed

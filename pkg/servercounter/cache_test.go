@@ -96,7 +96,7 @@ func eventually(t *testing.T, cond func() bool, msg string) {
 	}
 }
 
-// Issue 23: the first calls of CountServers never wait for the first
+// The first calls of CountServers never wait for the first
 // lookup (a nameserver that does not answer would hold every caller): they
 // answer the fallback at once, and one refresh runs for all of them.
 func TestCachedFirstCallsAnswerTheFallbackAtOnce(t *testing.T) {
@@ -395,7 +395,7 @@ func TestCachedSpreadsEveryExpiry(t *testing.T) {
 	assert.Len(t, seconds, caches, "%d caches drew second expiries %v: not spread", caches, seconds)
 }
 
-// Issue 32: failed refreshes in a row wait MinExpiry, then twice as long
+// Failed refreshes in a row wait MinExpiry, then twice as long
 // each time up to RetryMax; a success resets the wait. Backoff says how
 // long the wait is and when it ends.
 func TestCachedBacksOffAfterFailures(t *testing.T) {
@@ -485,7 +485,7 @@ func TestCachedHoldsThePeriodAgainstACountdown(t *testing.T) {
 	}
 }
 
-// Issue 32: Refresh asks for a refresh at once when the last one ended
+// Refresh asks for a refresh at once when the last one ended
 // MinExpiry ago or more, else as soon as MinExpiry has passed; a burst of
 // asks is one refresh, and a cache backing off after a failure keeps its
 // back-off. A MaxCounter passes the ask on.

@@ -261,7 +261,7 @@ func TestDNSCountSearchList(t *testing.T) {
 		{name: "srv name uses search", qname: "_agent._tcp.proxy", wantCount: 3, wantName: "_agent._tcp." + svc},
 		{name: "trailing dot means no search", qname: "proxy.", wantCount: 0, wantName: "proxy.", wantNames: []string{"proxy."}},
 		{name: "absent everywhere is zero for the name as given", qname: "nothere", wantCount: 0, wantName: "nothere."},
-		// Issue 32: a name that already ends in a search domain is asked
+		// A name that already ends in a search domain is asked
 		// as it is first, where ndots:5 would have a resolver ask three
 		// names that cannot exist before it.
 		{name: "a name in a search domain is asked first", qname: "proxy.kube-system.svc.cluster.local", wantCount: 3, wantName: svc,
@@ -285,7 +285,7 @@ func TestDNSCountSearchList(t *testing.T) {
 	}
 }
 
-// Issue 32: the documented name costs what its record type costs in a
+// The documented name costs what its record type costs in a
 // pod's resolv.conf (ndots:5, three search domains): A and AAAA, one
 // query each, or one SRV query; counted at the DNS server.
 func TestDNSCountQueriesPerRefreshInAPod(t *testing.T) {
@@ -309,7 +309,7 @@ func TestDNSCountQueriesPerRefreshInAPod(t *testing.T) {
 	}
 }
 
-// Issue 32: a count that follows a failed one tries once, not Attempts
+// A count that follows a failed one tries once, not Attempts
 // times: the caller's calls are the retries, and a fleet must not
 // multiply them against a failing DNS. A success restores the attempts.
 func TestDNSCountTriesOnceAfterAFailure(t *testing.T) {

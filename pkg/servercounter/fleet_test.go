@@ -259,7 +259,7 @@ func (f *fleet) freshAfter(from time.Time) []time.Duration {
 	return out
 }
 
-// Issue 32: a fleet of agents' DNS counts, healthy, then through a
+// A fleet of agents' DNS counts, healthy, then through a
 // SERVFAIL outage and a silent one, then healthy again, then behind a
 // caching resolver, on a manual clock against a real DNS server:
 //   - after an outage's first minute the fleet asks at most 0.1 queries

@@ -107,8 +107,7 @@ func TestValidate(t *testing.T) {
 	})
 }
 
-// A missing certificate file is refused by Validate, naming its flag
-// (issue 10, item 13).
+// A missing certificate file is refused by Validate, naming its flag.
 func TestValidateNamesMissingCertificateFiles(t *testing.T) {
 	t.Parallel()
 	o := options.NewOptions()
@@ -126,7 +125,7 @@ func TestValidateNamesMissingCertificateFiles(t *testing.T) {
 }
 
 // --help shows one default for --agent-id, not "(default: random)" and
-// this run's random ID beside it (issue 10, item 13).
+// this run's random ID beside it.
 func TestHelpShowsOneDefaultForAgentID(t *testing.T) {
 	t.Parallel()
 	o := options.NewOptions()
@@ -217,7 +216,7 @@ func TestLivenessConfig(t *testing.T) {
 	assert.Equal(t, options.DefaultKeepaliveTimeout, o.KeepaliveTimeout)
 }
 
-// Issue 35: --server-count-hold-down=0 means no hold-down, which the
+// --server-count-hold-down=0 means no hold-down, which the
 // package spells -1; before, 0 became the 30 s default without a word.
 func TestZeroHoldDownMeansNone(t *testing.T) {
 	o := options.NewOptions()

@@ -56,7 +56,7 @@ func TestValidate(t *testing.T) {
 		{Name: "bad flow control", Args: append([]string{"--tunnel-window=-2", "--frontend-write-timeout=0"}, tlsFlags...),
 			WantErr: []string{"invalid --frontend-write-timeout 0s: must be positive", "invalid --tunnel-window -2: want 1 to 1073741824 bytes, or -1 for no flow control"}},
 		{Name: "no tls", Args: nil, WantErr: []string{"agents need TLS: set --cluster-cert and --cluster-key (", "the frontend port needs mTLS: set --server-cert, --server-key and --server-ca-cert, or"}},
-		// Issue 10, item 13: each error names what is missing, and only that.
+		// Each error names what is missing, and only that.
 		{Name: "cluster key missing", Args: []string{"--uds-name=/tmp/k.sock", "--cluster-cert=" + tlsFile("s.crt")}, WantErr: []string{"agents need TLS: set --cluster-key (or --insecure-plaintext"}},
 		{Name: "server CA missing", Args: []string{"--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key"), "--server-cert=" + tlsFile("s.crt"), "--server-key=" + tlsFile("s.key")}, WantErr: []string{"the frontend port needs mTLS: set --server-ca-cert, or"}},
 		{Name: "missing files name their flags", Args: append(append([]string(nil), tlsFlags...), "--server-cert=/nonexistent/s.crt", "--cluster-ca-cert=/nonexistent/ca.crt"),
@@ -102,7 +102,7 @@ func TestDefaultsAreUpstreams(t *testing.T) {
 	assert.NotEqual(t, o.ServerID, options.NewOptions().ServerID, "a random ID per server")
 }
 
-// Issue 10, item 13: --insecure-plaintext listens on loopback unless a
+// --insecure-plaintext listens on loopback unless a
 // bind address says otherwise; with TLS, an empty address means all
 // interfaces, as upstream.
 func TestListenHosts(t *testing.T) {
@@ -172,7 +172,7 @@ func TestConfig(t *testing.T) {
 	assert.Equal(t, 8091, cfg.Agents.Port)
 }
 
-// Issue 10, item 13: --help shows one default for --server-id, not the
+// --help shows one default for --server-id, not the
 // usage's "random" and this process's draw.
 func TestHelpShowsOneServerIDDefault(t *testing.T) {
 	t.Parallel()
@@ -181,7 +181,7 @@ func TestHelpShowsOneServerIDDefault(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(line, "default"), line)
 }
 
-// Issue 33: upstream's server gained --frontend-write-channel-size after
+// Upstream's server gained --frontend-write-channel-size after
 // the commit the oracle is built from; an upstream manifest that sets it
 // starts ours, which says at start-up that it has no effect.
 func TestNewerUpstreamFlagIsAcceptedAndReported(t *testing.T) {
