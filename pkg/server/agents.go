@@ -33,11 +33,12 @@ type backend struct {
 	// gone is set when the stream is unregistered. Guarded by Server.mu.
 	gone bool
 	// route is the stream's agent in Server.routes and routeTier its
-	// tier there, from routeDraining and routeUnresponsive, the state
-	// routes knows. All guarded by routes.mu.
-	route                            *routeAgent
-	routeTier                        int
-	routeDraining, routeUnresponsive bool
+	// tier there, from draining and routeUnresponsive (unresponsive as
+	// routes knows it, since that field is Server.mu's). All guarded by
+	// routes.mu.
+	route             *routeAgent
+	routeTier         int
+	routeUnresponsive bool
 	// peerWindow is the agent's flow-control window per tunnel, 0 when
 	// the handshake did not turn flow control on.
 	peerWindow int

@@ -217,11 +217,11 @@ func (r *routes) remove(be *backend) {
 	}
 }
 
-// setDraining records that be's agent sent DRAIN on it.
+// setDraining moves be, whose agent sent DRAIN on it (be.draining is
+// set), to its tier.
 func (r *routes) setDraining(be *backend) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	be.routeDraining = true
 	r.retierLocked(be)
 }
 
@@ -240,7 +240,7 @@ func (r *routes) retierLocked(be *backend) {
 	switch {
 	case be.routeUnresponsive:
 		tier = tierUnresponsive
-	case be.routeDraining:
+	case be.draining.Load():
 		tier = tierDraining
 	}
 	old := be.routeTier

@@ -35,12 +35,18 @@ func (f *routesFixture) remove(be *backend) {
 	f.streams = slices.DeleteFunc(f.streams, func(b *backend) bool { return b == be })
 }
 
+// drain marks be as its agent's DRAIN does.
+func (f *routesFixture) drain(be *backend) {
+	be.draining.Store(true)
+	f.r.setDraining(be)
+}
+
 // scanTier is be's tier from its state, as routes should have it.
 func scanTier(be *backend) int {
 	switch {
 	case be.routeUnresponsive:
 		return tierUnresponsive
-	case be.routeDraining:
+	case be.draining.Load():
 		return tierDraining
 	}
 	return tierReady
@@ -119,7 +125,7 @@ func TestRoutesChooseAsAScanWould(t *testing.T) {
 		case op < 6:
 			f.remove(f.streams[rng.IntN(len(f.streams))])
 		case op < 8:
-			f.r.setDraining(f.streams[rng.IntN(len(f.streams))])
+			f.drain(f.streams[rng.IntN(len(f.streams))])
 		default:
 			f.r.setUnresponsive(f.streams[rng.IntN(len(f.streams))], rng.IntN(2) == 0)
 		}
@@ -292,7 +298,7 @@ func TestRoutesAvoidWeighsTheOtherStreamAtItsTier(t *testing.T) {
 	x2 := f.add("x", wire.Identifiers{})
 	y := f.add("y", wire.Identifiers{})
 	f.r.setUnresponsive(x2, true)
-	f.r.setDraining(y)
+	f.drain(y)
 	for range 20 {
 		got, tier, _ := f.r.choose([]Strategy{StrategyDefault}, "", x1)
 		require.Same(t, y, got)
