@@ -163,7 +163,7 @@ image-test:
 SOAK_DURATION ?= 2m
 CHURN_SOAK_DURATION ?= 1m
 soak:
-	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -v -timeout 15m -run TestSoak ./internal/soak
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -v -timeout 15m -run TestSoak ./test/soak
 	$(GO) test -count=1 -v -timeout 30m -run '^TestChurn$$' ./internal/proxytest -churn.duration=$(CHURN_SOAK_DURATION)
 
 ## churn: the churn of issue 21 through the binaries as processes, ours and
@@ -171,32 +171,32 @@ soak:
 ## (default 60s) each; builds upstream's binaries once (see make upstream)
 CHURN_DURATION ?= 60s
 churn:
-	$(GO) test -count=1 -v -timeout 40m -run TestChurnProcesses ./internal/churn -churn.process-duration=$(CHURN_DURATION)
+	$(GO) test -count=1 -v -timeout 40m -run TestChurnProcesses ./test/churn -churn.process-duration=$(CHURN_DURATION)
 
 ## faults: the fault matrix (issue 31): servers frozen, black-holed, cut off
 ## and stopped, agents stopped and deaf, through our binaries (held to the
 ## issue's bounds) and upstream's (measured), as processes; needs root for
 ## its network namespaces; writes the table to faults.md
 faults:
-	$(GO) test -count=1 -v -timeout 25m -parallel 8 -run TestFaultMatrix ./internal/faults -faults -faults.out=$(CURDIR)/faults.md
+	$(GO) test -count=1 -v -timeout 25m -parallel 8 -run TestFaultMatrix ./test/faults -faults -faults.out=$(CURDIR)/faults.md
 
 ## upstream-suite: upstream's own integration suite (its ./tests) against
 ## our proxy-agent; every test must pass but the one that fails here with
 ## upstream's agent too (skips, with one line, without upstream's source)
 upstream-suite:
 	$(GO) build -o $(BIN)/ ./cmd/proxy-agent
-	@rc=0; $(GO) run ./internal/upstream/cmd/upstream-suite -agent-path=$(BIN)/proxy-agent || rc=$$?; \
+	@rc=0; $(GO) run ./test/upstream/cmd/upstream-suite -agent-path=$(BIN)/proxy-agent || rc=$$?; \
 	if [ $$rc -eq 3 ]; then exit 0; fi; exit $$rc
 
 ## parity: the same scenarios through upstream's binaries and ours; a
 ## difference not in docs/differences.md fails
 parity:
-	$(GO) test -count=1 -v -timeout 20m ./internal/parity -parity
+	$(GO) test -count=1 -v -timeout 20m ./test/parity -parity
 
 ## docs: write the generated references in docs/ (flags.md, metrics.md) again; make
 ## test fails when they differ from the code
 docs:
-	$(GO) test -count=1 ./internal/docgen -update
+	$(GO) test -count=1 ./hack/docgen -update
 
 ## dashboard: write examples/grafana/servercount.json again from its Go
 ## code; make test fails when they differ
@@ -207,7 +207,7 @@ dashboard:
 ## ../shared/upstream (or $$SERVERCOUNT_UPSTREAM_SRC) into ~/.cache, once, and
 ## print their directory
 upstream:
-	@$(GO) run ./internal/upstream/cmd/upstream-bin
+	@$(GO) run ./test/upstream/cmd/upstream-bin
 
 ## bench: the benchmarks quoted in docs/benchmarks.md
 bench:
@@ -217,14 +217,14 @@ bench:
 ## -fleet.agents=N) against proxy-servers in this process: cold start,
 ## scale through DNS, rolling replacement, a steady minute, memory per stream
 bench-fleet:
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./internal/fleet/ $(BENCH_FLEET_FLAGS)
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./test/fleet/ $(BENCH_FLEET_FLAGS)
 
 ## bench-tunnel: tunnel throughput and time to first byte through the built
 ## proxy-server and proxy-agent as processes, as ratios to a direct
 ## connection in the same run (BENCH_TUNNEL_FLAGS=-tunnelbench.profile=/abs/dir
 ## also writes CPU profiles of both)
 bench-tunnel:
-	$(GO) test -run '^$$' -bench Tunnel -benchtime 1x -count 1 -timeout 30m ./internal/tunnelbench/ $(BENCH_TUNNEL_FLAGS)
+	$(GO) test -run '^$$' -bench Tunnel -benchtime 1x -count 1 -timeout 30m ./test/tunnelbench/ $(BENCH_TUNNEL_FLAGS)
 
 ## bench-upstream: our binaries and upstream's (built from ../shared/upstream)
 ## side by side in one run: new tunnels to first byte and throughput in both
@@ -236,7 +236,7 @@ bench-tunnel:
 ## execution traces of every process, and counts wake-ups per tunnel;
 ## BENCH_BURNERS=n runs n CPU burners beside it, for the tail under load.
 bench-upstream:
-	$(GO) test -run '^$$' -bench Upstream -benchtime 1x -count 1 -timeout 60m ./internal/tunnelbench/ \
+	$(GO) test -run '^$$' -bench Upstream -benchtime 1x -count 1 -timeout 60m ./test/tunnelbench/ \
 		-tunnelbench.out=$(CURDIR)/bench-upstream.md -tunnelbench.chart=$(abspath $(or $(BENCH_CHART),bench-upstream.png)) \
 		$(if $(BENCH_PROFILE),-tunnelbench.profile=$(abspath $(BENCH_PROFILE))) \
 		$(if $(BENCH_BURNERS),-tunnelbench.burners=$(BENCH_BURNERS))

@@ -18,7 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/servercount/servercount/e2e/harness"
-	"github.com/servercount/servercount/internal/balancer"
+	"github.com/servercount/servercount/internal/balancertest"
 	"github.com/servercount/servercount/pkg/lease"
 )
 
@@ -139,7 +139,7 @@ func (e *env) leaseFlags(role string) []string {
 
 // startLeaseAgents starts n agents that count leases and dial the servers
 // through lb.
-func (e *env) startLeaseAgents(n int, lb *balancer.Balancer) []*harness.Agent {
+func (e *env) startLeaseAgents(n int, lb *balancertest.Balancer) []*harness.Agent {
 	e.t.Helper()
 	var agents []*harness.Agent
 	for i := range n {

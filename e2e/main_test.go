@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/e2e/harness"
-	"github.com/servercount/servercount/internal/balancer"
-	"github.com/servercount/servercount/internal/upstream"
+	"github.com/servercount/servercount/internal/balancertest"
+	"github.com/servercount/servercount/test/upstream"
 )
 
 // suite is what TestMain sets up once for every test: one control plane
@@ -216,7 +216,7 @@ func (e *env) startReady(n int) []string {
 
 // startAgents starts n agents counting the Service's agent SRV name, in
 // mode (lb goes through lb, which must be non-nil).
-func (e *env) startAgents(n int, mode string, lb *balancer.Balancer) []*harness.Agent {
+func (e *env) startAgents(n int, mode string, lb *balancertest.Balancer) []*harness.Agent {
 	e.t.Helper()
 	var agents []*harness.Agent
 	for i := range n {
@@ -232,7 +232,7 @@ func (e *env) startAgents(n int, mode string, lb *balancer.Balancer) []*harness.
 	return agents
 }
 
-// agentAddrs are the fleet's agent addresses of ips, for a load balancer.
+// agentAddrs are the fleet's agent addresses of ips, for a load balancertest.
 func (e *env) agentAddrs(ips ...string) []string {
 	var out []string
 	for _, ip := range ips {

@@ -23,7 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/servercount/servercount/e2e/harness"
-	"github.com/servercount/servercount/internal/balancer"
+	"github.com/servercount/servercount/internal/balancertest"
 )
 
 // The rollout an operator does to the proxy-servers and agents, with
@@ -59,7 +59,7 @@ func TestEgressRollout(t *testing.T) {
 	ctx := t.Context()
 	tgt := startRolloutTarget(t, e)
 
-	front, err := balancer.New()
+	front, err := balancertest.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { front.Close() })
 	egress := filepath.Join(t.TempDir(), "egress-selector.yaml")
@@ -251,8 +251,8 @@ type rollout struct {
 	t      *testing.T
 	e      *env
 	impl   rolloutImpl
-	front  *balancer.Balancer
-	agents *balancer.Balancer
+	front  *balancertest.Balancer
+	agents *balancertest.Balancer
 	base   int // the servers are e.ip(base), e.ip(base+1)...
 	client *rolloutClient
 	url    string // the target's pod proxy URL, without the path
@@ -285,7 +285,7 @@ var rolloutPhases = [3]string{"steady", "agent restarts", "server replacements"}
 func (r *rollout) run() {
 	t := r.t
 	var err error
-	r.agents, err = balancer.New()
+	r.agents, err = balancertest.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { r.agents.Close() })
 	followerDone := r.followReadiness()
@@ -350,7 +350,7 @@ func (r *rollout) summary() string {
 
 // startServer starts server i of this run and makes it live: in the
 // Service's endpoints (which publish servers that are not ready yet, so
-// that agents can count and reach them) and behind the agents' balancer.
+// that agents can count and reach them) and behind the agents' balancertest.
 func (r *rollout) startServer(i int) {
 	fleet := *r.e.fleet
 	fleet.Bin.Server = r.impl.server
@@ -365,7 +365,7 @@ func (r *rollout) startServer(i int) {
 }
 
 // setLive makes servers the live ones: the Service's endpoints and the
-// agents' balancer. A server leaves both when it is told to stop, as a
+// agents' balancertest. A server leaves both when it is told to stop, as a
 // terminating pod leaves its Service.
 func (r *rollout) setLive(servers []*harness.Server) {
 	var ips, addrs []string
@@ -381,7 +381,7 @@ func (r *rollout) setLive(servers []*harness.Server) {
 }
 
 // startAgent starts an agent that dials the servers through the agents'
-// balancer. Ours counts the servers through DNS and drains for 6 s on
+// balancertest. Ours counts the servers through DNS and drains for 6 s on
 // SIGTERM; upstream's takes the servers' --server-count.
 func (r *rollout) startAgent(name string) *harness.Agent {
 	fleet := *r.e.fleet
@@ -436,7 +436,7 @@ func (r *rollout) followReadiness() func() {
 }
 
 // waitConverged waits until every agent holds 3 connections and the 3
-// live servers are ready behind the frontend balancer.
+// live servers are ready behind the frontend balancertest.
 func (r *rollout) waitConverged(agents []*harness.Agent) {
 	r.t.Helper()
 	for _, a := range agents {

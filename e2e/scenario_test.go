@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/e2e/harness"
-	"github.com/servercount/servercount/internal/balancer"
+	"github.com/servercount/servercount/internal/balancertest"
 )
 
 // Scenario 1: three ready endpoints.
@@ -37,9 +37,9 @@ func TestThreeReadyEndpoints(t *testing.T) {
 }
 
 // newLB starts a load balancer in front of ips' agent ports.
-func (e *env) newLB(ips ...string) *balancer.Balancer {
+func (e *env) newLB(ips ...string) *balancertest.Balancer {
 	e.t.Helper()
-	lb, err := balancer.New(e.agentAddrs(ips...)...)
+	lb, err := balancertest.New(e.agentAddrs(ips...)...)
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { lb.Close() })
 	return lb

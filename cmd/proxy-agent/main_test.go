@@ -19,10 +19,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/servercount/servercount/internal/churn"
 	"github.com/servercount/servercount/internal/nettest"
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/test/churn"
 )
 
 func TestMain(m *testing.M) {
@@ -127,9 +127,9 @@ func startPlainAgent(t *testing.T, agentPort int, args ...string) (*proctest.Pro
 // newCredentials makes a CA and writes the processes' credentials into a
 // temporary directory. It returns them, and the TLS config with which
 // kube-apiserver reaches the proxy-server's frontend.
-func newCredentials(t *testing.T) (pki.Files, *tls.Config) {
+func newCredentials(t *testing.T) (pkitest.Files, *tls.Config) {
 	t.Helper()
-	ca, certs := pki.TempFiles(t, "test-ca")
+	ca, certs := pkitest.TempFiles(t, "test-ca")
 	client, err := ca.Client("kube-apiserver")
 	require.NoError(t, err)
 	return certs, &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}, ServerName: "localhost"}
@@ -137,13 +137,13 @@ func newCredentials(t *testing.T) (pki.Files, *tls.Config) {
 
 // serverTLS are the flags that give a proxy-server the credentials in
 // certs, on its frontend and on its agent port.
-func serverTLS(certs pki.Files) []string {
+func serverTLS(certs pkitest.Files) []string {
 	return []string{"--cluster-cert=" + certs.ServerCert, "--cluster-key=" + certs.ServerKey, "--cluster-ca-cert=" + certs.CA,
 		"--server-cert=" + certs.ServerCert, "--server-key=" + certs.ServerKey, "--server-ca-cert=" + certs.CA}
 }
 
 // agentTLS are the flags that give a proxy-agent the credentials in certs.
-func agentTLS(certs pki.Files) []string {
+func agentTLS(certs pkitest.Files) []string {
 	return []string{"--ca-cert=" + certs.CA, "--agent-cert=" + certs.AgentCert, "--agent-key=" + certs.AgentKey}
 }
 

@@ -14,11 +14,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/churn"
 	"github.com/servercount/servercount/internal/explain"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
-	"github.com/servercount/servercount/internal/upstream"
+	"github.com/servercount/servercount/test/churn"
+	"github.com/servercount/servercount/test/upstream"
 )
 
 // Both binaries export upstream's metrics under konnectivity_network_proxy_*

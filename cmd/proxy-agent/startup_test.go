@@ -11,11 +11,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/churn"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/nettest"
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/test/churn"
 )
 
 // Nothing the agent depends on can keep it from serving
@@ -35,7 +35,7 @@ func TestAgentStartsAndStopsWhateverItsDependenciesDo(t *testing.T) {
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	require.NoError(t, kubeclient.WriteKubeconfig(kubeconfig, "https://"+silentTCP, "agent"))
-	ca, err := pki.NewCA("startup-ca")
+	ca, err := pkitest.NewCA("startup-ca")
 	require.NoError(t, err)
 	certs, err := ca.WriteFiles(dir)
 	require.NoError(t, err)

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/servercount/servercount/internal/churn"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/test/churn"
 )
 
 func TestMain(m *testing.M) {

@@ -17,11 +17,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/balancer"
-	"github.com/servercount/servercount/internal/churn"
+	"github.com/servercount/servercount/internal/balancertest"
 	"github.com/servercount/servercount/internal/nettest"
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/test/churn"
 )
 
 // secretVolume lays TLS files out as a Kubernetes Secret volume does:
@@ -33,7 +33,7 @@ type secretVolume struct {
 	version int
 }
 
-func newSecretVolume(t *testing.T, ca []*pki.CA, leaf *pki.Pair) *secretVolume {
+func newSecretVolume(t *testing.T, ca []*pkitest.CA, leaf *pkitest.Pair) *secretVolume {
 	v := &secretVolume{t: t, dir: t.TempDir()}
 	v.update(ca, leaf)
 	for _, name := range []string{"ca.crt", "tls.crt", "tls.key"} {
@@ -46,7 +46,7 @@ func (v *secretVolume) path(name string) string { return filepath.Join(v.dir, na
 
 // update writes a new version with the bundle of cas and leaf, and swaps
 // ..data to it.
-func (v *secretVolume) update(cas []*pki.CA, leaf *pki.Pair) {
+func (v *secretVolume) update(cas []*pkitest.CA, leaf *pkitest.Pair) {
 	v.version++
 	ver := fmt.Sprintf("..v%d", v.version)
 	require.NoError(v.t, os.Mkdir(filepath.Join(v.dir, ver), 0o755))
@@ -90,12 +90,12 @@ func TestTLSFilesRotateUnderLiveTunnels(t *testing.T) {
 	target := nettest.Echo(t)
 	for _, mode := range []string{"http-connect", "grpc"} {
 		t.Run(mode, func(t *testing.T) {
-			oldCA, err := pki.NewCA("old")
+			oldCA, err := pkitest.NewCA("old")
 			require.NoError(t, err)
-			newCA, err := pki.NewCA("new")
+			newCA, err := pkitest.NewCA("new")
 			require.NoError(t, err)
-			issue := func(ca *pki.CA, server bool, cn string) *pki.Pair {
-				var p *pki.Pair
+			issue := func(ca *pkitest.CA, server bool, cn string) *pkitest.Pair {
+				var p *pkitest.Pair
 				var err error
 				if server {
 					p, err = ca.Server(cn)
@@ -105,8 +105,8 @@ func TestTLSFilesRotateUnderLiveTunnels(t *testing.T) {
 				require.NoError(t, err)
 				return p
 			}
-			srvVol := newSecretVolume(t, []*pki.CA{oldCA}, issue(oldCA, true, "proxy-server"))
-			agentVol := newSecretVolume(t, []*pki.CA{oldCA}, issue(oldCA, false, "proxy-agent"))
+			srvVol := newSecretVolume(t, []*pkitest.CA{oldCA}, issue(oldCA, true, "proxy-server"))
+			agentVol := newSecretVolume(t, []*pkitest.CA{oldCA}, issue(oldCA, false, "proxy-agent"))
 
 			ports := nettest.FreePorts(t, 6)
 			p := func(i int) string { return strconv.Itoa(ports[i]) }
@@ -117,7 +117,7 @@ func TestTLSFilesRotateUnderLiveTunnels(t *testing.T) {
 				"--health-bind-address=127.0.0.1", "--health-port="+p(2), "--admin-port="+p(3),
 				"--cluster-cert="+srvVol.path("tls.crt"), "--cluster-key="+srvVol.path("tls.key"), "--cluster-ca-cert="+srvVol.path("ca.crt"),
 				"--server-cert="+srvVol.path("tls.crt"), "--server-key="+srvVol.path("tls.key"), "--server-ca-cert="+srvVol.path("ca.crt"))
-			lb, err := balancer.New("127.0.0.1:" + p(1))
+			lb, err := balancertest.New("127.0.0.1:" + p(1))
 			require.NoError(t, err)
 			defer lb.Close()
 			_, lbPort, err := net.SplitHostPort(lb.Addr())
@@ -131,7 +131,7 @@ func TestTLSFilesRotateUnderLiveTunnels(t *testing.T) {
 
 			// frontend dials as kube-apiserver does, trusting roots and
 			// presenting a client certificate of ca.
-			frontend := func(ca *pki.CA, roots ...*pki.CA) churn.Dialer {
+			frontend := func(ca *pkitest.CA, roots ...*pkitest.CA) churn.Dialer {
 				pool := x509.NewCertPool()
 				for _, r := range roots {
 					pool.AddCert(r.Cert)
@@ -180,23 +180,23 @@ func TestTLSFilesRotateUnderLiveTunnels(t *testing.T) {
 			}
 
 			// 1. The new CA beside the old: clients of either are taken.
-			srvVol.update([]*pki.CA{oldCA, newCA}, issue(oldCA, true, "proxy-server"))
-			agentVol.update([]*pki.CA{oldCA, newCA}, issue(oldCA, false, "proxy-agent"))
+			srvVol.update([]*pkitest.CA{oldCA, newCA}, issue(oldCA, true, "proxy-server"))
+			agentVol.update([]*pkitest.CA{oldCA, newCA}, issue(oldCA, false, "proxy-agent"))
 			reloads(1)
 			require.NoError(t, roundTrip(live, 2), "the live tunnel after the CA was added")
 			require.NoError(t, tunnel(frontend(newCA, oldCA)), "a client of the new CA")
 			require.NoError(t, tunnel(frontend(oldCA, oldCA)), "a client of the old CA")
 
 			// 2. The leaves move to the new CA.
-			srvVol.update([]*pki.CA{oldCA, newCA}, issue(newCA, true, "proxy-server"))
-			agentVol.update([]*pki.CA{oldCA, newCA}, issue(newCA, false, "proxy-agent"))
+			srvVol.update([]*pkitest.CA{oldCA, newCA}, issue(newCA, true, "proxy-server"))
+			agentVol.update([]*pkitest.CA{oldCA, newCA}, issue(newCA, false, "proxy-agent"))
 			reloads(2)
 			require.NoError(t, roundTrip(live, 3), "the live tunnel after the leaves moved")
 			require.NoError(t, tunnel(frontend(newCA, newCA)), "the server presents its new leaf")
 
 			// 3. The old CA is removed.
-			srvVol.update([]*pki.CA{newCA}, issue(newCA, true, "proxy-server"))
-			agentVol.update([]*pki.CA{newCA}, issue(newCA, false, "proxy-agent"))
+			srvVol.update([]*pkitest.CA{newCA}, issue(newCA, true, "proxy-server"))
+			agentVol.update([]*pkitest.CA{newCA}, issue(newCA, false, "proxy-agent"))
 			reloads(3)
 			require.NoError(t, roundTrip(live, 4), "the live tunnel after the old CA was removed")
 			require.Error(t, tunnel(frontend(oldCA, newCA)), "a client of the removed CA was taken")

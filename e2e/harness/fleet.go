@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/servercount/servercount/internal/nettest"
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/internal/proctest"
 )
 
@@ -53,7 +53,7 @@ type Fleet struct {
 	// Dir holds certificates and logs.
 	Dir string
 	// CA signs every certificate.
-	CA *pki.CA
+	CA *pkitest.CA
 	// CAFile, ServerCert, ServerKey, AgentCert and AgentKey are PEM files;
 	// the server certificate is for "localhost", the name agents and
 	// frontends check.
@@ -72,7 +72,7 @@ type Fleet struct {
 func NewFleet(bin OurBinaries, dir string) (*Fleet, error) {
 	f := &Fleet{Bin: bin, Dir: dir}
 	var err error
-	if f.CA, err = pki.NewCA("servercount-e2e-ca"); err != nil {
+	if f.CA, err = pkitest.NewCA("servercount-e2e-ca"); err != nil {
 		return nil, err
 	}
 	if f.CAFile, err = f.CA.WriteFile(dir, "ca"); err != nil {

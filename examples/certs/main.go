@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 )
 
 func main() {
@@ -28,7 +28,7 @@ func write(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	ca, err := pki.NewCA("servercount-local-ca")
+	ca, err := pkitest.NewCA("servercount-local-ca")
 	if err != nil {
 		return err
 	}
@@ -37,11 +37,11 @@ func write(dir string) error {
 	}
 	issue := []struct {
 		name string
-		pair func() (*pki.Pair, error)
+		pair func() (*pkitest.Pair, error)
 	}{
-		{"server", func() (*pki.Pair, error) { return ca.Server("proxy-server") }},
-		{"agent", func() (*pki.Pair, error) { return ca.Client("proxy-agent") }},
-		{"client", func() (*pki.Pair, error) { return ca.Client("kube-apiserver") }},
+		{"server", func() (*pkitest.Pair, error) { return ca.Server("proxy-server") }},
+		{"agent", func() (*pkitest.Pair, error) { return ca.Client("proxy-agent") }},
+		{"client", func() (*pkitest.Pair, error) { return ca.Client("kube-apiserver") }},
 	}
 	for _, i := range issue {
 		p, err := i.pair()

@@ -24,7 +24,7 @@ import (
 	serveroptions "github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/nettest"
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 )
 
 // svc is the headless Service the agent counts.
@@ -44,7 +44,7 @@ type demo struct {
 	// agentHealth is the agent's health URL, once it runs.
 	agentHealth string
 	client      tls.Certificate
-	ca          *pki.CA
+	ca          *pkitest.CA
 }
 
 // ports are shared by every server, each on its own loopback IP, as pods
@@ -282,7 +282,7 @@ func (d *demo) stopAll() {
 func (d *demo) file(name string) string { return filepath.Join(d.dir, name) }
 
 func (d *demo) writeCerts() error {
-	ca, err := pki.NewCA("servercount-demo-ca")
+	ca, err := pkitest.NewCA("servercount-demo-ca")
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,7 @@ import (
 
 	"gonum.org/v1/plot/vg"
 
-	"github.com/servercount/servercount/internal/chart"
+	"github.com/servercount/servercount/test/chart"
 )
 
 // timeline samples what the agent counts and holds while the demo runs,

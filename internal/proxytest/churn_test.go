@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 
-	"github.com/servercount/servercount/internal/churn"
 	"github.com/servercount/servercount/pkg/agent"
+	"github.com/servercount/servercount/test/churn"
 )
 
 // churnDuration is how long each churn run lasts: a few seconds in

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -132,7 +132,7 @@ var deafFrontends = map[string]func(t *testing.T, s *Server, addr string) (close
 	// timeout).
 	"grpc": func(t *testing.T, s *Server, addr string) func() {
 		// The stream lives as long as its context: the test's.
-		deaf, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: s.GRPCFrontendAddr(), TLS: s.frontendTLS})
+		deaf, err := adversarytest.DialDeafFrontend(t.Context(), adversarytest.FrontendConfig{Addr: s.GRPCFrontendAddr(), TLS: s.frontendTLS})
 		require.NoError(t, err)
 		_, err = deaf.Dial(addr, 1)
 		require.NoError(t, err)

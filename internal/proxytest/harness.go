@@ -22,7 +22,7 @@ import (
 	konnectivity "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/pkg/client"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/server"
@@ -39,13 +39,13 @@ const StopTimeout = 10 * time.Second
 // require client certificates from.
 type Env struct {
 	// CA signs every certificate of the Env.
-	CA *pki.CA
+	CA *pkitest.CA
 }
 
 // NewEnv returns an Env with a fresh CA named name.
 func NewEnv(tb testing.TB, name string) *Env {
 	tb.Helper()
-	ca, err := pki.NewCA(name)
+	ca, err := pkitest.NewCA(name)
 	require.NoError(tb, err, "create test CA")
 	return &Env{CA: ca}
 }

@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/servercount/servercount/internal/balancer"
+	"github.com/servercount/servercount/internal/balancertest"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/agent"
@@ -538,7 +538,7 @@ func TestHA(t *testing.T) {
 		}
 		return addrs
 	}
-	lb, err := balancer.New(agentAddrs(servers...)...)
+	lb, err := balancertest.New(agentAddrs(servers...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lb.Close() }) // the error is the listener's: nothing to check
 
@@ -552,7 +552,7 @@ func TestHA(t *testing.T) {
 		assert.Equal(t, "hello from the target: /"+s.ID(), get(t, HTTPClient(t, s.DialGRPC), target.URL+"/"+s.ID()))
 	}
 
-	// Stop server-2, taking it out of the balancer.
+	// Stop server-2, taking it out of the balancertest.
 	lb.SetBackends(agentAddrs(servers[0], servers[2])...)
 	servers[1].Stop()
 	require.Eventually(t, func() bool { return cs.Connected() == 2 }, waitFor, tick, "the agent kept a stopped server")

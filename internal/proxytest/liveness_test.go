@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/balancer"
+	"github.com/servercount/servercount/internal/balancertest"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/agent"
@@ -17,7 +17,7 @@ import (
 
 // The first fault, in one process: one of two servers freezes
 // behind an L4 relay (the sockets stay open, nothing is forwarded) while
-// its replacement comes up behind the balancer. Both ends drop the dead
+// its replacement comes up behind the balancertest. Both ends drop the dead
 // stream within the silence of their heartbeats, the agent holds the
 // replacement, and requests flow through both servers it holds. Before
 // heartbeats, the agent held the frozen server for an hour and the
@@ -31,7 +31,7 @@ func TestFrozenServerIsDroppedAtBothEndsAndReplaced(t *testing.T) {
 		return ServerOptions{ID: id, Heartbeat: heartbeat, Count: servercounter.StaticServerCounter(2)}
 	}
 	s1, s2, s3 := StartServer(t, env, opts("s1")), StartServer(t, env, opts("s2")), StartServer(t, env, opts("s3"))
-	lb, err := balancer.New(s1.AgentAddr(), s2.AgentAddr())
+	lb, err := balancertest.New(s1.AgentAddr(), s2.AgentAddr())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lb.Close() })
 	cfg := FastAgentConfig("a1", lb.Addr())

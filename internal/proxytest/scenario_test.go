@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/balancer"
+	"github.com/servercount/servercount/internal/balancertest"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/agent"
@@ -40,13 +40,13 @@ type fleet struct {
 	t       testing.TB
 	env     *Env
 	dns     *dnstest.Server
-	lb      *balancer.Balancer
+	lb      *balancertest.Balancer
 	servers []*Server // every server started, in order
 }
 
 func newFleet(t testing.TB) *fleet {
 	t.Helper()
-	lb, err := balancer.New()
+	lb, err := balancertest.New()
 	require.NoError(t, err, "start load balancer")
 	t.Cleanup(func() { _ = lb.Close() }) // the listener's close error is of no use
 	return &fleet{t: t, env: NewEnv(t, "scenario-ca"), dns: dnstest.NewServer(t), lb: lb}
@@ -106,7 +106,7 @@ func (f *fleet) converge(servers []*Server, mode agent.DialMode, edit func(*agen
 }
 
 // upstreamAgent starts an agent as upstream's behaves: no count source but
-// the serverCount headers it receives, through the load balancer.
+// the serverCount headers it receives, through the load balancertest.
 func (f *fleet) upstreamAgent(edit func(*agent.Config)) *Agent {
 	f.t.Helper()
 	cfg := FastAgentConfig("agent-1", f.lb.Addr())

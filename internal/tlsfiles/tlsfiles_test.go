@@ -22,7 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/internal/logtest"
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/internal/tlsfiles"
 )
 
@@ -60,25 +60,25 @@ func (v *secretVolume) update(files map[string][]byte) {
 	require.NoError(v.t, os.Rename(tmp, filepath.Join(v.dir, "..data")))
 }
 
-func newCA(t *testing.T, name string) *pki.CA {
-	ca, err := pki.NewCA(name)
+func newCA(t *testing.T, name string) *pkitest.CA {
+	ca, err := pkitest.NewCA(name)
 	require.NoError(t, err)
 	return ca
 }
 
-func serverPair(t *testing.T, ca *pki.CA) *pki.Pair {
+func serverPair(t *testing.T, ca *pkitest.CA) *pkitest.Pair {
 	p, err := ca.Server("server")
 	require.NoError(t, err)
 	return p
 }
 
-func clientPair(t *testing.T, ca *pki.CA) *pki.Pair {
+func clientPair(t *testing.T, ca *pkitest.CA) *pkitest.Pair {
 	p, err := ca.Client("client")
 	require.NoError(t, err)
 	return p
 }
 
-func serial(p *pki.Pair) *big.Int { return p.TLS.Leaf.SerialNumber }
+func serial(p *pkitest.Pair) *big.Int { return p.TLS.Leaf.SerialNumber }
 
 // echoServer serves TLS with cfg on loopback and echoes every
 // connection until the test ends.
@@ -228,7 +228,7 @@ func TestServerFollowsItsClientCABundle(t *testing.T) {
 	w, err := tlsfiles.New("test port", tlsfiles.Files{Cert: certFile, Key: keyFile, CA: caFile}, nil, klog.Background().V(9))
 	require.NoError(t, err)
 	addr := echoServer(t, w.ServerConfig())
-	clientOf := func(ca *pki.CA) *tls.Config {
+	clientOf := func(ca *pkitest.CA) *tls.Config {
 		return &tls.Config{RootCAs: oldCA.Pool(), ServerName: "localhost", Certificates: []tls.Certificate{clientPair(t, ca).TLS}}
 	}
 

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/goleak"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
@@ -22,7 +22,7 @@ import (
 
 func TestHandshakeSendsAgentMetadata(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	tokenPath := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(tokenPath, []byte("tok-1\n"), 0o600))
 
@@ -53,7 +53,7 @@ func TestHandshakeSendsAgentMetadata(t *testing.T) {
 
 func TestHandshakeWithoutIdentifiersOrToken(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	startAgent(t, testConfig(tt, srv.Addr()))
 	st := srv.NextStream(t)
 	assert.Empty(t, st.Metadata().Get(wire.HeaderAgentIdentifiers))
@@ -63,13 +63,13 @@ func TestHandshakeWithoutIdentifiersOrToken(t *testing.T) {
 func TestHandshakeRejectsBadHeaders(t *testing.T) {
 	tests := []struct {
 		name string
-		opts adversary.ServerConfig
+		opts adversarytest.ServerConfig
 	}{
-		{name: "no serverID", opts: adversary.ServerConfig{OmitID: true, Count: "1"}},
-		{name: "empty serverID", opts: adversary.ServerConfig{ID: "", Count: "1"}},
-		{name: "no serverCount", opts: adversary.ServerConfig{ID: "s1", OmitCount: true}},
-		{name: "serverCount not a number", opts: adversary.ServerConfig{ID: "s1", Count: "three"}},
-		{name: "negative serverCount", opts: adversary.ServerConfig{ID: "s1", Count: "-1"}},
+		{name: "no serverID", opts: adversarytest.ServerConfig{OmitID: true, Count: "1"}},
+		{name: "empty serverID", opts: adversarytest.ServerConfig{ID: "", Count: "1"}},
+		{name: "no serverCount", opts: adversarytest.ServerConfig{ID: "s1", OmitCount: true}},
+		{name: "serverCount not a number", opts: adversarytest.ServerConfig{ID: "s1", Count: "three"}},
+		{name: "negative serverCount", opts: adversarytest.ServerConfig{ID: "s1", Count: "-1"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -103,7 +103,7 @@ func TestDuplicateServerIDKeepsOldStream(t *testing.T) {
 	tt := newTestTLS(t)
 	// The server asks for 2 servers but there is one: every further dial
 	// lands on the same serverID.
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "2"})
 	a := startAgent(t, testConfig(tt, srv.Addr()))
 
 	first := srv.NextStream(t)
@@ -135,9 +135,9 @@ func TestReachesTargetThroughLoadBalancer(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tt := newTestTLS(t)
-			s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: tc.count})
-			s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: tc.count})
-			s3 := newTestServer(t, tt, adversary.ServerConfig{ID: "s3", Count: tc.count})
+			s1 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: tc.count})
+			s2 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s2", Count: tc.count})
+			s3 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s3", Count: tc.count})
 			lb := newTestLB(t, s1.Addr(), s2.Addr(), s3.Addr())
 			cfg := testConfig(tt, lb.Addr())
 			cfg.Counter = servercounter.StaticServerCounter(tc.counter)
@@ -157,7 +157,7 @@ func TestReachesTargetThroughLoadBalancer(t *testing.T) {
 			require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick)
 
 			// A fresh one comes up.
-			s4 := newTestServer(t, tt, adversary.ServerConfig{ID: "s4", Count: tc.count})
+			s4 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s4", Count: tc.count})
 			lb.SetBackends(s1.Addr(), s3.Addr(), s4.Addr())
 			require.Eventually(t, func() bool { return a.Connected() == 3 }, waitFor, tick)
 			s4.NextStream(t)
@@ -167,7 +167,7 @@ func TestReachesTargetThroughLoadBalancer(t *testing.T) {
 
 func TestNoChurnWhenTargetReached(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	a := startAgent(t, testConfig(tt, srv.Addr()))
 	require.Eventually(t, func() bool { return a.Connected() == 1 }, waitFor, tick)
 	opened := srv.Opened()
@@ -179,7 +179,7 @@ func TestNoChurnWhenTargetReached(t *testing.T) {
 
 func TestSyncForeverKeepsDialing(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	cfg := testConfig(tt, srv.Addr())
 	cfg.SyncForever = true
 	a := startAgent(t, cfg)
@@ -191,17 +191,17 @@ func TestSyncForeverKeepsDialing(t *testing.T) {
 
 func TestDrain(t *testing.T) {
 	tt := newTestTLS(t)
-	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
-	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "2"})
+	s1 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "2"})
+	s2 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s2", Count: "2"})
 	lb := newTestLB(t, s1.Addr(), s2.Addr())
 	target := newTestTarget(t, true)
 	a := startAgent(t, testConfig(tt, lb.Addr()))
 	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick)
 	// The stream each server kept; duplicates end at once. The target is
 	// reached, so no dial is in flight.
-	live := func(s *adversary.HostileServer) *adversary.ServerStream {
+	live := func(s *adversarytest.HostileServer) *adversarytest.ServerStream {
 		all := s.TakeStreams()
-		var l *adversary.ServerStream
+		var l *adversarytest.ServerStream
 		require.Eventually(t, func() bool {
 			n := 0
 			for _, st := range all {
@@ -238,7 +238,7 @@ func TestDrain(t *testing.T) {
 
 func TestHealth(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	lb := newTestLB(t) // no backend yet
 	a := newAgent(t, testConfig(tt, lb.Addr()))
 	hs := httptest.NewServer(a.Health())

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -31,7 +31,7 @@ func TestResolvedModeReachesEachServerInOneDial(t *testing.T) {
 	tt := newTestTLS(t)
 	var addrs []string
 	for i := range 5 {
-		s := newTestServer(t, tt, adversary.ServerConfig{ID: fmt.Sprintf("s%d", i), Count: "5"})
+		s := newTestServer(t, tt, adversarytest.ServerConfig{ID: fmt.Sprintf("s%d", i), Count: "5"})
 		addrs = append(addrs, s.Addr())
 	}
 	counter, dns := dnsCounter(t, addrs[:3]...)
@@ -58,8 +58,8 @@ func TestResolvedModeReachesEachServerInOneDial(t *testing.T) {
 
 func TestResolvedModeBacksOffOnUnreachableServers(t *testing.T) {
 	tt := newTestTLS(t)
-	s0 := newTestServer(t, tt, adversary.ServerConfig{ID: "s0", Count: "3"})
-	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "3"})
+	s0 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s0", Count: "3"})
+	s1 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "3"})
 	// Three more listed that nobody serves: nothing listens on port 1.
 	counter, _ := dnsCounter(t, s0.Addr(), s1.Addr(), "127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1")
 	cfg := testConfig(tt, "127.0.0.1:1")

@@ -14,10 +14,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/servercount/servercount/internal/adversary"
-	"github.com/servercount/servercount/internal/balancer"
+	"github.com/servercount/servercount/internal/adversarytest"
+	"github.com/servercount/servercount/internal/balancertest"
 	"github.com/servercount/servercount/internal/metricstest"
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 )
 
 // waitFor bounds every wait in these tests.
@@ -34,7 +34,7 @@ type testTLS struct {
 
 func newTestTLS(t testing.TB) testTLS {
 	t.Helper()
-	ca, err := pki.NewCA("agent-test-ca")
+	ca, err := pkitest.NewCA("agent-test-ca")
 	require.NoError(t, err)
 	srv, err := ca.Server("proxy-server")
 	require.NoError(t, err)
@@ -55,17 +55,17 @@ func newTestTLS(t testing.TB) testTLS {
 	}
 }
 
-// newTestServer starts a hostile proxy-server (see adversary.HostileServer)
+// newTestServer starts a hostile proxy-server (see adversarytest.HostileServer)
 // with tt's server credentials: it answers the handshake as cfg says and
 // hands each Connect stream to the test.
-func newTestServer(t testing.TB, tt testTLS, cfg adversary.ServerConfig) *adversary.HostileServer {
+func newTestServer(t testing.TB, tt testTLS, cfg adversarytest.ServerConfig) *adversarytest.HostileServer {
 	t.Helper()
 	cfg.Creds = tt.server
-	return adversary.StartHostileServer(t, cfg)
+	return adversarytest.StartHostileServer(t, cfg)
 }
 
 // newTestServerOn is newTestServer on a listener of the test's choosing.
-func newTestServerOn(t testing.TB, tt testTLS, cfg adversary.ServerConfig, lis net.Listener) *adversary.HostileServer {
+func newTestServerOn(t testing.TB, tt testTLS, cfg adversarytest.ServerConfig, lis net.Listener) *adversarytest.HostileServer {
 	t.Helper()
 	cfg.Listener = lis
 	return newTestServer(t, tt, cfg)
@@ -73,9 +73,9 @@ func newTestServerOn(t testing.TB, tt testTLS, cfg adversary.ServerConfig, lis n
 
 // newTestLB starts a load balancer in front of backends, closed when the
 // test ends.
-func newTestLB(t testing.TB, backends ...string) *balancer.Balancer {
+func newTestLB(t testing.TB, backends ...string) *balancertest.Balancer {
 	t.Helper()
-	lb, err := balancer.New(backends...)
+	lb, err := balancertest.New(backends...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lb.Close() }) // the error is the listener's
 	return lb

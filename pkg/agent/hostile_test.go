@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -69,7 +69,7 @@ func TestFlappingDNSNeverExceedsServerCountMax(t *testing.T) {
 func TestNewServerIDPerStreamGetsServerCountMaxStreams(t *testing.T) {
 	const max = 3
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "liar", NewIDPerStream: true, Count: "1000000000"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "liar", NewIDPerStream: true, Count: "1000000000"})
 	cfg := testConfig(tt, srv.Addr())
 	cfg.Counter = servercounter.StaticServerCounter(1)
 	cfg.TargetPolicy = TargetMax
@@ -87,14 +87,14 @@ func TestNewServerIDPerStreamGetsServerCountMaxStreams(t *testing.T) {
 // serversBehindLiar starts five servers behind a balancer, and a DNS
 // server for the test to make lie about them; cfg is an agent's
 // testConfig for the balancer.
-func serversBehindLiar(t *testing.T) (cfg Config, liar *adversary.LyingDNS, addrs []string) {
+func serversBehindLiar(t *testing.T) (cfg Config, liar *adversarytest.LyingDNS, addrs []string) {
 	t.Helper()
 	tt := newTestTLS(t)
 	for _, id := range []string{"s0", "s1", "s2", "s3", "s4"} {
-		addrs = append(addrs, newTestServer(t, tt, adversary.ServerConfig{ID: id, Count: "1"}).Addr())
+		addrs = append(addrs, newTestServer(t, tt, adversarytest.ServerConfig{ID: id, Count: "1"}).Addr())
 	}
 	lb := newTestLB(t, addrs...)
-	return testConfig(tt, lb.Addr()), adversary.StartLyingDNS(t), addrs
+	return testConfig(tt, lb.Addr()), adversarytest.StartLyingDNS(t), addrs
 }
 
 // startCountingAgent starts an agent from cfg that aims for counter's

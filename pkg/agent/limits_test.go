@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
@@ -31,7 +31,7 @@ func TestReceivedCountClampedByServerCountMax(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tt := newTestTLS(t)
-			srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1000000000"})
+			srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1000000000"})
 			cfg := testConfig(tt, srv.Addr())
 			cfg.Counter = servercounter.StaticServerCounter(2)
 			cfg.TargetPolicy = tc.policy

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -25,9 +25,9 @@ const testHeartbeat = 40 * time.Millisecond
 // heartbeatServer starts a hostile server named id that answers the
 // agent's heartbeat offer with interval, and then sends only what the
 // test makes it send.
-func heartbeatServer(t *testing.T, tt testTLS, id string, interval time.Duration) *adversary.HostileServer {
+func heartbeatServer(t *testing.T, tt testTLS, id string, interval time.Duration) *adversarytest.HostileServer {
 	t.Helper()
-	return newTestServer(t, tt, adversary.ServerConfig{ID: id, Count: "1", Metadata: []string{wire.HeaderHeartbeat, wire.FormatHeartbeat(interval)}})
+	return newTestServer(t, tt, adversarytest.ServerConfig{ID: id, Count: "1", Metadata: []string{wire.HeaderHeartbeat, wire.FormatHeartbeat(interval)}})
 }
 
 // A server that took up heartbeats and then sends nothing (a frozen
@@ -82,7 +82,7 @@ func TestHeartbeatingServerIsKept(t *testing.T) {
 // sync rounds.
 func TestServerWithoutHeartbeatsIsNotHeldToThem(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	cfg := testConfig(tt, srv.Addr())
 	cfg.Heartbeat = testHeartbeat
 	a := startAgent(t, cfg)
@@ -160,8 +160,8 @@ func get(url string) (int, string) {
 // dialled. Without it, one server is enough, as upstream's.
 func TestReadinessWhenAllServers(t *testing.T) {
 	tt := newTestTLS(t)
-	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
-	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "2"})
+	s1 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "2"})
+	s2 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s2", Count: "2"})
 	lb := newTestLB(t) // s2's address, which answers nothing at first
 	counter, _ := dnsCounter(t, s1.Addr(), lb.Addr())
 	cfg := testConfig(tt, "127.0.0.1:1")
@@ -194,7 +194,7 @@ func TestReadinessWhenAllServers(t *testing.T) {
 // many are counted.
 func TestReadinessIsUpstreamsByDefault(t *testing.T) {
 	tt := newTestTLS(t)
-	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
+	s1 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "2"})
 	counter, _ := dnsCounter(t, s1.Addr(), nettest.Refused(t, "127.0.0.1"))
 	cfg := testConfig(tt, "127.0.0.1:1")
 	cfg.DialMode, cfg.TargetPolicy, cfg.Counter = DialResolved, TargetCounted, counter
@@ -213,9 +213,9 @@ func TestReadinessIsUpstreamsByDefault(t *testing.T) {
 // TTL is an hour.
 func TestLostServerIsReResolved(t *testing.T) {
 	tt := newTestTLS(t)
-	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "2"})
-	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "2"})
-	s3 := newTestServer(t, tt, adversary.ServerConfig{ID: "s3", Count: "2"})
+	s1 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "2"})
+	s2 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s2", Count: "2"})
+	s3 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s3", Count: "2"})
 	dns := dnstest.NewServer(t)
 	publish := func(addrs ...string) {
 		rrs := dnstest.SRVRecords(srvName, addrs...)

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/logtest"
 )
 
@@ -70,7 +70,7 @@ func TestRefusedServerPortLoggedOnceAtLevelZero(t *testing.T) {
 	// The port comes alive: the agent connects and says it recovered.
 	lis, err = net.Listen("tcp", addr)
 	require.NoError(t, err)
-	newTestServerOn(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"}, lis)
+	newTestServerOn(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"}, lis)
 	recovered(t, a, logs)
 }
 
@@ -78,8 +78,8 @@ func TestRefusedServerPortLoggedOnceAtLevelZero(t *testing.T) {
 // operator must see without -v, once, and its end too.
 func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
 	trusted, other := newTestTLS(t), newTestTLS(t)
-	wrong := newTestServer(t, other, adversary.ServerConfig{ID: "wrong", Count: "1"})
-	right := newTestServer(t, trusted, adversary.ServerConfig{ID: "right", Count: "1"})
+	wrong := newTestServer(t, other, adversarytest.ServerConfig{ID: "wrong", Count: "1"})
+	right := newTestServer(t, trusted, adversarytest.ServerConfig{ID: "right", Count: "1"})
 	lb := newTestLB(t, wrong.Addr())
 
 	a, logs := runLogged(t, testConfig(trusted, lb.Addr()))
@@ -97,8 +97,8 @@ func TestWrongCALoggedOnceAtLevelZero(t *testing.T) {
 // start it again, within outage.DefaultQuiet).
 func TestOneBadServerBehindBalancerLoggedOnce(t *testing.T) {
 	trusted, other := newTestTLS(t), newTestTLS(t)
-	good := newTestServer(t, trusted, adversary.ServerConfig{ID: "good", Count: "2"})
-	bad := newTestServer(t, other, adversary.ServerConfig{ID: "bad", Count: "2"})
+	good := newTestServer(t, trusted, adversarytest.ServerConfig{ID: "good", Count: "2"})
+	bad := newTestServer(t, other, adversarytest.ServerConfig{ID: "bad", Count: "2"})
 	lb := newTestLB(t, good.Addr(), bad.Addr())
 
 	a, logs := runLogged(t, testConfig(trusted, lb.Addr()))

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -44,11 +44,11 @@ func FuzzServerPackets(f *testing.F) {
 		{{Type: wire.PacketWindow}, {Type: wire.PacketWindow, Payload: &pb.Packet_Data{Data: &pb.Data{ConnectID: id, Data: []byte{0xff, 0xff}}}}},
 		{wire.Data(id, bytes.Repeat([]byte("o"), wire.MaxDataPayload)), wire.Data(id, bytes.Repeat([]byte("v"), wire.MaxDataPayload)), wire.Data(id, []byte("past the window"))},
 	} {
-		f.Add(adversary.EncodePackets(seed...))
+		f.Add(adversarytest.EncodePackets(seed...))
 	}
 
 	tt := newTestTLS(f)
-	srv := newTestServer(f, tt, adversary.ServerConfig{ID: "s1", Count: "1",
+	srv := newTestServer(f, tt, adversarytest.ServerConfig{ID: "s1", Count: "1",
 		Metadata: []string{wire.HeaderTunnelWindow, strconv.Itoa(wire.DefaultTunnelWindow)}})
 	echo := newTestTarget(f, true)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -61,7 +61,7 @@ func FuzzServerPackets(f *testing.F) {
 	var random int64 = 1 << 40 // the target's own dials; inputs use others
 
 	f.Fuzz(func(t *testing.T, data []byte) {
-		pkts := adversary.DecodePackets(data)
+		pkts := adversarytest.DecodePackets(data)
 		st := srv.NextStream(t) // the last input ended the one before
 		random++
 		tunnel := dialThrough(t, st, echo.addr, random)
@@ -107,7 +107,7 @@ func fuzzSanitize(p *pb.Packet, tunnel int64, echo, refused string) {
 // dialThrough opens a tunnel to address with random and returns its
 // connectID, skipping the agent's other packets; 0 if the stream ended or
 // the dial failed.
-func dialThrough(t *testing.T, st *adversary.ServerStream, address string, random int64) int64 {
+func dialThrough(t *testing.T, st *adversarytest.ServerStream, address string, random int64) int64 {
 	t.Helper()
 	if st.SendPacket(wire.DialReq("tcp", address, random)) != nil {
 		return 0
@@ -128,7 +128,7 @@ func dialThrough(t *testing.T, st *adversary.ServerStream, address string, rando
 
 // echoThrough sends a line through the tunnel id and waits for the echo,
 // skipping the agent's other packets, unless the stream ends.
-func echoThrough(t *testing.T, st *adversary.ServerStream, id int64) {
+func echoThrough(t *testing.T, st *adversarytest.ServerStream, id int64) {
 	t.Helper()
 	msg := []byte("well-behaved")
 	if st.SendPacket(wire.Data(id, msg)) != nil {
@@ -152,7 +152,7 @@ func echoThrough(t *testing.T, st *adversary.ServerStream, id int64) {
 
 // nextOrEnd returns the agent's next packet, or nil when the stream has
 // ended; it fails the test after waitFor.
-func nextOrEnd(t *testing.T, st *adversary.ServerStream) *pb.Packet {
+func nextOrEnd(t *testing.T, st *adversarytest.ServerStream) *pb.Packet {
 	t.Helper()
 	select {
 	case p := <-st.Packets():

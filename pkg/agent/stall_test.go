@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -20,7 +20,7 @@ import (
 func TestStalledServerStreamIsEndedAndRedialled(t *testing.T) {
 	const stall = 300 * time.Millisecond
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1", Deaf: true})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1", Deaf: true})
 	cfg := testConfig(tt, srv.Addr())
 	cfg.StreamStallTimeout = stall
 	a, logs := runLogged(t, cfg)
@@ -43,7 +43,7 @@ func TestStalledServerStreamIsEndedAndRedialled(t *testing.T) {
 // talking, so the agent's DATA fills the stream's window and its Send
 // waits. stopTarget closes the target's connection and waits until it
 // has stopped writing; it also runs when the test ends.
-func stickStream(t *testing.T, srv *adversary.HostileServer) (ss *adversary.ServerStream, stopTarget func()) {
+func stickStream(t *testing.T, srv *adversarytest.HostileServer) (ss *adversarytest.ServerStream, stopTarget func()) {
 	t.Helper()
 	target := newTestTarget(t, false)
 	ss = srv.NextStream(t)
@@ -82,7 +82,7 @@ func (a *testAgent) stuck(d time.Duration) bool {
 // (and counted), freeing the queue.
 func TestControlQueueIsBounded(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1", Deaf: true})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1", Deaf: true})
 	cfg := testConfig(tt, srv.Addr())
 	cfg.StreamStallTimeout = -1 // the bound, not the backstop, must end it
 	a, logs := runLogged(t, cfg)
@@ -119,8 +119,8 @@ func TestControlQueueIsBounded(t *testing.T) {
 // connects to another server at once.
 func TestServerDrainMakesTheAgentSeekAnother(t *testing.T) {
 	tt := newTestTLS(t)
-	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
-	s2 := newTestServer(t, tt, adversary.ServerConfig{ID: "s2", Count: "1"})
+	s1 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
+	s2 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s2", Count: "1"})
 	lb := newTestLB(t, s1.Addr())
 	cfg := testConfig(tt, lb.Addr())
 	cfg.SyncInterval, cfg.SyncIntervalCap = time.Hour, time.Hour // only the DRAIN may wake it

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
@@ -45,8 +45,8 @@ func (c *changeDuringRead) Count(ctx context.Context) (servercounter.Result, err
 // sync interval, here an hour.)
 func TestCountChangeDuringRoundIsNotLost(t *testing.T) {
 	tt := newTestTLS(t)
-	s0 := newTestServer(t, tt, adversary.ServerConfig{ID: "s0", Count: "1"})
-	s1 := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	s0 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s0", Count: "1"})
+	s1 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	cache, dns := dnsCounter(t, s0.Addr())
 	require.Eventually(t, func() bool { res, _ := cache.Count(t.Context()); return res.Count == 1 }, waitFor, tick)
 	counter := &changeDuringRead{CachedServerCounter: cache, t: t, change: func() {

@@ -13,22 +13,22 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
 // oneStream starts a server and an agent and returns the agent's stream.
-func oneStream(t testing.TB) (*testAgent, *adversary.ServerStream) {
+func oneStream(t testing.TB) (*testAgent, *adversarytest.ServerStream) {
 	t.Helper()
 	return oneStreamWith(t, func(*Config) {})
 }
 
 // oneStreamWith is oneStream with an agent whose testConfig set changes.
-func oneStreamWith(t testing.TB, set func(*Config)) (*testAgent, *adversary.ServerStream) {
+func oneStreamWith(t testing.TB, set func(*Config)) (*testAgent, *adversarytest.ServerStream) {
 	t.Helper()
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	cfg := testConfig(tt, srv.Addr())
 	set(&cfg)
 	a := startAgent(t, cfg)
@@ -268,7 +268,7 @@ func TestTunnelsConcurrent(t *testing.T) {
 // A stream that ends closes its tunnels and is dropped.
 func TestStreamEndClosesTunnels(t *testing.T) {
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1"})
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	target := newTestTarget(t, false)
 	a := startAgent(t, testConfig(tt, srv.Addr()))
 	st := srv.NextStream(t)
@@ -290,7 +290,7 @@ func TestStreamEndClosesTunnels(t *testing.T) {
 func TestServerOverrunningTheWindowLosesTheTunnel(t *testing.T) {
 	const window = 64 << 10
 	tt := newTestTLS(t)
-	srv := newTestServer(t, tt, adversary.ServerConfig{ID: "s1", Count: "1",
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1",
 		Metadata: []string{wire.HeaderTunnelWindow, strconv.Itoa(window)}})
 	cfg := testConfig(tt, srv.Addr())
 	cfg.TunnelWindow = window

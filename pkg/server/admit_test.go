@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
@@ -150,7 +150,7 @@ func TestHandshakesPerAddressAreBounded(t *testing.T) {
 
 	from := func(ip string) grpc.ClientConnInterface { return connFrom(t, e, ip) }
 	dial := func(conn grpc.ClientConnInterface, id, token string) error {
-		a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Conn: conn, ID: id, Token: token})
+		a, err := adversarytest.DialDeafAgent(t.Context(), adversarytest.AgentConfig{Conn: conn, ID: id, Token: token})
 		if err == nil {
 			t.Cleanup(a.Close)
 		}
@@ -199,7 +199,7 @@ func TestStreamsPerAgentAreBounded(t *testing.T) {
 	refused := 0
 	for i := range 1000 {
 		cc := conns[min(i/server.MaxStreamsPerAgent, 1)]
-		a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Conn: cc, ID: "one-agent"})
+		a, err := adversarytest.DialDeafAgent(t.Context(), adversarytest.AgentConfig{Conn: cc, ID: "one-agent"})
 		if i < server.MaxStreamsPerAgent {
 			require.NoError(t, err, "stream %d", i)
 			t.Cleanup(a.Close)
@@ -226,7 +226,7 @@ func TestHandshakesPerAddressUnbounded(t *testing.T) {
 	const n = server.DefaultMaxHandshakesPerAddress + 4
 	for i := range n {
 		wg.Go(func() {
-			a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Addr: e.agentAddr, TLS: e.agentTLS, ID: fmt.Sprint("nat-", i), Token: "good"})
+			a, err := adversarytest.DialDeafAgent(t.Context(), adversarytest.AgentConfig{Addr: e.agentAddr, TLS: e.agentTLS, ID: fmt.Sprint("nat-", i), Token: "good"})
 			if assert.NoError(t, err) {
 				t.Cleanup(a.Close)
 			}
@@ -237,7 +237,7 @@ func TestHandshakesPerAddressUnbounded(t *testing.T) {
 	wg.Wait()
 	waitBackends(t, e, n)
 	for i := range 3 * 10 {
-		_, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Addr: e.agentAddr, TLS: e.agentTLS, ID: fmt.Sprint("broken-", i), Token: "bad"})
+		_, err := adversarytest.DialDeafAgent(t.Context(), adversarytest.AgentConfig{Addr: e.agentAddr, TLS: e.agentTLS, ID: fmt.Sprint("broken-", i), Token: "bad"})
 		require.Equal(t, codes.Unauthenticated, status.Code(err), "refused token %d: %v", i, err)
 	}
 }
@@ -262,7 +262,7 @@ func TestAddressWithRefusedTokensIsNotChecked(t *testing.T) {
 	auth := &countingAuth{TokenAuthenticator: tokenFileAuth(t, "good\n")}
 	e := startEnv(t, server.Config{Registerer: reg, Authenticator: auth})
 	from := func(ip, id, token string) error {
-		a, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Conn: connFrom(t, e, ip), ID: id, Token: token})
+		a, err := adversarytest.DialDeafAgent(t.Context(), adversarytest.AgentConfig{Conn: connFrom(t, e, ip), ID: id, Token: token})
 		if err == nil {
 			t.Cleanup(a.Close)
 		}

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
@@ -54,7 +54,7 @@ func FuzzAgentPackets(f *testing.F) {
 		{wire.DialRsp(fuzzGRPCRandom, 4, ""), wire.WindowUpdate(4, 1<<20), wire.WindowUpdate(4, wire.MaxTunnelWindow), wire.WindowUpdate(77, 1), {Type: wire.PacketWindow}},
 		{wire.DialRsp(fuzzHTTPRandom, 3, ""), wire.Data(3, bytes.Repeat([]byte("o"), 3*wire.MaxDataPayload)), wire.Data(3, []byte("past the window"))},
 	} {
-		f.Add(adversary.EncodePackets(seed...))
+		f.Add(adversarytest.EncodePackets(seed...))
 	}
 
 	reg := prometheus.NewPedanticRegistry()
@@ -81,10 +81,10 @@ func FuzzAgentPackets(f *testing.F) {
 	var grpcRandom int64 = 1 << 40
 
 	f.Fuzz(func(t *testing.T, data []byte) {
-		pkts := adversary.DecodePackets(data)
+		pkts := adversarytest.DecodePackets(data)
 		ctx, cancel := context.WithTimeout(t.Context(), waitFor)
 		defer cancel()
-		a, err := adversary.DialDeafAgent(ctx, adversary.AgentConfig{Conn: agentCC, ID: "fuzzed", Identifiers: "host=" + fuzzHost,
+		a, err := adversarytest.DialDeafAgent(ctx, adversarytest.AgentConfig{Conn: agentCC, ID: "fuzzed", Identifiers: "host=" + fuzzHost,
 			Metadata: []string{wire.HeaderTunnelWindow, strconv.Itoa(wire.DefaultTunnelWindow)}})
 		require.NoError(t, err)
 		defer a.Close()
@@ -100,7 +100,7 @@ func FuzzAgentPackets(f *testing.F) {
 		require.NoError(t, err)
 		httpRead := make(chan struct{})
 		go func() { defer close(httpRead); _, _ = io.Copy(io.Discard, hc) }()
-		fe, err := adversary.DialDeafFrontend(ctx, adversary.FrontendConfig{Conn: frontCC})
+		fe, err := adversarytest.DialDeafFrontend(ctx, adversarytest.FrontendConfig{Conn: frontCC})
 		require.NoError(t, err)
 		defer fe.Close()
 		grpcRandom++

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -42,7 +42,7 @@ func TestAgentOverrunningTheWindowLosesTheTunnel(t *testing.T) {
 	bulk, _ := endlessWriter(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*waitFor)
 	defer cancel()
-	deaf, err := adversary.DialDeafHTTPClient(ctx, adversary.HTTPClientConfig{Addr: e.connectAddr}, bulk)
+	deaf, err := adversarytest.DialDeafHTTPClient(ctx, adversarytest.HTTPClientConfig{Addr: e.connectAddr}, bulk)
 	require.NoError(t, err)
 	defer deaf.Close()
 
@@ -88,7 +88,7 @@ func TestAgentCloseDeliversQueuedDataFirst(t *testing.T) {
 			var receive func() []byte // reads everything the frontend gets, in order, until the tunnel ends
 			switch mode {
 			case "grpc":
-				fe, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+				fe, err := adversarytest.DialDeafFrontend(t.Context(), adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 				require.NoError(t, err)
 				defer fe.Close()
 				id, err := fe.Dial(target, 7)

@@ -21,10 +21,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/logtest"
 	"github.com/servercount/servercount/internal/metricstest"
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -49,15 +49,15 @@ func (c *settableCounter) CountServers() int { return int(c.n.Load()) }
 // env is one Server with its listeners: the agent port (mTLS), the gRPC
 // frontend port (mTLS), the HTTP CONNECT port and the health port.
 type env struct {
-	ca                                       *pki.CA
+	ca                                       *pkitest.CA
 	srv                                      *server.Server
 	agentAddr, frontAddr, connectAddr, hzURL string
 	agentTLS, frontTLS                       *tls.Config // client-side configs
 }
 
-func newCA(t testing.TB) *pki.CA {
+func newCA(t testing.TB) *pkitest.CA {
 	t.Helper()
-	ca, err := pki.NewCA("test-ca")
+	ca, err := pkitest.NewCA("test-ca")
 	require.NoError(t, err)
 	return ca
 }
@@ -126,10 +126,10 @@ func tokenFileAuth(t *testing.T, tokens string) server.TokenAuthenticator {
 	return auth
 }
 
-// testAgent stands in for pkg/agent: an adversary.DeafAgent made to hear,
+// testAgent stands in for pkg/agent: an adversarytest.DeafAgent made to hear,
 // which dials what it is asked to and relays DATA.
 type testAgent struct {
-	*adversary.DeafAgent
+	*adversarytest.DeafAgent
 	t       testing.TB
 	dials   atomic.Int64
 	closeCh chan int64 // CLOSE_REQ connectIDs received; buffered, extra dropped
@@ -154,9 +154,9 @@ type agentOpts struct {
 // connectAgent opens an agent's stream, which reads nothing until the test
 // makes it, and returns it with the handshake's error. The stream ends
 // with the test.
-func connectAgent(t testing.TB, e *env, o agentOpts) (*adversary.DeafAgent, error) {
+func connectAgent(t testing.TB, e *env, o agentOpts) (*adversarytest.DeafAgent, error) {
 	t.Helper()
-	a, err := adversary.DialDeafAgent(context.Background(), adversary.AgentConfig{
+	a, err := adversarytest.DialDeafAgent(context.Background(), adversarytest.AgentConfig{
 		Addr: e.agentAddr, TLS: e.agentTLS,
 		ID: o.id, Identifiers: o.identifiers, Token: o.token, Metadata: o.extraMD,
 	})
@@ -177,7 +177,7 @@ func startAgent(t testing.TB, e *env, o agentOpts) *testAgent {
 
 // serveDeafAgent serves the stream of da as a test agent until the test
 // ends; answer is as agentOpts.answer (nil: dial).
-func serveDeafAgent(t testing.TB, da *adversary.DeafAgent, answer func(*client.DialRequest) int64) *testAgent {
+func serveDeafAgent(t testing.TB, da *adversarytest.DeafAgent, answer func(*client.DialRequest) int64) *testAgent {
 	a := &testAgent{DeafAgent: da, t: t, closeCh: make(chan int64, 1024), done: make(chan struct{}), conns: map[int64]net.Conn{}}
 	go a.serve(answer)
 	t.Cleanup(a.stop)
@@ -390,13 +390,13 @@ func echoServer(t testing.TB) string {
 // through it to a dummy address from a deaf gRPC frontend: the agent
 // answers the one dial (connectID 1), and then reads only when the test
 // makes it. The frontend's stream ends with ctx.
-func tunnelThroughAgent(t *testing.T, ctx context.Context, e *env, id string) (*adversary.DeafAgent, *adversary.DeafFrontend) {
+func tunnelThroughAgent(t *testing.T, ctx context.Context, e *env, id string) (*adversarytest.DeafAgent, *adversarytest.DeafFrontend) {
 	t.Helper()
 	a, err := connectAgent(t, e, agentOpts{id: id})
 	require.NoError(t, err)
 	waitBackends(t, e, 1)
 
-	f, err := adversary.DialDeafFrontend(ctx, adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+	f, err := adversarytest.DialDeafFrontend(ctx, adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
 	t.Cleanup(f.Close)
 	accepted := make(chan error, 1)
@@ -414,7 +414,7 @@ func tunnelThroughAgent(t *testing.T, ctx context.Context, e *env, id string) (*
 // queue are full, the server's writer to it waits in Send. stop ends the
 // frontend's stream and waits for the sender; it also runs when the test
 // ends.
-func floodAgent(t *testing.T, e *env, id string, chunk int) (a *adversary.DeafAgent, stop func()) {
+func floodAgent(t *testing.T, e *env, id string, chunk int) (a *adversarytest.DeafAgent, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	a, stream := tunnelThroughAgent(t, ctx, e, id)

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -45,7 +45,7 @@ func TestSilentAgentIsEndedAndItsDialFails(t *testing.T) {
 	assert.Equal(t, []string{wire.FormatHeartbeat(testHeartbeat)}, a.Header().Get(wire.HeaderHeartbeat), "the server did not take up the offer")
 	waitBackends(t, e, 1)
 
-	f, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+	f, err := adversarytest.DialDeafFrontend(t.Context(), adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
 	defer f.Close()
 	_, err = f.Dial("127.0.0.1:9", 5)
@@ -253,13 +253,13 @@ func TestLastAgentOfADestHostIsKept(t *testing.T) {
 // dialSmallWindowFrontend opens a gRPC frontend stream that reads nothing
 // and has 64 KiB windows, so that a little data fills what the server may
 // send it and then its queue.
-func dialSmallWindowFrontend(t *testing.T, e *env) *adversary.DeafFrontend {
+func dialSmallWindowFrontend(t *testing.T, e *env) *adversarytest.DeafFrontend {
 	t.Helper()
 	cc, err := grpc.NewClient(e.frontAddr, grpc.WithTransportCredentials(credentials.NewTLS(e.frontTLS)),
 		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cc.Close() })
-	f, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Conn: cc})
+	f, err := adversarytest.DialDeafFrontend(t.Context(), adversarytest.FrontendConfig{Conn: cc})
 	require.NoError(t, err)
 	t.Cleanup(f.Close)
 	return f
@@ -267,7 +267,7 @@ func dialSmallWindowFrontend(t *testing.T, e *env) *adversary.DeafFrontend {
 
 // fillFrontend opens tunnel 1 from f through a and has a send 3 MiB on
 // it, or as much as it can before its stream ends.
-func fillFrontend(t *testing.T, a *adversary.DeafAgent, f *adversary.DeafFrontend) {
+func fillFrontend(t *testing.T, a *adversarytest.DeafAgent, f *adversarytest.DeafFrontend) {
 	t.Helper()
 	accepted := make(chan error, 1)
 	go func() { _, err := a.AcceptDial(1); accepted <- err }()
@@ -305,7 +305,7 @@ func TestDialAnswerDoesNotWaitOnAFullFrontend(t *testing.T) {
 	require.Equal(t, int64(2), req.GetRandom())
 
 	// Another frontend's dial through the same agent stream.
-	other, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+	other, err := adversarytest.DialDeafFrontend(t.Context(), adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
 	defer other.Close()
 	dialed := make(chan error, 1)

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/pkg/server"
 )
 
@@ -96,7 +96,7 @@ func TestBoundIdentifiersFromCertificateSANs(t *testing.T) {
 	require.NoError(t, err)
 	tlsA := e.agentTLS.Clone()
 	tlsA.Certificates = []tls.Certificate{pair.TLS}
-	da, err := adversary.DialDeafAgent(t.Context(), adversary.AgentConfig{Addr: e.agentAddr, TLS: tlsA, ID: "node-a",
+	da, err := adversarytest.DialDeafAgent(t.Context(), adversarytest.AgentConfig{Addr: e.agentAddr, TLS: tlsA, ID: "node-a",
 		Identifiers: "host=NODE-A&ipv4=10.0.0.5&ipv6=fd00:0::5&host=node-b&ipv4=10.0.0.6&ipv6=fd00::6"})
 	require.NoError(t, err)
 	t.Cleanup(da.Close)

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/adversary"
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
@@ -72,7 +72,7 @@ func TestGRPCFrontendDoesNotWaitForOneTunnelsCredit(t *testing.T) {
 	require.NoError(t, err)
 	waitBackends(t, e, 1)
 
-	f, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+	f, err := adversarytest.DialDeafFrontend(t.Context(), adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
 	defer f.Close()
 	for i, random := range []int64{7, 8} {
@@ -138,7 +138,7 @@ func TestGRPCFrontendDoesNotWaitForOneTunnelsCredit(t *testing.T) {
 }
 
 // recvWithin reads the agent's next packet, failing after d.
-func recvWithin(a *adversary.DeafAgent, d time.Duration) (*client.Packet, error) {
+func recvWithin(a *adversarytest.DeafAgent, d time.Duration) (*client.Packet, error) {
 	type result struct {
 		p   *client.Packet
 		err error
@@ -201,7 +201,7 @@ func TestShutdownAnswersNewDialsOnOpenStreams(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewPedanticRegistry()
 	e, _ := startEnvAndAgent(t, server.Config{Registerer: reg})
-	f, err := adversary.DialDeafFrontend(t.Context(), adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+	f, err := adversarytest.DialDeafFrontend(t.Context(), adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
 	defer f.Close()
 	frontends := gaugeOf(reg, "konnectivity_network_proxy_server_grpc_connections", map[string]string{"service_method": "Proxy"})
@@ -275,7 +275,7 @@ var deafFrontends = []struct {
 	open deafFrontend
 }{
 	{"grpc", func(ctx context.Context, t *testing.T, e *env, addr string) func() error {
-		deaf, err := adversary.DialDeafFrontend(ctx, adversary.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+		deaf, err := adversarytest.DialDeafFrontend(ctx, adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 		require.NoError(t, err)
 		t.Cleanup(deaf.Close)
 		_, err = deaf.Dial(addr, 1)
@@ -288,7 +288,7 @@ var deafFrontends = []struct {
 		}
 	}},
 	{"http-connect", func(ctx context.Context, t *testing.T, e *env, addr string) func() error {
-		deaf, err := adversary.DialDeafHTTPClient(ctx, adversary.HTTPClientConfig{Addr: e.connectAddr}, addr)
+		deaf, err := adversarytest.DialDeafHTTPClient(ctx, adversarytest.HTTPClientConfig{Addr: e.connectAddr}, addr)
 		require.NoError(t, err)
 		t.Cleanup(func() { deaf.Close() })
 		return func() error { _, err := deaf.WaitClosed(ctx); return err }

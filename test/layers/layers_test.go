@@ -69,8 +69,10 @@ func TestImportRules(t *testing.T) {
 	}
 	// What ships links no test kit, suite or generator, and nothing
 	// below cmd/ imports cmd/.
-	for _, p := range deps(t, module+"cmd/...") {
-		if strings.HasPrefix(p, "internal/") && (strings.HasSuffix(p, "test") || slices.Contains(notShipped, p)) {
+	shipped := deps(t, module+"cmd/...")
+	for _, p := range shipped {
+		if strings.HasPrefix(p, "internal/") && strings.HasSuffix(p, "test") ||
+			strings.HasPrefix(p, "test/") || strings.HasPrefix(p, "hack/") {
 			t.Errorf("the binaries link %s", p)
 		}
 		if !strings.HasPrefix(p, "cmd/") {
@@ -81,12 +83,12 @@ func TestImportRules(t *testing.T) {
 			}
 		}
 	}
-}
-
-// notShipped are the internal packages that are kits, suites or tools
-// without the test suffix.
-var notShipped = []string{
-	"internal/adversary", "internal/balancer", "internal/pki", "internal/churn", "internal/fleet",
-	"internal/parity", "internal/soak", "internal/tunnelbench", "internal/upstream", "internal/faults",
-	"internal/chart", "internal/docgen", "internal/proxytest",
+	// internal/ shows what ships: a package there is linked by the
+	// binaries or is a test kit named ...test. Suites live in test/,
+	// generators in hack/.
+	for _, p := range goList(t, "-f", "{{.ImportPath}}", module+"internal/...") {
+		if !strings.HasSuffix(p, "test") && !slices.Contains(shipped, p) {
+			t.Errorf("%s is neither linked by the binaries nor a kit named ...test: move it to test/ or hack/", p)
+		}
+	}
 }

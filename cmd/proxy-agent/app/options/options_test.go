@@ -13,7 +13,7 @@ import (
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
 	"github.com/servercount/servercount/internal/flagtest"
 	"github.com/servercount/servercount/internal/kubeclient"
-	"github.com/servercount/servercount/internal/pki"
+	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/agent"
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -44,7 +44,7 @@ var upstreamFlags = []string{
 func tlsFiles(t *testing.T) (ca, cert, key string) {
 	t.Helper()
 	dir := t.TempDir()
-	c, err := pki.NewCA("options-test-ca")
+	c, err := pkitest.NewCA("options-test-ca")
 	require.NoError(t, err)
 	ca, err = c.WriteFile(dir, "ca")
 	require.NoError(t, err)

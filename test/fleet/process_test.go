@@ -1,0 +1,300 @@
+package fleet
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/internal/nettest"
+	"github.com/servercount/servercount/internal/pkitest"
+	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/pkg/agent"
+)
+
+// BenchmarkAgentProcess runs one proxy-agent binary, as a process, against
+// the fleet's 3 servers through DNS in resolved mode, with TLS and a
+// token, and reports its resident memory (VmRSS) and goroutines once it
+// holds the 3 servers and again after idling for a while.
+func BenchmarkAgentProcess(b *testing.B) {
+	bin := proctest.Build(b, "cmd/proxy-agent")
+	f := New(b, Config{Agents: 1, Mode: agent.DialResolved})
+	pair, err := f.env.CA.Client("agent-process")
+	require.NoError(b, err)
+	dir, cert, key, ca := writeTLSFiles(b, f, pair)
+	token := filepath.Join(dir, "token")
+	require.NoError(b, os.WriteFile(token, []byte(agentToken("agent-process")), 0o600))
+	host, port, err := net.SplitHostPort(f.lb.Addr())
+	require.NoError(b, err)
+	ports := nettest.FreePorts(b, 2)
+
+	p := proctest.Start(b, bin,
+		"--agent-id=agent-process",
+		"--proxy-server-host="+host, "--proxy-server-port="+port,
+		"--ca-cert="+ca, "--agent-cert="+cert, "--agent-key="+key,
+		"--service-account-token-path="+token,
+		"--server-count-dns="+SRVName, "--server-count-dns-server="+f.dns.Addr(),
+		"--server-dial-mode=resolved",
+		"--health-server-host=127.0.0.1", "--health-server-port="+strconv.Itoa(ports[0]),
+		"--admin-bind-address=127.0.0.1", "--admin-server-port="+strconv.Itoa(ports[1]),
+	)
+	ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
+	defer cancel()
+	if _, err := f.WaitServers(ctx, f.Servers(), 1); err != nil {
+		b.Fatalf("agent process: %v\n%s", err, p.Output())
+	}
+	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[1])
+	report := func(when string) {
+		for field, unit := range map[string]string{"VmRSS": "rss", "RssAnon": "rss-anon", "RssFile": "rss-file"} {
+			kib, err := procStatus(p.Process.Pid, field)
+			require.NoError(b, err)
+			b.ReportMetric(float64(kib)/1024, unit+"-MiB-"+when)
+		}
+		if m, err := proctest.Scrape(metrics); err == nil {
+			if g, ok := m.Value("go_goroutines"); ok {
+				b.ReportMetric(g, "goroutines-"+when)
+			}
+			// How much of the resident set is Go's heap.
+			if h, ok := m.Value("go_memstats_heap_inuse_bytes"); ok {
+				b.ReportMetric(h/(1<<20), "heap-inuse-MiB-"+when)
+			}
+		}
+	}
+	report("connected")
+	// Idle for a while: the DNS counter refreshes, timers run, the GC
+	// settles.
+	idle := time.NewTimer(15 * time.Second)
+	select {
+	case <-idle.C:
+	case <-b.Context().Done():
+	}
+	report("idle")
+	b.ReportMetric(0, "ns/op")
+}
+
+// vmRSS returns the resident set of process pid in KiB, from
+// /proc/<pid>/status.
+func vmRSS(pid int) (int, error) {
+	return procStatus(pid, "VmRSS")
+}
+
+// procStatus returns the field of /proc/<pid>/status named field, in
+// KiB: VmRSS is RssAnon (the process's own memory) plus RssFile (pages of
+// the binary and other mapped files, which the kernel can drop and read
+// again) plus RssShmem.
+func procStatus(pid int, field string) (int, error) {
+	fh, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer fh.Close()
+	sc := bufio.NewScanner(fh)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
+			return strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
+}
+
+// BenchmarkServerProcess runs one proxy-server binary, as a process, with
+// -fleet.agents agents of the fleet (in this process, resolved mode, TLS)
+// connected to it, and reports what each agent stream costs the server:
+// its resident memory, Go heap and goroutines idle with every agent
+// connected, less the same idle with none, divided by the agents.
+func BenchmarkServerProcess(b *testing.B) {
+	n := *flagAgents
+	f := New(b, Config{Agents: n, Servers: 1})
+	start := serverProcess(b, f)
+	// --enable-profiling for /debug/pprof/heap?gc=1: a GC before each
+	// sample.
+	p, ports := start("server-process", "--enable-profiling")
+	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
+	scrape := func() proctest.Metrics {
+		m, err := proctest.Scrape(metrics)
+		if err != nil {
+			return nil
+		}
+		return m
+	}
+	streams := func() float64 {
+		v, _ := scrape().Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "Connect")
+		return v
+	}
+	type sample struct{ rssKiB, heap, stack, goroutines float64 }
+	// Each sample is taken after idling, so that start-up garbage is
+	// collected and timers have settled.
+	idleSample := func() sample {
+		idle := time.NewTimer(10 * time.Second)
+		select {
+		case <-idle.C:
+		case <-b.Context().Done():
+		}
+		// The heap profile handler collects garbage first when asked.
+		_ = proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", ports[3]))
+		rss, err := vmRSS(p.Process.Pid)
+		require.NoError(b, err)
+		m := scrape()
+		require.NotNil(b, m, "scrape the server process's metrics\n%s", p.Output())
+		heap, _ := m.Value("go_memstats_heap_inuse_bytes")
+		stack, _ := m.Value("go_memstats_stack_inuse_bytes")
+		g, _ := m.Value("go_goroutines")
+		return sample{rssKiB: float64(rss), heap: heap, stack: stack, goroutines: g}
+	}
+	require.Eventually(b, func() bool { return scrape() != nil }, time.Minute, 50*time.Millisecond,
+		"the server process never served its metrics\n%s", p.Output())
+	before := idleSample()
+
+	f.PublishAddrs(net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])))
+	f.StartAgents()
+	require.Eventually(b, func() bool { return streams() == float64(n) }, benchWait, 100*time.Millisecond,
+		"%d agents never all connected to the server process (%v streams)\n%s", n, streams(), p.Output())
+	after := idleSample()
+	require.Equal(b, float64(n), streams(), "agent streams dropped while idle")
+	if *flagHeapProfile != "" {
+		saveURL(b, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap", ports[3]), *flagHeapProfile)
+	}
+
+	b.ReportMetric(float64(n), "agents")
+	b.ReportMetric(before.rssKiB/1024, "rss-MiB-no-agents")
+	b.ReportMetric(after.rssKiB/1024, "rss-MiB-all-agents")
+	b.ReportMetric((after.rssKiB-before.rssKiB)/float64(n), "rss-KiB/stream")
+	b.ReportMetric((after.heap-before.heap)/1024/float64(n), "heap-KiB/stream")
+	b.ReportMetric((after.stack-before.stack)/1024/float64(n), "stack-KiB/stream")
+	b.ReportMetric((after.goroutines-before.goroutines)/float64(n), "goroutines/stream")
+	b.ReportMetric(0, "ns/op")
+}
+
+// serverProcess returns what starts a proxy-server binary as a process
+// for f's agents, with TLS from f's CA, on loopback ports: the frontend,
+// agent, health and admin ports, in that order. extra are more flags.
+// The process inherits a raised file limit.
+func serverProcess(b *testing.B, f *Fleet) func(id string, extra ...string) (*proctest.Process, []int) {
+	raiseFileLimit(b)
+	bin := proctest.Build(b, "cmd/proxy-server")
+	pair, err := f.env.CA.Server("proxy-server-process")
+	require.NoError(b, err)
+	_, cert, key, ca := writeTLSFiles(b, f, pair)
+	return func(id string, extra ...string) (*proctest.Process, []int) {
+		ports := nettest.FreePorts(b, 4)
+		return proctest.Start(b, bin, append([]string{"--server-id=" + id, "--mode=grpc",
+			"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
+			"--server-port=" + strconv.Itoa(ports[0]), "--agent-port=" + strconv.Itoa(ports[1]),
+			"--health-port=" + strconv.Itoa(ports[2]), "--admin-port=" + strconv.Itoa(ports[3]),
+			"--cluster-cert=" + cert, "--cluster-key=" + key, "--cluster-ca-cert=" + ca,
+			"--server-cert=" + cert, "--server-key=" + key, "--server-ca-cert=" + ca}, extra...)...), ports
+	}
+}
+
+// saveURL writes the body of a GET of url to path.
+func saveURL(b *testing.B, url, path string) {
+	resp, err := http.Get(url)
+	require.NoError(b, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(b, err)
+	require.NoError(b, os.WriteFile(path, body, 0o644))
+}
+
+// writeTLSFiles writes pair and the fleet's CA into a new directory, for
+// a binary's TLS flags.
+func writeTLSFiles(b *testing.B, f *Fleet, pair *pkitest.Pair) (dir, cert, key, ca string) {
+	dir = b.TempDir()
+	cert, key, err := pair.WriteFiles(dir, "tls")
+	require.NoError(b, err)
+	ca, err = f.env.CA.WriteFile(dir, "ca")
+	require.NoError(b, err)
+	return dir, cert, key, ca
+}
+
+// BenchmarkIdleCost measures what liveness costs an idle fleet: the CPU
+// that one proxy-server binary, as a process, and the -fleet.agents
+// agents of the fleet (this process) spend over -fleet.idle while nothing
+// is asked of them, first with the server's heartbeats off
+// (--heartbeat-interval=0: the agents' offers go unanswered, so neither
+// end sends any, as between upstream's binaries), then with the default
+// 5 s, in the same run. The agents move from the first server to the
+// second through DNS, as in a rollout.
+func BenchmarkIdleCost(b *testing.B) {
+	n := *flagAgents
+	f := New(b, Config{Agents: n, Servers: 1})
+	start := serverProcess(b, f)
+	type phase struct{ server, agents time.Duration }
+	// measure starts a server with heartbeat, publishes it in place of
+	// previous, which it then stops, and measures the idle fleet.
+	measure := func(heartbeat string, previous *proctest.Process) (phase, *proctest.Process) {
+		p, ports := start("server-"+heartbeat, "--heartbeat-interval="+heartbeat)
+		metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
+		streams := func() float64 {
+			m, err := proctest.Scrape(metrics)
+			if err != nil {
+				return -1
+			}
+			v, _ := m.Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "Connect")
+			return v
+		}
+		f.PublishAddrs(net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])))
+		if previous == nil {
+			f.StartAgents()
+		} else {
+			previous.Kill() // the agents drop it and dial the new one
+		}
+		require.Eventually(b, func() bool { return streams() == float64(n) }, benchWait, 100*time.Millisecond,
+			"%d agents never all connected to the server with heartbeats %s (%v streams)\n%s", n, heartbeat, streams(), p.Output())
+		// Settle: start-up garbage, the agents' last dials, the old
+		// server's streams.
+		settle := time.NewTimer(15 * time.Second)
+		select {
+		case <-settle.C:
+		case <-b.Context().Done():
+		}
+		server0, agents0 := processCPU(b, p.Process.Pid), cpuTime()
+		idle := time.NewTimer(*flagIdle)
+		select {
+		case <-idle.C:
+		case <-b.Context().Done():
+		}
+		got := phase{processCPU(b, p.Process.Pid) - server0, cpuTime() - agents0}
+		require.Equal(b, float64(n), streams(), "agent streams dropped while idle with heartbeats %s", heartbeat)
+		return got, p
+	}
+	off, first := measure("0", nil)
+	on, _ := measure("5s", first)
+	secs := flagIdle.Seconds()
+	perStream := func(d time.Duration) float64 { return float64(d.Microseconds()) / secs / float64(n) }
+	b.ReportMetric(float64(n), "agents")
+	b.ReportMetric(float64(off.server.Milliseconds())/secs, "server-cpu-ms/s-off")
+	b.ReportMetric(float64(on.server.Milliseconds())/secs, "server-cpu-ms/s-heartbeats")
+	b.ReportMetric(perStream(on.server-off.server), "server-cpu-us/s-per-stream-for-heartbeats")
+	b.ReportMetric(float64(off.agents.Milliseconds())/secs, "agents-cpu-ms/s-off")
+	b.ReportMetric(float64(on.agents.Milliseconds())/secs, "agents-cpu-ms/s-heartbeats")
+	b.ReportMetric(perStream(on.agents-off.agents), "agents-cpu-us/s-per-stream-for-heartbeats")
+	if off.server > 0 {
+		b.ReportMetric(float64(on.server)/float64(off.server), "server-cpu-ratio")
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// processCPU is the CPU time process pid has used, from /proc/<pid>/stat
+// (user and system, in clock ticks of 10 ms).
+func processCPU(b *testing.B, pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(b, err)
+	// The command may hold spaces: the fields start after its ')'.
+	fields := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	utime, err := strconv.ParseInt(fields[11], 10, 64)
+	require.NoError(b, err)
+	stime, err := strconv.ParseInt(fields[12], 10, 64)
+	require.NoError(b, err)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
