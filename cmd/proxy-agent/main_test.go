@@ -80,7 +80,7 @@ func TestBinariesRejectBadFlagsWithOneLine(t *testing.T) {
 		{"proxy-agent", []string{"--no-such-flag"}, "proxy-agent: unknown flag: --no-such-flag"},
 		// Named by their own flag, exit 2, no klog line.
 		{"proxy-agent", []string{"--server-count-dns=proxy.example", "--server-count-dns-server=bad host"}, `proxy-agent: invalid --server-count-dns-server "bad host": want host:port or host, e.g. 10.96.0.10:53`},
-		{"proxy-agent", []string{"--ca-cert=/nonexistent/ca.crt"}, "proxy-agent: --ca-cert: read CA certificate: open /nonexistent/ca.crt: no such file or directory"},
+		{"proxy-agent", []string{"--ca-cert=/nonexistent/ca.crt"}, "proxy-agent: --ca-cert: stat /nonexistent/ca.crt: no such file or directory"},
 		{"proxy-server", []string{"--mode=socks", "--insecure-plaintext"}, `proxy-server: invalid --mode "socks": use grpc or http-connect`},
 	} {
 		cmd := exec.CommandContext(t.Context(), proctest.Build(t, "cmd/"+tc.name), tc.args...)

@@ -1,18 +1,15 @@
 // Package serve holds what both proxy binaries do alike: listening,
-// serving HTTP endpoints (health, metrics, pprof), TLS configuration from
-// files, and shutting down in order on a signal.
+// serving HTTP endpoints (health, metrics, pprof), TLS policy flags, and
+// shutting down in order on a signal.
 package serve
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
 	"strings"
 	"time"
 
@@ -21,40 +18,6 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 )
-
-// ClientTLS returns a TLS configuration trusting caFile (the system roots
-// when empty) and presenting certFile/keyFile when given.
-func ClientTLS(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
-	cfg := &tls.Config{ServerName: serverName, MinVersion: tls.VersionTLS12}
-	if caFile != "" {
-		pool, err := CertPool(caFile)
-		if err != nil {
-			return nil, err
-		}
-		cfg.RootCAs = pool
-	}
-	if certFile != "" || keyFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("load client certificate %s and key %s: %w", certFile, keyFile, err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	}
-	return cfg, nil
-}
-
-// CertPool reads a PEM bundle of CA certificates.
-func CertPool(caFile string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("read CA certificate: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("read CA certificate %s: no PEM certificate in it", caFile)
-	}
-	return pool, nil
-}
 
 // Registry is where a binary registers its metrics and where /metrics
 // reads them: a *prometheus.Registry, or one that also keeps a list of

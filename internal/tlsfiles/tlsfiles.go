@@ -102,6 +102,36 @@ func New(name string, files Files, metrics *Metrics, logger klog.Logger) (*Watch
 	return w, nil
 }
 
+// Check reads files as New would and returns every problem, each naming
+// the flag of its file in flags (the same fields, holding flag names such
+// as "--agent-cert"), so that a binary refuses a missing or bad file at
+// start-up, before it serves anything.
+func Check(files, flags Files) []error {
+	var errs []error
+	for _, f := range []struct{ flag, path string }{{flags.Cert, files.Cert}, {flags.Key, files.Key}, {flags.CA, files.CA}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", f.flag, err))
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	if files.Cert != "" && files.Key != "" {
+		if _, err := read(Files{Cert: files.Cert, Key: files.Key}); err != nil {
+			errs = append(errs, fmt.Errorf("%s and %s: %w", flags.Cert, flags.Key, err))
+		}
+	}
+	if files.CA != "" {
+		if _, err := read(Files{CA: files.CA}); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", flags.CA, err))
+		}
+	}
+	return errs
+}
+
 // read reads and checks the files.
 func read(f Files) (*material, error) {
 	m := &material{}

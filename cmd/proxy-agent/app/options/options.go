@@ -5,11 +5,9 @@
 package options
 
 import (
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"time"
 
@@ -220,8 +218,8 @@ func (o *Options) Validate() []error {
 	} else if !o.InsecurePlaintext && (o.AgentCert == "") == (o.AgentKey == "") {
 		// Read now, so that a missing or bad file is refused at start-up
 		// with its flag's name.
-		_, tlsErrs := o.clientTLS()
-		errs = append(errs, tlsErrs...)
+		errs = append(errs, tlsfiles.Check(tlsfiles.Files{Cert: o.AgentCert, Key: o.AgentKey, CA: o.CACert},
+			tlsfiles.Files{Cert: "--agent-cert", Key: "--agent-key", CA: "--ca-cert"})...)
 	}
 	if o.SyncInterval <= 0 || o.ProbeInterval <= 0 {
 		errs = append(errs, errors.New("--sync-interval and --probe-interval must be positive"))
@@ -318,44 +316,6 @@ func (o *Options) Config() Config {
 		cfg.TLS = &tlsfiles.Files{Cert: o.AgentCert, Key: o.AgentKey, CA: o.CACert}
 	}
 	return cfg
-}
-
-// clientTLS reads --ca-cert, --agent-cert and --agent-key into the TLS
-// configuration for the proxy-servers. It returns every problem, each
-// naming its flag.
-func (o *Options) clientTLS() (*tls.Config, []error) {
-	cfg, err := serve.ClientTLS("", "", "", o.ProxyServerHost) // system roots, no certificate
-	if err != nil {
-		return nil, []error{err}
-	}
-	var errs []error
-	if o.CACert != "" {
-		pool, err := serve.CertPool(o.CACert)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("--ca-cert: %w", err))
-		}
-		cfg.RootCAs = pool
-	}
-	if o.AgentCert != "" || o.AgentKey != "" {
-		missing := false
-		for _, f := range []struct{ flag, path string }{{"--agent-cert", o.AgentCert}, {"--agent-key", o.AgentKey}} {
-			if _, err := os.Stat(f.path); err != nil {
-				errs, missing = append(errs, fmt.Errorf("%s: %w", f.flag, err)), true
-			}
-		}
-		if !missing {
-			cert, err := tls.LoadX509KeyPair(o.AgentCert, o.AgentKey)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("--agent-cert %s and --agent-key %s: %w", o.AgentCert, o.AgentKey, err))
-			}
-			cfg.Certificates = []tls.Certificate{cert}
-		}
-	}
-	if len(errs) > 0 {
-		return nil, errs
-	}
-	cfg.NextProtos = o.ALPN()
-	return cfg, nil
 }
 
 // ALPN returns the ALPN protocols to offer. pflag prints an empty string

@@ -114,11 +114,19 @@ func TestValidateNamesMissingCertificateFiles(t *testing.T) {
 	require.NoError(t, o.Flags().Parse([]string{"--ca-cert=/nonexistent/ca.crt", "--agent-cert=/nonexistent/a.crt", "--agent-key=/nonexistent/a.key"}))
 	errs := o.Validate()
 	require.Len(t, errs, 3)
-	assert.ErrorContains(t, errs[0], "--ca-cert: read CA certificate: open /nonexistent/ca.crt: no such file or directory")
-	assert.ErrorContains(t, errs[1], "--agent-cert: stat /nonexistent/a.crt: no such file or directory")
-	assert.ErrorContains(t, errs[2], "--agent-key: stat /nonexistent/a.key: no such file or directory")
+	assert.ErrorContains(t, errs[0], "--agent-cert: stat /nonexistent/a.crt: no such file or directory")
+	assert.ErrorContains(t, errs[1], "--agent-key: stat /nonexistent/a.key: no such file or directory")
+	assert.ErrorContains(t, errs[2], "--ca-cert: stat /nonexistent/ca.crt: no such file or directory")
 
+	// Files that exist but do not parse are refused too, naming their flags.
 	ca, cert, key := tlsFiles(t)
+	o = options.NewOptions()
+	require.NoError(t, o.Flags().Parse([]string{"--ca-cert=" + key, "--agent-cert=" + cert, "--agent-key=" + ca}))
+	errs = o.Validate()
+	require.Len(t, errs, 2)
+	assert.ErrorContains(t, errs[0], "--agent-cert and --agent-key: certificate "+cert+" and key "+ca)
+	assert.ErrorContains(t, errs[1], "--ca-cert: CA bundle "+key+": no PEM certificate in it")
+
 	o = options.NewOptions()
 	require.NoError(t, o.Flags().Parse([]string{"--ca-cert=" + ca, "--agent-cert=" + cert, "--agent-key=" + key}))
 	assert.Empty(t, o.Validate())

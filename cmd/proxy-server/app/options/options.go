@@ -302,7 +302,7 @@ type fileFlag struct{ name, path string }
 // set (they would be ignored, and a typo in them unnoticed); without it,
 // the agent port needs a certificate and key, the frontend port (unless
 // on --uds-name) a certificate, key and client CA, each error naming the
-// missing flags, and every file given must exist.
+// missing flags, and every file given must exist and parse.
 func (o *Options) validateTLS() []error {
 	var errs []error
 	if o.InsecurePlaintext {
@@ -325,7 +325,10 @@ func (o *Options) validateTLS() []error {
 			errs = append(errs, fmt.Errorf("the frontend port needs mTLS: set %s, or serve it on --uds-name (or --insecure-plaintext for local use)", missing))
 		}
 	}
-	return append(errs, checkFiles(o.tlsFiles()...)...)
+	errs = append(errs, tlsfiles.Check(tlsfiles.Files{Cert: o.ServerCert, Key: o.ServerKey, CA: o.ServerCACert},
+		tlsfiles.Files{Cert: "--server-cert", Key: "--server-key", CA: "--server-ca-cert"})...)
+	return append(errs, tlsfiles.Check(tlsfiles.Files{Cert: o.ClusterCert, Key: o.ClusterKey, CA: o.ClusterCACert},
+		tlsfiles.Files{Cert: "--cluster-cert", Key: "--cluster-key", CA: "--cluster-ca-cert"})...)
 }
 
 // checkFiles returns an error naming the flag for each file given that

@@ -13,6 +13,7 @@ import (
 
 	"github.com/servercount/servercount/cmd/proxy-server/app/options"
 	"github.com/servercount/servercount/internal/flagtest"
+	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
@@ -23,17 +24,26 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// tlsDir holds empty files standing for certificates, keys and CAs:
-// Validate checks that they exist, not what they hold.
+// tlsDir holds a CA (ca.crt) and a server certificate and key (s.crt,
+// s.key): Validate reads them.
 var tlsDir = func() string {
 	dir, err := os.MkdirTemp("", "proxy-server-options-test")
 	if err != nil {
 		panic(err)
 	}
-	for _, name := range []string{"s.crt", "s.key", "ca.crt"} {
-		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
-			panic(err)
-		}
+	ca, err := pkitest.NewCA("options-test-ca")
+	if err == nil {
+		_, err = ca.WriteFile(dir, "ca")
+	}
+	var p *pkitest.Pair
+	if err == nil {
+		p, err = ca.Server("proxy-server")
+	}
+	if err == nil {
+		_, _, err = p.WriteFiles(dir, "s")
+	}
+	if err != nil {
+		panic(err)
 	}
 	return dir
 }()
@@ -61,6 +71,8 @@ func TestValidate(t *testing.T) {
 		{Name: "server CA missing", Args: []string{"--cluster-cert=" + tlsFile("s.crt"), "--cluster-key=" + tlsFile("s.key"), "--server-cert=" + tlsFile("s.crt"), "--server-key=" + tlsFile("s.key")}, WantErr: []string{"the frontend port needs mTLS: set --server-ca-cert, or"}},
 		{Name: "missing files name their flags", Args: append(append([]string(nil), tlsFlags...), "--server-cert=/nonexistent/s.crt", "--cluster-ca-cert=/nonexistent/ca.crt"),
 			WantErr: []string{"--server-cert: stat /nonexistent/s.crt: no such file or directory", "--cluster-ca-cert: stat /nonexistent/ca.crt: no such file or directory"}},
+		{Name: "files that do not parse name their flags", Args: append(append([]string(nil), tlsFlags...), "--cluster-key="+tlsFile("ca.crt"), "--server-ca-cert="+tlsFile("s.key")),
+			WantErr: []string{"--server-ca-cert: CA bundle " + tlsFile("s.key") + ": no PEM certificate in it", "--cluster-cert and --cluster-key: certificate " + tlsFile("s.crt") + " and key " + tlsFile("ca.crt")}},
 		{Name: "insecure with tls files", Args: []string{"--insecure-plaintext", "--server-cert=/nonexistent/s.crt"}, WantErr: []string{"--insecure-plaintext serves without TLS, so --server-cert would be ignored: drop it or --insecure-plaintext"}},
 		{Name: "bad mode", Args: append([]string{"--mode=socks"}, tlsFlags...), WantErr: []string{`invalid --mode "socks": use grpc or http-connect`}},
 		{Name: "zero servers", Args: append([]string{"--server-count=0"}, tlsFlags...), WantErr: []string{"invalid --server-count 0: must be at least 1"}},
