@@ -59,7 +59,7 @@ func TestDNSOutageAtFleetScale(t *testing.T) {
 			require.NoError(t, err)
 			var n float64
 			for _, o := range outcome {
-				n += m.Get("servercount_agent_dns_lookups_total", "outcome", o)
+				n += m.Sum("servercount_agent_dns_lookups_total", "outcome", o)
 			}
 			out = append(out, n)
 		}

@@ -31,8 +31,8 @@ func TestThreeReadyEndpoints(t *testing.T) {
 	for _, a := range agents {
 		m, err := a.Metrics()
 		require.NoError(t, err)
-		assert.Zero(t, m.Get("servercount_agent_server_dials_total", "result", "error"), "%s dial errors", a.Name)
-		assert.Equal(t, 3.0, m.Get("servercount_agent_server_dials_total", "result", "ok"), "%s: 3 servers in 3 dials", a.Name)
+		assert.Zero(t, m.Sum("servercount_agent_server_dials_total", "result", "error"), "%s dial errors", a.Name)
+		assert.Equal(t, 3.0, m.Sum("servercount_agent_server_dials_total", "result", "ok"), "%s: 3 servers in 3 dials", a.Name)
 	}
 }
 
@@ -92,8 +92,8 @@ func TestScaleUp(t *testing.T) {
 			m, err := a.Metrics()
 			require.NoError(t, err)
 			line := fmt.Sprintf("%s mode=%s 3->5 seconds=%.3f dials ok=%v duplicate=%v error=%v",
-				a.Name, mode, d.Seconds(), m.Get("servercount_agent_server_dials_total", "result", "ok"),
-				m.Get("servercount_agent_server_dials_total", "result", "duplicate"), m.Get("servercount_agent_server_dials_total", "result", "error"))
+				a.Name, mode, d.Seconds(), m.Sum("servercount_agent_server_dials_total", "result", "ok"),
+				m.Sum("servercount_agent_server_dials_total", "result", "duplicate"), m.Sum("servercount_agent_server_dials_total", "result", "error"))
 			t.Log(line)
 			results.WriteString(line + "\n")
 		}
@@ -126,7 +126,7 @@ func TestScaleDown(t *testing.T) {
 	for i, a := range agents {
 		m, err := a.Metrics()
 		require.NoError(t, err)
-		before[i] = m.Get("servercount_agent_server_dials_total", "result", "error")
+		before[i] = m.Sum("servercount_agent_server_dials_total", "result", "error")
 		assert.LessOrEqual(t, before[i], 10.0, "%s: error dials during the scale-down", a.Name)
 	}
 	sample(t, agents, 3*time.Second, func(a *harness.Agent, conns int) {
@@ -135,7 +135,7 @@ func TestScaleDown(t *testing.T) {
 	for i, a := range agents {
 		m, err := a.Metrics()
 		require.NoError(t, err)
-		after := m.Get("servercount_agent_server_dials_total", "result", "error")
+		after := m.Sum("servercount_agent_server_dials_total", "result", "error")
 		t.Logf("%s: error dials %v during the scale-down, %v after settling", a.Name, before[i], after-before[i])
 		assert.LessOrEqual(t, after-before[i], 1.0, "%s: error dials piled up after settling", a.Name)
 		assert.Equal(t, 2, a.Target("dns"))
@@ -220,7 +220,7 @@ func TestZeroReadyEndpoints(t *testing.T) {
 	require.Eventually(t, func() bool {
 		for _, a := range agents {
 			m, err := a.Metrics()
-			if err != nil || m.Get("servercount_agent_dns_lookups_total", "outcome", "nxdomain") < 3 {
+			if err != nil || m.Sum("servercount_agent_dns_lookups_total", "outcome", "nxdomain") < 3 {
 				return false
 			}
 		}
@@ -289,7 +289,7 @@ func TestDNSOutage(t *testing.T) {
 		require.NoError(t, err)
 		var n float64
 		for _, o := range []string{"timeout", "network", "refused", "servfail", "malformed"} {
-			n += m.Get("servercount_agent_dns_lookups_total", "outcome", o)
+			n += m.Sum("servercount_agent_dns_lookups_total", "outcome", o)
 		}
 		return n
 	}
@@ -326,7 +326,7 @@ func TestDNSOutage(t *testing.T) {
 		require.NoError(t, err)
 		t.Logf("%s during the outage: fewest connections %d (%d samples), lowest DNS target %d, failed lookups %v (timeout %v, network %v)",
 			a.Name, mins[a.Name], n, minTarget[a.Name], f,
-			m.Get("servercount_agent_dns_lookups_total", "outcome", "timeout"), m.Get("servercount_agent_dns_lookups_total", "outcome", "network"))
+			m.Sum("servercount_agent_dns_lookups_total", "outcome", "timeout"), m.Sum("servercount_agent_dns_lookups_total", "outcome", "network"))
 		assert.Equal(t, 3, mins[a.Name], "%s kept its connections", a.Name)
 		assert.Equal(t, 3, minTarget[a.Name], "%s kept its count", a.Name)
 		assert.Positive(t, f, "%s: the metrics show failed lookups", a.Name)

@@ -109,15 +109,15 @@ func TestAgentTokenReview(t *testing.T) {
 	})
 	m, err := srv.Metrics()
 	require.NoError(t, err)
-	assert.Equal(t, 1.0, m.Get("konnectivity_network_proxy_server_ready_backend_connections"), "only the good agent is connected")
+	assert.Equal(t, 1.0, m.Sum("konnectivity_network_proxy_server_ready_backend_connections"), "only the good agent is connected")
 	// Not a JWT, another audience, another account: each is refused from
 	// its claims, without a TokenReview.
 	assert.GreaterOrEqual(t, m.Sum("servercount_server_token_prechecks_refused_total"), 3.0, "refusals without a review")
-	assert.Zero(t, m.Get("servercount_server_token_reviews_total", "result", "refused"), "reviews that refused a token")
+	assert.Zero(t, m.Sum("servercount_server_token_reviews_total", "result", "refused"), "reviews that refused a token")
 	// Not a JWT, another audience, another account: each is refused from
 	// its claims, without a TokenReview.
 	assert.GreaterOrEqual(t, m.Sum("servercount_server_token_prechecks_refused_total"), 3.0, "refusals without a review")
-	assert.Zero(t, m.Get("servercount_server_token_reviews_total", "result", "refused"), "reviews that refused a token")
+	assert.Zero(t, m.Sum("servercount_server_token_reviews_total", "result", "refused"), "reviews that refused a token")
 	for k, v := range m {
 		if strings.HasPrefix(k, "servercount_server_agent_rejections_total") {
 			t.Logf("%s %v", k, v)
@@ -178,7 +178,7 @@ func TestTokenReviewsAreCached(t *testing.T) {
 			if err != nil {
 				return false
 			}
-			conns = int(m.Get("konnectivity_network_proxy_server_ready_backend_connections"))
+			conns = int(m.Sum("konnectivity_network_proxy_server_ready_backend_connections"))
 			auth = authenticated(m)
 			return conns == want && auth >= minAuth
 		}, 30*time.Second, 50*time.Millisecond, "%s: want %d agent streams and at least %d authenticated; server has %d streams, %d authenticated", what, want, minAuth, conns, auth)
@@ -214,9 +214,9 @@ func TestTokenReviewsAreCached(t *testing.T) {
 
 	m, err := srv.Metrics()
 	require.NoError(t, err)
-	accepted := int(m.Get("servercount_server_token_reviews_total", "result", "accepted"))
-	refused := int(m.Get("servercount_server_token_reviews_total", "result", "refused"))
-	failed := int(m.Get("servercount_server_token_reviews_total", "result", "error"))
+	accepted := int(m.Sum("servercount_server_token_reviews_total", "result", "accepted"))
+	refused := int(m.Sum("servercount_server_token_reviews_total", "result", "refused"))
+	failed := int(m.Sum("servercount_server_token_reviews_total", "result", "error"))
 	reviews := accepted + refused + failed
 	hits := int(m.Sum("servercount_server_token_review_cache_hits_total"))
 
@@ -269,7 +269,7 @@ func apiServerTokenReviews(t *testing.T) harness.Metrics {
 // tokenReviews is how many TokenReviews kube-apiserver has served, over
 // every response code (create is the resource's only verb).
 func tokenReviews(m harness.Metrics) float64 {
-	return m.SumWith("apiserver_request_total", "group", "authentication.k8s.io", "resource", "tokenreviews")
+	return m.Sum("apiserver_request_total", "group", "authentication.k8s.io", "resource", "tokenreviews")
 }
 
 // tokenReviewSeries are the apiserver_request_total series of
@@ -361,7 +361,7 @@ func TestBoundIdentifiersFromPodTokens(t *testing.T) {
 	}
 	m, err := srv.Metrics()
 	require.NoError(t, err)
-	assert.Equal(t, 2.0, m.Get("konnectivity_network_proxy_server_dial_failure_count", "reason", "no_agent"), "node Y's dials found no agent")
+	assert.Equal(t, 2.0, m.Sum("konnectivity_network_proxy_server_dial_failure_count", "reason", "no_agent"), "node Y's dials found no agent")
 	assert.GreaterOrEqual(t, m.Sum("servercount_server_unbound_identifier_claims_total"), 2.0, "node Y's name and address, dropped")
 	assert.Zero(t, m.Sum("servercount_server_agent_rejections_total"), "the agent itself is accepted")
 }

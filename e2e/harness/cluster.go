@@ -337,7 +337,7 @@ func (c *Cluster) APIServerMetrics(ctx context.Context) (Metrics, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read kube-apiserver's /metrics: %w", err)
 	}
-	return ParseMetrics(bytes.NewReader(body))
+	return proctest.Parse(bytes.NewReader(body))
 }
 
 // Close stops CoreDNS, kube-apiserver and etcd, and removes the directory

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -299,7 +298,7 @@ func (a *Agent) Connections() int {
 	if err != nil {
 		return -1
 	}
-	return int(m.Get("konnectivity_network_proxy_agent_open_server_connections"))
+	return int(m.Sum("konnectivity_network_proxy_agent_open_server_connections"))
 }
 
 // Target is servercount_agent_target_server_count of source, or -1 if the
@@ -309,7 +308,7 @@ func (a *Agent) Target(source string) int {
 	if err != nil {
 		return -1
 	}
-	return int(m.Get("servercount_agent_target_server_count", "source", source))
+	return int(m.Sum("servercount_agent_target_server_count", "source", source))
 }
 
 // ProbeResult is what one run of the servercount probe printed.
@@ -333,62 +332,9 @@ func (f *Fleet) Probe(server string, args ...string) (ProbeResult, error) {
 	return ProbeResult{Output: string(out), Exit: cmd.ProcessState.ExitCode()}, nil
 }
 
-// Metrics are the samples of a Prometheus text exposition, keyed by the
-// series: name{label="value",...} with labels sorted by name, as
-// client_golang prints them.
-type Metrics map[string]float64
-
-// Get returns the sample of name with the given label pairs (name, value,
-// name, value...), or 0 if absent.
-func (m Metrics) Get(name string, labels ...string) float64 {
-	key := name
-	if len(labels) > 0 {
-		var parts []string
-		for i := 0; i+1 < len(labels); i += 2 {
-			parts = append(parts, fmt.Sprintf("%s=%q", labels[i], labels[i+1]))
-		}
-		key += "{" + strings.Join(parts, ",") + "}"
-	}
-	return m[key]
-}
-
-// Sum returns the sum of every series of name.
-func (m Metrics) Sum(name string) float64 {
-	var s float64
-	for k, v := range m {
-		if k == name || strings.HasPrefix(k, name+"{") {
-			s += v
-		}
-	}
-	return s
-}
-
-// SumWith returns the sum of every series of name that has all the given
-// label pairs (name, value, name, value...), whatever its other labels:
-// e.g. apiserver_request_total of one resource, over every code.
-func (m Metrics) SumWith(name string, labels ...string) float64 {
-	var want []string
-	for i := 0; i+1 < len(labels); i += 2 {
-		want = append(want, fmt.Sprintf("%s=%q", labels[i], labels[i+1]))
-	}
-	var s float64
-	for k, v := range m {
-		rest, ok := strings.CutPrefix(k, name+"{")
-		if !ok {
-			if k == name && len(want) == 0 {
-				s += v
-			}
-			continue
-		}
-		// Match whole pairs, each between commas (the braces become
-		// commas), so that code="20" does not match code="200".
-		have := "," + strings.TrimSuffix(rest, "}") + ","
-		if !slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(have, ","+w+",") }) {
-			s += v
-		}
-	}
-	return s
-}
+// Metrics are the samples of a Prometheus text exposition: Sum(name,
+// labels...) adds the series of name that have those labels.
+type Metrics = proctest.Metrics
 
 func scrape(url string) (Metrics, error) {
 	cl := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -400,30 +346,7 @@ func scrape(url string) (Metrics, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	return ParseMetrics(resp.Body)
-}
-
-// ParseMetrics parses a Prometheus text exposition.
-func ParseMetrics(r io.Reader) (Metrics, error) {
-	m := Metrics{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		m[line[:i]] = v
-	}
-	return m, sc.Err()
+	return proctest.Parse(resp.Body)
 }
 
 // WriteFile writes data to name under dir, for results a test records.

@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pkitest"
+	"github.com/servercount/servercount/internal/proctest"
 )
 
 // svc is the headless Service the agent counts.
@@ -319,42 +319,20 @@ type agentMetrics struct {
 	dialsOK, dialsDup, dialsErr   int
 }
 
-var (
-	reTarget = regexp.MustCompile(`(?m)^servercount_agent_target_server_count\{source="([a-z]+)"\} (\d+)`)
-	reConns  = regexp.MustCompile(`(?m)^konnectivity_network_proxy_agent_open_server_connections (\d+)`)
-	reDNS    = regexp.MustCompile(`(?m)^servercount_agent_dns_server_count (\d+)`)
-	reDials  = regexp.MustCompile(`(?m)^servercount_agent_server_dials_total\{result="([a-z]+)"\} (\d+)`)
-)
-
 func scrape(url string) agentMetrics {
 	var m agentMetrics
-	resp, err := http.Get(url)
+	s, err := proctest.Scrape(url)
 	if err != nil {
 		return m
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if g := reTarget.FindSubmatch(b); g != nil {
-		m.source = string(g[1])
-		m.target, _ = strconv.Atoi(string(g[2]))
+	if t := s["servercount_agent_target_server_count"]; len(t) > 0 {
+		m.source, m.target = t[0].Labels["source"], int(t[0].Value)
 	}
-	if g := reConns.FindSubmatch(b); g != nil {
-		m.connections, _ = strconv.Atoi(string(g[1]))
-	}
-	if g := reDNS.FindSubmatch(b); g != nil {
-		m.dnsCount, _ = strconv.Atoi(string(g[1]))
-	}
-	for _, g := range reDials.FindAllSubmatch(b, -1) {
-		n, _ := strconv.Atoi(string(g[2]))
-		switch string(g[1]) {
-		case "ok":
-			m.dialsOK = n
-		case "duplicate":
-			m.dialsDup = n
-		case "error":
-			m.dialsErr = n
-		}
-	}
+	m.connections = int(s.Sum("konnectivity_network_proxy_agent_open_server_connections"))
+	m.dnsCount = int(s.Sum("servercount_agent_dns_server_count"))
+	m.dialsOK = int(s.Sum("servercount_agent_server_dials_total", "result", "ok"))
+	m.dialsDup = int(s.Sum("servercount_agent_server_dials_total", "result", "duplicate"))
+	m.dialsErr = int(s.Sum("servercount_agent_server_dials_total", "result", "error"))
 	return m
 }
 

@@ -9,10 +9,10 @@
 package proctest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,9 +22,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
+
+	"github.com/servercount/servercount/internal/explain"
 )
 
 var (
@@ -142,17 +142,22 @@ func Scrape(url string) (Metrics, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(resp.Body); err != nil {
+	m, err := Parse(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	return m, nil
+}
+
+// Parse reads a Prometheus text exposition with the reader the probe's
+// explain uses, into samples.
+func Parse(r io.Reader) (Metrics, error) {
+	fams, err := explain.Parse(r)
+	if err != nil {
 		return nil, err
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(&buf)
-	if err != nil {
-		return nil, fmt.Errorf("parse metrics from %s: %w", url, err)
-	}
 	m := Metrics{}
-	for name, mf := range mfs {
+	for name, mf := range fams {
 		for _, metric := range mf.GetMetric() {
 			s := Sample{Labels: map[string]string{}}
 			for _, l := range metric.GetLabel() {
@@ -178,26 +183,33 @@ func Scrape(url string) (Metrics, error) {
 // labels (name, value pairs), and whether there is one.
 func (m Metrics) Value(name string, labels ...string) (float64, bool) {
 	for _, s := range m[name] {
-		ok := true
-		for i := 0; i+1 < len(labels); i += 2 {
-			if s.Labels[labels[i]] != labels[i+1] {
-				ok = false
-			}
-		}
-		if ok {
+		if s.has(labels) {
 			return s.Value, true
 		}
 	}
 	return 0, false
 }
 
-// Sum returns the sum of every series named name.
-func (m Metrics) Sum(name string) float64 {
+// Sum returns the sum of every series named name whose labels include
+// labels (name, value pairs): e.g. apiserver_request_total of one
+// resource, over every code. It is 0 when there is none.
+func (m Metrics) Sum(name string, labels ...string) float64 {
 	var v float64
 	for _, s := range m[name] {
-		v += s.Value
+		if s.has(labels) {
+			v += s.Value
+		}
 	}
 	return v
+}
+
+func (s Sample) has(labels []string) bool {
+	for i := 0; i+1 < len(labels); i += 2 {
+		if s.Labels[labels[i]] != labels[i+1] {
+			return false
+		}
+	}
+	return true
 }
 
 // String lists the series whose names start with prefix, for messages.

@@ -10,10 +10,9 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
+	"github.com/servercount/servercount/internal/explain"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/test/churn"
 )
@@ -122,8 +121,7 @@ func scrape(t *testing.T, url string) map[string]family {
 	rsp, err := http.Get(url)
 	require.NoError(t, err)
 	defer rsp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(rsp.Body)
+	mfs, err := explain.Parse(rsp.Body)
 	require.NoError(t, err, "parse %s", url)
 	out := map[string]family{}
 	for name, mf := range mfs {
