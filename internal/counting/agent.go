@@ -25,24 +25,39 @@ type AgentOptions struct {
 	// SourceMax is --server-count-source=max: aim for the largest of the
 	// counts known, the servers' reported ones included.
 	SourceMax bool
+	// Max is --server-count-max: the agent never aims for more servers,
+	// whatever DNS, the leases or the servers say.
+	Max int
 }
 
 // NewAgentOptions returns upstream's defaults and ours.
 func NewAgentOptions() *AgentOptions {
-	return &AgentOptions{DNS: NewDNSOptions(), Leases: NewLeaseOptions()}
+	return &AgentOptions{DNS: NewDNSOptions(), Leases: NewLeaseOptions(), Max: servercounter.DefaultMax}
 }
 
 // AddFlags adds the count-source flags to fs.
 func (o *AgentOptions) AddFlags(fs *pflag.FlagSet) {
 	serve.ParsedVar(fs, &o.SourceMax, "server-count-source", sourceText(o.SourceMax), parseSource,
 		"how to combine server counts: default (DNS when --server-count-dns is set, else what servers report) or max (the larger of the two)")
+	fs.IntVar(&o.Max, "server-count-max", o.Max, "never aim for more proxy-servers than this, whatever DNS, the leases or the servers say: a broken or hostile count must not open thousands of connections")
 	o.DNS.AddFlags(fs, true)
 	o.Leases.AddFlags(fs)
 }
 
 // Validate returns every problem with o, each naming its flag.
 func (o *AgentOptions) Validate() []error {
-	return append(o.DNS.Validate(), o.Leases.Validate()...)
+	errs := append(o.DNS.Validate(), o.Leases.Validate()...)
+	return append(errs, ValidateMax(o.Max)...)
+}
+
+// ValidateMax checks --server-count-max, which both binaries have: 0
+// would mean no bound to the library, and no bound is what the flag is
+// there to prevent.
+func ValidateMax(max int) []error {
+	if max < 1 {
+		return []error{fmt.Errorf("invalid --server-count-max %d: must be at least 1", max)}
+	}
+	return nil
 }
 
 // parseSource parses --server-count-source: true for "max".
@@ -85,7 +100,7 @@ func (o *AgentOptions) Build(kube kubeclient.Options, reg prometheus.Registerer)
 		}
 	}
 	if o.DNS.Enabled() {
-		cache, err := o.DNS.Build(reg, "agent", o.DNS.Fallback)
+		cache, err := o.DNS.Build(reg, "agent", o.DNS.Fallback, o.Max)
 		if err != nil {
 			return nil, err
 		}

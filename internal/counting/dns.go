@@ -3,13 +3,9 @@ package counting
 import (
 	"errors"
 	"fmt"
-	"net"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
@@ -31,7 +27,6 @@ type DNSOptions struct {
 	// RetryMax caps the back-off between failed lookups.
 	RetryMax time.Duration
 	Fallback int
-	Max      int
 	// Logger receives, at level 0, when DNS counting starts to fail and
 	// when it recovers (not a flag). NewOptions sets klog's global logger.
 	Logger klog.Logger
@@ -45,7 +40,6 @@ func NewDNSOptions() *DNSOptions {
 		CacheTTLMax: servercounter.DefaultMaxExpiry,
 		RetryMax:    servercounter.DefaultRetryMax,
 		Fallback:    servercounter.DefaultFallback,
-		Max:         servercounter.DefaultMax,
 		Logger:      klog.Background(),
 	}
 }
@@ -63,7 +57,6 @@ func (o *DNSOptions) AddFlags(fs *pflag.FlagSet, withFallback bool) {
 	if withFallback {
 		fs.IntVar(&o.Fallback, "fallback-server-count", o.Fallback, "server count to use until DNS has answered")
 	}
-	fs.IntVar(&o.Max, "server-count-max", o.Max, "never count more servers than this, whatever DNS says (a proxy-agent caps the counts proxy-servers report too)")
 }
 
 // parseRecordType parses --server-count-dns-type.
@@ -78,8 +71,10 @@ func parseRecordType(s string) (servercounter.RecordType, error) {
 // Enabled reports whether --server-count-dns was given.
 func (o *DNSOptions) Enabled() bool { return o.Name != "" }
 
-// Validate returns every problem with the flags, each naming its flag. The
-// name and nameservers are checked by Build, which knows resolv.conf.
+// Validate returns every problem with the flags, each naming its flag.
+// The name and nameservers are checked by servercounter.Config.Validate,
+// as the counter will check them, so that a typo is refused with the
+// flag's name at parse time (exit 2) rather than once the program runs.
 func (o *DNSOptions) Validate() []error {
 	var errs []error
 	if o.CacheTTL < 0 || o.CacheTTLMin <= 0 || o.CacheTTLMax < o.CacheTTLMin {
@@ -91,45 +86,50 @@ func (o *DNSOptions) Validate() []error {
 	if o.Fallback < 1 {
 		errs = append(errs, fmt.Errorf("invalid --fallback-server-count %d: must be at least 1", o.Fallback))
 	}
-	if o.Max < 1 {
-		errs = append(errs, fmt.Errorf("invalid --server-count-max %d: must be at least 1", o.Max))
-	}
-	if !o.Enabled() && (len(o.Servers) > 0 || o.CacheTTL != 0) {
-		errs = append(errs, errors.New("--server-count-dns-server and --server-count-cache-ttl need --server-count-dns"))
-	}
-	// The name and nameservers are checked here too, not only by Build,
-	// so that a typo is refused with the flag's name at parse time (exit
-	// 2) rather than as the library's error once the program runs.
-	if o.Enabled() {
-		if _, ok := dns.IsDomainName(o.Name); !ok || strings.HasPrefix(o.Name, ".") || strings.Contains(o.Name, "..") {
-			errs = append(errs, fmt.Errorf("invalid --server-count-dns %q: not a DNS name; use one like proxy-server.kube-system.svc.cluster.local", o.Name))
+	if !o.Enabled() {
+		if len(o.Servers) > 0 || o.CacheTTL != 0 {
+			errs = append(errs, errors.New("--server-count-dns-server and --server-count-cache-ttl need --server-count-dns"))
 		}
+		return errs
 	}
-	for _, s := range o.Servers {
-		if !validNameserver(s) {
-			errs = append(errs, fmt.Errorf("invalid --server-count-dns-server %q: want host:port or host, e.g. 10.96.0.10:53", s))
-		}
-	}
-	return errs
+	return append(errs, flagErrors(o.config(0).Validate(), dnsFlags)...)
 }
 
-// validNameserver reports whether s is a nameserver as
-// servercounter.Config.Servers takes it: host:port with a numeric port,
-// or a host alone ("10.0.0.10", "::1", "localhost").
-func validNameserver(s string) bool {
-	if host, port, err := net.SplitHostPort(s); err == nil {
-		_, perr := strconv.ParseUint(port, 10, 16)
-		return host != "" && perr == nil
+// dnsFlags name the flag of each servercounter.Config field the DNS
+// flags set.
+var dnsFlags = map[string]string{"Name": "--server-count-dns", "Servers": "--server-count-dns-server", "Type": "--server-count-dns-type", "Max": "--server-count-max"}
+
+// flagErrors rewrites the *servercounter.ConfigError among err (one, or
+// joined) to name the flag of their field; others are kept as they are.
+func flagErrors(err error, flags map[string]string) []error {
+	if err == nil {
+		return nil
 	}
-	return s != "" && !strings.ContainsAny(s, "[]/ ")
+	all := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		all = j.Unwrap()
+	}
+	for i, e := range all {
+		var ce *servercounter.ConfigError
+		if errors.As(e, &ce) && flags[ce.Field] != "" {
+			all[i] = fmt.Errorf("invalid %s %s: %s", flags[ce.Field], ce.Value, ce.Reason)
+		}
+	}
+	return all
+}
+
+// config is the counter's configuration, its count clamped to max (0: no
+// bound).
+func (o *DNSOptions) config(max int) servercounter.Config {
+	return servercounter.Config{Name: o.Name, Type: o.Type, Servers: o.Servers, Max: max}
 }
 
 // Build returns a DNS counter behind a cache that refreshes in the
-// background, answering fallback until DNS has answered, with its metrics
-// registered on reg under servercount_<subsystem>_. Close the cache when
-// done.
-func (o *DNSOptions) Build(reg prometheus.Registerer, subsystem string, fallback int) (*servercounter.CachedServerCounter, error) {
-	dc, err := servercounter.NewDNSServerCounter(servercounter.Config{Name: o.Name, Type: o.Type, Servers: o.Servers, Max: o.Max})
+// background, answering fallback until DNS has answered and never more
+// than max (--server-count-max), with its metrics registered on reg under
+// servercount_<subsystem>_. Close the cache when done.
+func (o *DNSOptions) Build(reg prometheus.Registerer, subsystem string, fallback, max int) (*servercounter.CachedServerCounter, error) {
+	dc, err := servercounter.NewDNSServerCounter(o.config(max))
 	if err != nil {
 		return nil, fmt.Errorf("--server-count-dns: %w", err)
 	}

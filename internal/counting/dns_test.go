@@ -16,6 +16,7 @@ import (
 	"github.com/servercount/servercount/internal/dnstest"
 	"github.com/servercount/servercount/internal/logtest"
 	"github.com/servercount/servercount/internal/metricstest"
+	"github.com/servercount/servercount/pkg/servercounter"
 )
 
 func TestMain(m *testing.M) {
@@ -36,15 +37,15 @@ func parseDNS(t *testing.T, args ...string) *counting.DNSOptions {
 func TestBuildCountsAndExportsMetrics(t *testing.T) {
 	srv := dnstest.NewServer(t)
 	srv.SetRecords(dnstest.Headless(svc, "agent", "tcp", 8091, "10.0.0.1", "10.0.0.2")...)
-	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-max=1")
+	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr())
 	require.Empty(t, o.Validate())
 	reg := prometheus.NewRegistry()
-	c, err := o.Build(reg, "agent", 1)
+	c, err := o.Build(reg, "agent", 1, 1)
 	require.NoError(t, err)
 	defer c.Close()
 	require.Eventually(t, func() bool {
 		return value(reg, "servercount_agent_dns_server_count") == 1
-	}, 10*time.Second, time.Millisecond, "clamped to --server-count-max")
+	}, 10*time.Second, time.Millisecond, "clamped to the max Build was given (--server-count-max)")
 	assert.Equal(t, 1, c.CountServers())
 	assert.GreaterOrEqual(t, value(reg, "servercount_agent_dns_lookups_total", "outcome", "records"), 1.0)
 }
@@ -58,7 +59,7 @@ func TestBackoffIsExported(t *testing.T) {
 	o := parseDNS(t, "--server-count-dns="+svc, "--server-count-dns-server="+srv.Addr(), "--server-count-cache-ttl-min=20ms", "--server-count-dns-retry-max=200ms")
 	require.Empty(t, o.Validate())
 	reg := prometheus.NewRegistry()
-	c, err := o.Build(reg, "agent", 1)
+	c, err := o.Build(reg, "agent", 1, servercounter.DefaultMax)
 	require.NoError(t, err)
 	defer c.Close()
 	require.Eventually(t, func() bool { return value(reg, "servercount_agent_dns_backoff_seconds") > 0 }, 10*time.Second, time.Millisecond, "no back-off exported")
@@ -75,13 +76,13 @@ func TestBackoffIsExported(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	errs := parseDNS(t, "--server-count-cache-ttl-min=0s", "--fallback-server-count=0", "--server-count-max=0", "--server-count-dns-server=1.2.3.4", "--server-count-dns-retry-max=0s").Validate()
+	errs := parseDNS(t, "--server-count-cache-ttl-min=0s", "--fallback-server-count=0", "--server-count-dns-server=1.2.3.4", "--server-count-dns-retry-max=0s").Validate()
 	var all []string
 	for _, e := range errs {
 		all = append(all, e.Error())
 	}
 	joined := strings.Join(all, "\n")
-	for _, w := range []string{"cache TTLs", "--fallback-server-count 0", "--server-count-max 0", "need --server-count-dns", "invalid --server-count-dns-retry-max 0s"} {
+	for _, w := range []string{"cache TTLs", "--fallback-server-count 0", "need --server-count-dns", "invalid --server-count-dns-retry-max 0s"} {
 		assert.Contains(t, joined, w)
 	}
 	assert.Empty(t, parseDNS(t, "--server-count-dns=x.example").Validate())
@@ -110,7 +111,7 @@ func TestParseRejectsBadType(t *testing.T) {
 
 func TestBuildRejectsBadName(t *testing.T) {
 	t.Parallel()
-	_, err := parseDNS(t, "--server-count-dns=a..b", "--server-count-dns-server=127.0.0.1:53").Build(nil, "agent", 1)
+	_, err := parseDNS(t, "--server-count-dns=a..b", "--server-count-dns-server=127.0.0.1:53").Build(nil, "agent", 1, servercounter.DefaultMax)
 	assert.ErrorContains(t, err, `--server-count-dns: servercounter: invalid name "a..b"`)
 }
 
@@ -159,7 +160,7 @@ func countFailing(t *testing.T, server string) *logtest.Buffer {
 	var logs *logtest.Buffer
 	o.Logger, logs = logtest.NewLogger(0)
 	reg := prometheus.NewRegistry()
-	c, err := o.Build(reg, "agent", 1)
+	c, err := o.Build(reg, "agent", 1, servercounter.DefaultMax)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	require.Eventually(t, func() bool { return failures(t, reg) >= 3 }, 10*time.Second, time.Millisecond, "several failed refreshes")

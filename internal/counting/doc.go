@@ -7,8 +7,10 @@
 // The count's path, from flag to dial decision, is four files:
 //
 //  1. here, agent.go: --server-count-dns (dns.go), --count-server-leases
-//     (leases.go) and --server-count-max become one counter that
-//     notifies its changes (AgentOptions.Build); the proxy-agent's
+//     (leases.go) and --server-count-max, which bounds them all, become
+//     one counter that notifies its changes (AgentOptions.Build); the
+//     name and nameservers are checked by servercounter.Config.Validate,
+//     its errors renamed to the flags; the proxy-agent's
 //     options turn --server-count-source and AgentOptions.Counts into
 //     the agent's policy; the proxy-server's count is DNSOptions.Build's,
 //     or its --server-count;

@@ -142,7 +142,7 @@ func dnsAgent(t *testing.T, dnsAddr string, holdDown time.Duration) string {
 	o := counting.NewDNSOptions()
 	o.Name, o.Servers = "proxy-server.example.", []string{dnsAddr}
 	o.CacheTTL, o.CacheTTLMin = 50*time.Millisecond, 10*time.Millisecond
-	cache, err := o.Build(reg, "agent", 1)
+	cache, err := o.Build(reg, "agent", 1, servercounter.DefaultMax)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cache.Close() })
 	cfg := proxytest.FastAgentConfig("a1", srv.AgentAddr())

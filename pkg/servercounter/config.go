@@ -151,55 +151,115 @@ type resolved struct {
 	servers []string // host:port
 }
 
-// resolve applies defaults, reads resolv.conf and validates, returning
+// withDefaults returns cfg with the default of every zero field applied.
+func (cfg Config) withDefaults() Config {
+	cfg.ResolvConf = cmp.Or(cfg.ResolvConf, DefaultResolvConf)
+	cfg.Timeout = cmp.Or(cfg.Timeout, defaultTimeout)
+	cfg.Attempts = cmp.Or(cfg.Attempts, DefaultAttempts)
+	cfg.UDPSize = cmp.Or(cfg.UDPSize, defaultUDPSize)
+	cfg.InitialBackoff = cmp.Or(cfg.InitialBackoff, defaultInitialBackoff)
+	cfg.MaxBackoff = cmp.Or(cfg.MaxBackoff, defaultMaxBackoff)
+	cfg.Clock = clock.Or(cfg.Clock)
+	if cfg.Type == TypeAuto {
+		cfg.Type = TypeIP
+		if strings.HasPrefix(cfg.Name, "_") {
+			cfg.Type = TypeSRV
+		}
+	}
+	return cfg
+}
+
+// ConfigError is a problem with one field of a [Config]. Validate and
+// NewDNSServerCounter return every problem at once, joined
+// ([errors.Join]), so that a program with flags can name the flag of
+// each instead of the field.
+type ConfigError struct {
+	// Field is the name of the Config field: "Name", "Servers", "Type",
+	// "Timeout", "Attempts", "UDPSize", "Min", "Max", "InitialBackoff" or
+	// "MaxBackoff".
+	Field string
+	// Value is the field's value as given (one entry of Servers), quoted
+	// when it is a string.
+	Value string
+	// Reason says what is wrong and what to give instead.
+	Reason string
+}
+
+// Error names the field by what it is: "servercounter: invalid name
+// "a..b": not a DNS name; use one like ...".
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("servercounter: invalid %s %s: %s", fieldNouns[e.Field], e.Value, e.Reason)
+}
+
+var fieldNouns = map[string]string{
+	"Name": "name", "Servers": "nameserver", "Type": "record type", "Timeout": "timeout", "Attempts": "attempts",
+	"UDPSize": "UDP size", "Min": "minimum count", "Max": "maximum count", "InitialBackoff": "initial back-off",
+	"MaxBackoff": "maximum back-off",
+}
+
+// Validate returns every problem with cfg as NewDNSServerCounter would
+// find them, short of reading ResolvConf: each a *[ConfigError], joined.
+// A zero field means its default and is valid.
+func (cfg Config) Validate() error {
+	c := cfg.withDefaults()
+	var errs []error
+	bad := func(field string, value any, reason string, args ...any) {
+		v := fmt.Sprint(value)
+		if s, ok := value.(string); ok {
+			v = strconv.Quote(s)
+		}
+		errs = append(errs, &ConfigError{Field: field, Value: v, Reason: fmt.Sprintf(reason, args...)})
+	}
+	if c.Name == "" {
+		bad("Name", c.Name, "no name to count; set it to the servers' headless Service, e.g. proxy-server.kube-system.svc.cluster.local")
+	} else if _, ok := dns.IsDomainName(c.Name); !ok || strings.HasPrefix(c.Name, ".") || strings.Contains(c.Name, "..") {
+		bad("Name", c.Name, "not a DNS name; use one like proxy-server.kube-system.svc.cluster.local")
+	}
+	if c.Type < TypeAuto || c.Type > TypeIP {
+		bad("Type", int(c.Type), "use TypeAuto, TypeSRV, TypeA, TypeAAAA or TypeIP")
+	}
+	if c.Timeout < 0 {
+		bad("Timeout", c.Timeout, "must be positive")
+	}
+	if c.Attempts < 0 {
+		bad("Attempts", c.Attempts, "must be at least 1")
+	}
+	if c.UDPSize < dns.MinMsgSize {
+		bad("UDPSize", c.UDPSize, "must be at least %d", dns.MinMsgSize)
+	}
+	switch {
+	case c.Min < 0:
+		bad("Min", c.Min, "must not be negative (0 means no bound)")
+	case c.Max < 0:
+		bad("Max", c.Max, "must not be negative (0 means no bound)")
+	case c.Max > 0 && c.Min > c.Max:
+		bad("Max", c.Max, "below the minimum count %d: want Min <= Max (0 means no bound)", c.Min)
+	}
+	if c.InitialBackoff < 0 {
+		bad("InitialBackoff", c.InitialBackoff, "must be positive")
+	} else if c.MaxBackoff < c.InitialBackoff {
+		bad("MaxBackoff", c.MaxBackoff, "below the initial back-off %v", c.InitialBackoff)
+	}
+	for _, s := range c.Servers {
+		if _, err := hostPort(s, "53"); err != nil {
+			bad("Servers", s, "want host:port or host, e.g. 10.96.0.10:53")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// resolve applies defaults, validates and reads resolv.conf, returning
 // every problem at once.
 func (cfg Config) resolve() (*resolved, error) {
-	r := &resolved{Config: cfg}
-	r.ResolvConf = cmp.Or(r.ResolvConf, DefaultResolvConf)
-	r.Timeout = cmp.Or(r.Timeout, defaultTimeout)
-	r.Attempts = cmp.Or(r.Attempts, DefaultAttempts)
-	r.UDPSize = cmp.Or(r.UDPSize, defaultUDPSize)
-	r.InitialBackoff = cmp.Or(r.InitialBackoff, defaultInitialBackoff)
-	r.MaxBackoff = cmp.Or(r.MaxBackoff, defaultMaxBackoff)
-	r.Clock = clock.Or(r.Clock)
-	if r.Type == TypeAuto {
-		r.Type = TypeIP
-		if strings.HasPrefix(r.Name, "_") {
-			r.Type = TypeSRV
-		}
-	}
-
+	r := &resolved{Config: cfg.withDefaults()}
 	var errs []error
-	if r.Name == "" {
-		errs = append(errs, errors.New("servercounter: no name to count: set Config.Name to the servers' headless Service, e.g. proxy-server.kube-system.svc.cluster.local"))
-	} else if _, ok := dns.IsDomainName(r.Name); !ok || strings.HasPrefix(r.Name, ".") || strings.Contains(r.Name, "..") {
-		errs = append(errs, fmt.Errorf("servercounter: invalid name %q: not a DNS name; use one like proxy-server.kube-system.svc.cluster.local", r.Name))
-	}
-	if r.Type < TypeAuto || r.Type > TypeIP {
-		errs = append(errs, fmt.Errorf("servercounter: invalid record type %d: use TypeAuto, TypeSRV, TypeA, TypeAAAA or TypeIP", int(r.Type)))
-	}
-	if r.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("servercounter: invalid timeout %v: must be positive", r.Timeout))
-	}
-	if r.Attempts < 0 {
-		errs = append(errs, fmt.Errorf("servercounter: invalid attempts %d: must be at least 1", r.Attempts))
-	}
-	if r.UDPSize < dns.MinMsgSize {
-		errs = append(errs, fmt.Errorf("servercounter: invalid UDP size %d: must be at least %d", r.UDPSize, dns.MinMsgSize))
-	}
-	if r.Min < 0 || r.Max < 0 || (r.Max > 0 && r.Min > r.Max) {
-		errs = append(errs, fmt.Errorf("servercounter: invalid clamp min %d max %d: want 0 <= min <= max (0 means no bound)", r.Min, r.Max))
-	}
-	if r.InitialBackoff < 0 || r.MaxBackoff < r.InitialBackoff {
-		errs = append(errs, fmt.Errorf("servercounter: invalid back-off %v..%v: want 0 < initial <= max", r.InitialBackoff, r.MaxBackoff))
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	for _, s := range r.Servers {
-		hp, err := hostPort(s, "53")
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if hp, err := hostPort(s, "53"); err == nil {
+			r.servers = append(r.servers, hp)
 		}
-		r.servers = append(r.servers, hp)
 	}
 
 	conf, err := dns.ClientConfigFromFile(r.ResolvConf)
@@ -261,12 +321,14 @@ func searchList(conf *dns.ClientConfig, name string) []string {
 func hostPort(s, port string) (string, error) {
 	if host, p, err := net.SplitHostPort(s); err == nil {
 		if _, perr := strconv.ParseUint(p, 10, 16); host == "" || perr != nil {
-			return "", fmt.Errorf("servercounter: invalid nameserver %q: want host:port, e.g. 10.96.0.10:53", s)
+			return "", errBadNameserver
 		}
 		return s, nil
 	}
 	if s == "" || strings.ContainsAny(s, "[]/ ") {
-		return "", fmt.Errorf("servercounter: invalid nameserver %q: want host:port, e.g. 10.96.0.10:53", s)
+		return "", errBadNameserver
 	}
 	return net.JoinHostPort(s, port), nil
 }
+
+var errBadNameserver = errors.New("not host:port or host")

@@ -662,7 +662,7 @@ func TestNewDNSServerCounterRejectsBadConfig(t *testing.T) {
 		{name: "bad name", cfg: servercounter.Config{Name: "a..b", Servers: []string{"127.0.0.1"}}, wantErr: []string{`invalid name "a..b"`}},
 		{name: "label too long", cfg: servercounter.Config{Name: strings.Repeat("x", 64) + ".example.", Servers: []string{"127.0.0.1"}}, wantErr: []string{"invalid name"}},
 		{name: "bad server", cfg: servercounter.Config{Name: "a.b", Servers: []string{"10.0.0.1:dns"}}, wantErr: []string{`invalid nameserver "10.0.0.1:dns"`}},
-		{name: "bad clamp", cfg: servercounter.Config{Name: "a.b", Servers: []string{"127.0.0.1"}, Min: 5, Max: 2}, wantErr: []string{"invalid clamp"}},
+		{name: "bad clamp", cfg: servercounter.Config{Name: "a.b", Servers: []string{"127.0.0.1"}, Min: 5, Max: 2}, wantErr: []string{"invalid maximum count 2: below the minimum count 5"}},
 		{name: "bad type", cfg: servercounter.Config{Name: "a.b", Servers: []string{"127.0.0.1"}, Type: 42}, wantErr: []string{"invalid record type"}},
 		{name: "every problem at once", cfg: servercounter.Config{Name: "a..b", Servers: []string{"[::1"}, Attempts: -1, Timeout: -1},
 			wantErr: []string{"invalid name", "invalid nameserver", "invalid attempts", "invalid timeout"}},
@@ -682,6 +682,24 @@ func TestNewDNSServerCounterRejectsBadConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Validate finds what NewDNSServerCounter would, short of resolv.conf,
+// each problem a *ConfigError naming its field, so that a caller with
+// flags can name the flag.
+func TestConfigValidateNamesEachField(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, servercounter.Config{Name: "proxy"}.Validate(), "zero fields mean their defaults")
+	err := servercounter.Config{Name: "a..b", Servers: []string{"10.0.0.1:53", "bad host"}, Min: 3, Max: 2, Attempts: -1, Type: 9}.Validate()
+	require.Error(t, err)
+	var fields []string
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var ce *servercounter.ConfigError
+		require.ErrorAs(t, e, &ce)
+		fields = append(fields, ce.Field+"="+ce.Value)
+	}
+	assert.Equal(t, []string{`Name="a..b"`, "Type=9", "Attempts=-1", "Max=2", `Servers="bad host"`}, fields)
+	assert.ErrorContains(t, err, `servercounter: invalid nameserver "bad host": want host:port or host, e.g. 10.96.0.10:53`)
 }
 
 func TestNewDNSServerCounterReadsResolvConf(t *testing.T) {

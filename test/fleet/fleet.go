@@ -221,7 +221,7 @@ func (f *Fleet) newAgent(i int, tokenDir string) *Agent {
 	cfg.TokenPath = token
 	cfg.DialMode = f.cfg.Mode
 	cfg.TargetPolicy = agent.TargetCounted // set by StartAgents: Counter
-	cfg.ServerCountMax = a.dns.Max
+	cfg.ServerCountMax = servercounter.DefaultMax
 	cfg.Registerer = a.reg
 	cfg.DialOptions = []grpc.DialOption{
 		// --keepalive-time's and --keepalive-timeout's defaults.
@@ -245,7 +245,7 @@ func (f *Fleet) StartAgents() time.Time {
 	for _, a := range f.agents {
 		// The counter starts with the agent, as in the binary: its first
 		// query is part of the cold start.
-		cache, err := a.dns.Build(a.reg, "agent", a.dns.Fallback)
+		cache, err := a.dns.Build(a.reg, "agent", a.dns.Fallback, servercounter.DefaultMax)
 		require.NoError(f.tb, err, "build DNS counter of %s", a.ID)
 		f.tb.Cleanup(func() { _ = cache.Close() }) // Close does not fail
 		a.cache.Store(cache)

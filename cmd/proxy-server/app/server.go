@@ -85,7 +85,7 @@ func New(cfg options.Config, reg serve.Registry) (_ *Server, err error) {
 		return nil, err
 	}
 	if cfg.DNS != nil {
-		if s.counter, err = cfg.DNS.Build(reg, "server", cfg.ServerCount); err != nil {
+		if s.counter, err = cfg.DNS.Build(reg, "server", cfg.ServerCount, cfg.ServerCountMax); err != nil {
 			return nil, err
 		}
 		sc.Counter = s.counter

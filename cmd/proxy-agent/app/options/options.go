@@ -293,7 +293,7 @@ func (o *Options) Config() Config {
 	// Every count is capped, received ones included and whatever the
 	// source: a server's serverCount header is not to be trusted more
 	// than DNS is.
-	a.ServerCountMax = o.Count.DNS.Max
+	a.ServerCountMax = o.Count.Max
 	a.MaxConcurrentDials, a.MaxTunnelsPerServer = o.MaxConcurrentDials, o.MaxTunnelsPerServer
 	a.EndpointWriteTimeout, a.TunnelWindow = o.EndpointWriteTimeout, o.TunnelWindow
 	a.StreamStallTimeout = serve.Off(o.StreamStallTimeout)

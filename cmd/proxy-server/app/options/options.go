@@ -32,6 +32,9 @@ const (
 type Options struct {
 	ServerID    string
 	ServerCount int
+	// ServerCountMax is --server-count-max: the most servers a DNS count
+	// reports to agents.
+	ServerCountMax int
 
 	Mode    string
 	UDSName string
@@ -139,6 +142,7 @@ func NewOptions() *Options {
 		ServerID:                     serve.IDFromEnv("PROXY_SERVER_ID"),
 		DeleteExistingUDSFile:        true,
 		ServerCount:                  1,
+		ServerCountMax:               servercounter.DefaultMax,
 		XfrChannelSize:               10,
 		FrontendWriteChannelSize:     10,
 		Mode:                         ModeGRPC,
@@ -179,6 +183,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	// "random" from the usage text rather than this process's draw.
 	fs.Lookup("server-id").DefValue = ""
 	fs.IntVar(&o.ServerCount, "server-count", o.ServerCount, "number of proxy-server replicas, sent to agents so that they connect to each; with --server-count-dns, the count until DNS answers")
+	fs.IntVar(&o.ServerCountMax, "server-count-max", o.ServerCountMax, "with --server-count-dns, never report more proxy-servers to agents than this, whatever DNS says: a broken or hostile answer must not make agents open thousands of connections")
 	fs.StringVar(&o.Mode, "mode", o.Mode, "frontend protocol: grpc or http-connect")
 	fs.StringVar(&o.UDSName, "uds-name", o.UDSName, "serve the frontend on this Unix socket instead of --server-port")
 	fs.BoolVar(&o.DeleteExistingUDSFile, "delete-existing-uds-file", o.DeleteExistingUDSFile, "remove an existing file at --uds-name before listening")
@@ -258,6 +263,7 @@ func (o *Options) Validate() []error {
 		errs = append(errs, fmt.Errorf("invalid --frontend-keepalive-time %v: must be positive", o.FrontendKeepaliveTime))
 	}
 	errs = append(errs, o.DNS.Validate()...)
+	errs = append(errs, counting.ValidateMax(o.ServerCountMax)...)
 	if (o.AgentNamespace == "") != (o.AgentServiceAccount == "") {
 		errs = append(errs, errors.New("--agent-namespace and --agent-service-account go together: set both to check agents' service-account tokens, or neither"))
 	}
@@ -393,6 +399,8 @@ type Config struct {
 	// ServerCount is --server-count: the count, or the DNS count's
 	// fallback.
 	ServerCount int
+	// ServerCountMax bounds the DNS count (--server-count-max).
+	ServerCountMax int
 	// DNS counts the servers; nil without --server-count-dns.
 	DNS *counting.DNSOptions
 	// AgentTokenFile holds the tokens agents must present; empty for
@@ -446,6 +454,7 @@ func (o *Options) Config() Config {
 			BindIdentifiers:         o.BindAgentIdentifiers,
 		},
 		ServerCount:             o.ServerCount,
+		ServerCountMax:          o.ServerCountMax,
 		AgentTokenFile:          o.AgentTokenFile,
 		Kube:                    o.Kube,
 		TLS:                     o.TLS,
