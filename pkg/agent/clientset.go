@@ -127,6 +127,10 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 	return cs, nil
 }
 
+// Config returns the configuration the ClientSet runs with: cfg as
+// NewClientSet took it, every default applied.
+func (cs *ClientSet) Config() Config { return cs.cfg }
+
 // Connected returns the number of servers held: distinct serverIDs with a
 // stream that the agent has not given up on.
 func (cs *ClientSet) Connected() int {

@@ -96,6 +96,10 @@ func New(cfg Config) (*Server, error) {
 	}, nil
 }
 
+// Config returns the configuration the Server runs with: cfg as New
+// took it, every default applied.
+func (s *Server) Config() Config { return s.cfg }
+
 // Close ends every agent stream, frontend stream and HTTP CONNECT tunnel,
 // and waits for the goroutines the Server started. Streams that arrive
 // later are refused with codes.Unavailable. Close may be called more than

@@ -5,19 +5,32 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/servercount/servercount/cmd/proxy-agent/app/options"
 	"github.com/servercount/servercount/internal/flagtest"
+	"github.com/servercount/servercount/pkg/agent"
 )
 
 // Every count and duration flag of the proxy-agent, set to 0: refused
 // with a clear error, or given the meaning its usage says, which the
-// configuration holds (the library's "none" is a negative value, its 0
-// its default).
+// configuration holds: the agent core's as agent.NewClientSet runs with
+// it, its defaults applied (the library's "none" is a negative value, its
+// 0 its default), the binary's own as Config gives it.
 func TestZeroValues(t *testing.T) {
 	type zero = flagtest.Zero[*options.Options]
 	ca, cert, key := tlsFiles(t)
 	cfg := func(o *options.Options) options.Config { return o.Config() }
+	running := func(t *testing.T, o *options.Options) agent.Config {
+		c := cfg(o).Agent
+		c.Insecure = true // the credentials are app.New's; the fields here are not
+		cs, err := agent.NewClientSet(c)
+		require.NoError(t, err)
+		return cs.Config()
+	}
+	runs := func(want time.Duration, get func(agent.Config) time.Duration) func(*testing.T, *options.Options) {
+		return func(t *testing.T, o *options.Options) { assert.Equal(t, want, get(running(t, o))) }
+	}
 	is := func(want time.Duration, get func(options.Config) time.Duration) func(*testing.T, *options.Options) {
 		return func(t *testing.T, o *options.Options) { assert.Equal(t, want, get(cfg(o))) }
 	}
@@ -30,10 +43,10 @@ func TestZeroValues(t *testing.T) {
 		"admin-server-port":          {Means: "0: any free port", Check: anyPort(func(c options.Config) int { return c.Admin.Port })},
 		"health-server-port":         {Means: "0: any free port", Check: anyPort(func(c options.Config) int { return c.Health.Port })},
 		"proxy-server-port":          {Refused: "--proxy-server-port must be set"},
-		"heartbeat-interval":         {Means: "0 sends and expects none", Check: is(-1, func(c options.Config) time.Duration { return c.Agent.Heartbeat })},
-		"stream-stall-timeout":       {Means: "0 never does", Check: is(-1, func(c options.Config) time.Duration { return c.Agent.StreamStallTimeout })},
-		"server-count-hold-down":     {Means: "0: none", Check: is(-1, func(c options.Config) time.Duration { return c.Agent.HoldDown })},
-		"readiness-grace-period":     {Means: "0: at once", Check: is(0, func(c options.Config) time.Duration { return c.Agent.ReadinessGracePeriod })},
+		"heartbeat-interval":         {Means: "0 sends and expects none", Check: runs(-1, func(c agent.Config) time.Duration { return c.Heartbeat })},
+		"stream-stall-timeout":       {Means: "0 never does", Check: runs(-1, func(c agent.Config) time.Duration { return c.StreamStallTimeout })},
+		"server-count-hold-down":     {Means: "0: none", Check: runs(-1, func(c agent.Config) time.Duration { return c.HoldDown })},
+		"readiness-grace-period":     {Means: "0: at once", Check: runs(0, func(c agent.Config) time.Duration { return c.ReadinessGracePeriod })},
 		"drain-timeout":              {Means: "0: no bound", Check: is(0, func(c options.Config) time.Duration { return c.DrainTimeout })},
 		"server-count-cache-ttl":     {Means: "0: the answer's TTL", Check: is(0, func(c options.Config) time.Duration { return c.Count.DNS.CacheTTL })},
 		"endpoint-write-timeout":     {Refused: "invalid --endpoint-write-timeout 0s: must be positive"},
