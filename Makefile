@@ -158,7 +158,7 @@ image-test:
 
 ## soak: the binaries under thousands of normal, slow, vanishing and hostile
 ## peers for SOAK_DURATION (default 2m), then every resource must come back;
-## then the churn of issue 21 for CHURN_SOAK_DURATION (default 1m) in each
+## then the churn (make churn, in process) for CHURN_SOAK_DURATION (default 1m) in each
 ## frontend mode and window setting
 SOAK_DURATION ?= 2m
 CHURN_SOAK_DURATION ?= 1m
@@ -166,14 +166,14 @@ soak:
 	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -v -timeout 15m -run TestSoak ./test/soak
 	$(GO) test -count=1 -v -timeout 30m -run '^TestChurn$$' ./internal/proxytest -churn.duration=$(CHURN_SOAK_DURATION)
 
-## churn: the churn of issue 21 through the binaries as processes, ours and
+## churn: tunnels opened and closed from both ends through the binaries as processes, ours and
 ## upstream's in all four pairings, both frontend modes, CHURN_DURATION
 ## (default 60s) each; builds upstream's binaries once (see make upstream)
 CHURN_DURATION ?= 60s
 churn:
 	$(GO) test -count=1 -v -timeout 40m -run TestChurnProcesses ./test/churn -churn.process-duration=$(CHURN_DURATION)
 
-## faults: the fault matrix (issue 31): servers frozen, black-holed, cut off
+## faults: the fault matrix: servers frozen, black-holed, cut off
 ## and stopped, agents stopped and deaf, through our binaries (held to the
 ## issue's bounds) and upstream's (measured), as processes; needs root for
 ## its network namespaces; writes the table to faults.md
