@@ -78,7 +78,10 @@ type client struct {
 	// controlLoop to send; controlKeys has one key per queued packet, so
 	// that the same answer is not queued twice. Guarded by controlMu.
 	control     []*pb.Packet
-	controlKeys map[controlKey]struct{}
+	controlKeys map[controlKey]bool // true for a packet maxControl counts
+	// untied counts the keys that maxControl counts. Guarded by
+	// controlMu.
+	untied int
 	// controlOver is set when controlLoop has ended: nothing is queued
 	// after. Guarded by controlMu.
 	controlOver bool
@@ -164,10 +167,14 @@ func (c *client) send(p *pb.Packet) error {
 	return nil
 }
 
-// maxControl bounds a stream's control queue. A server that reads its
-// stream keeps it near empty; one that leaves maxControl answers unread
-// has not read for as long as it took to send that many packets for
-// distinct connections, and the stream is ended.
+// maxControl bounds the answers a stream queues that no tunnel of its own
+// accounts for (CLOSE_RSP for unknown connections, refused DIAL_RSPs,
+// heartbeats). A server that reads its stream keeps them near empty; one
+// that leaves maxControl unread has not read for as long as it took to
+// send that many packets for distinct connections, and the stream is
+// ended. The CLOSE_RSP of a tunnel the stream held is outside the bound:
+// MaxTunnelsPerServer bounds those, so a server that closes every tunnel
+// at once over a slow link keeps the stream.
 const maxControl = 4096
 
 // stalled reports whether packets have waited to be sent while nothing

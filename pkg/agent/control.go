@@ -14,27 +14,39 @@ type controlKey struct {
 	id  int64
 }
 
-// sendControl queues p, an answer without data, for controlLoop, without
-// waiting: that is how the receive loop answers, so that it never waits
-// on its own peer's send path. A packet with the same type and ID as one
-// still queued is dropped: the queued one says the same. A server that
-// leaves maxControl answers unread loses the stream.
-func (c *client) sendControl(p *pb.Packet, id int64) {
+// sendControl queues p, an answer without data that no tunnel of the
+// stream accounts for, for controlLoop, without waiting: that is how the
+// receive loop answers, so that it never waits on its own peer's send
+// path. A packet with the same type and ID as one still queued is
+// dropped: the queued one says the same. A server that leaves maxControl
+// such answers unread loses the stream.
+func (c *client) sendControl(p *pb.Packet, id int64) { c.queueControl(p, id, true) }
+
+// sendTunnelControl is sendControl for the CLOSE_RSP of a tunnel the
+// stream held: MaxTunnelsPerServer bounds these, not maxControl. A slot
+// freed by a closed tunnel may take a new one before its CLOSE_RSP is
+// sent, so the queue as a whole is bounded too, by the sum of the two.
+func (c *client) sendTunnelControl(p *pb.Packet, id int64) { c.queueControl(p, id, false) }
+
+func (c *client) queueControl(p *pb.Packet, id int64, untied bool) {
 	key := controlKey{p.GetType(), id}
 	c.controlMu.Lock()
 	if _, dup := c.controlKeys[key]; dup || c.controlOver {
 		c.controlMu.Unlock()
 		return
 	}
-	if len(c.controlKeys) >= maxControl { // the one being sent included
+	if untied && c.untied >= maxControl || len(c.controlKeys) >= maxControl+c.cs.cfg.MaxTunnelsPerServer { // the one being sent included
 		c.controlMu.Unlock()
 		c.drop(streamEndedControlBacklog, "Ended a proxy-server stream whose server left too many answers unread; the agent will connect again", "queued", maxControl)
 		return
 	}
 	if c.controlKeys == nil {
-		c.controlKeys = map[controlKey]struct{}{}
+		c.controlKeys = map[controlKey]bool{}
 	}
-	c.controlKeys[key] = struct{}{}
+	c.controlKeys[key] = untied
+	if untied {
+		c.untied++
+	}
 	c.control = append(c.control, p)
 	c.controlMu.Unlock()
 	c.cs.metrics.addControlQueued(1)
@@ -83,7 +95,11 @@ func (c *client) controlLoop(ctx context.Context) {
 				// meanwhile would say the same.
 				err := c.send(p)
 				c.controlMu.Lock()
-				delete(c.controlKeys, controlKey{p.GetType(), controlID(p)})
+				key := controlKey{p.GetType(), controlID(p)}
+				if c.controlKeys[key] {
+					c.untied--
+				}
+				delete(c.controlKeys, key)
 				c.controlMu.Unlock()
 				c.cs.metrics.addControlQueued(-1)
 				if err != nil {
@@ -108,5 +124,5 @@ func (c *client) dropControl() {
 	c.controlMu.Lock()
 	defer c.controlMu.Unlock()
 	c.cs.metrics.addControlQueued(-len(c.control))
-	c.control, c.controlKeys, c.controlOver = nil, nil, true
+	c.control, c.controlKeys, c.untied, c.controlOver = nil, nil, 0, true
 }

@@ -25,7 +25,8 @@
 // connectID, refused DIAL_RSP, the CLOSE_RSP of a tunnel it ends) go to
 // the stream's control queue, which never waits, drops an answer already
 // queued, and is sent by a goroutine of its own; a server that leaves
-// maxControl answers unread loses the stream. A cycle of waits between
+// maxControl answers unread loses the stream (the CLOSE_RSPs of its own
+// tunnels aside: MaxTunnelsPerServer bounds those). A cycle of waits between
 // agent and server needs some receive loop to wait for its own peer to
 // read; with the rule on both sides none does, so both streams keep
 // draining. (Both loops once did, and a stream locked up for good under

@@ -141,7 +141,7 @@ func newMetrics(reg prometheus.Registerer, busiest func() float64, readiness fun
 		queuedBytes: ours.Gauge("queued_bytes",
 			"Bytes received from servers and not yet written to their endpoints, across every tunnel; at most 128 x 32 KiB per tunnel."),
 		controlQueued: ours.Gauge("control_queued_packets",
-			"Answers (CLOSE_RSP, refused DIAL_RSP) queued without waiting and not yet sent, across every server stream; at most 4096 per stream."),
+			"Answers (CLOSE_RSP, refused DIAL_RSP) queued without waiting and not yet sent, across every server stream; at most 4096 per stream beyond the CLOSE_RSPs of its own tunnels (which --max-tunnels-per-server bounds)."),
 		streamsEnded: ours.CounterVec("streams_ended_total",
 			"Number of server streams the agent ended because they were stuck or their server dead, by reason: stalled (nothing moved while packets waited), control_backlog (the server left too many answers unread), silent (the server sent nothing, not even a heartbeat, for 2.5 of its heartbeat intervals), receive_stuck (the receive loop was inside one packet for --stream-stall-timeout).", "reason"),
 		busiestServer: ours.GaugeFunc("busiest_server_tunnels",

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/nettest"
@@ -112,6 +113,68 @@ func TestControlQueueIsBounded(t *testing.T) {
 		return v == 1 && queued() == 0 && srv.Opened() >= 2
 	}, waitFor, tick, "the stream over its answer bound was not ended")
 	assert.Contains(t, logs.String(), "Ended a proxy-server stream whose server left too many answers unread")
+}
+
+// The answer bound counts only what no tunnel of the stream accounts for:
+// a server that closes more tunnels at once than that bound (its
+// frontends gone with kube-apiserver) while the link back is slow gets a
+// CLOSE_RSP queued for each, and the stream stays. They all arrive once
+// the server reads again.
+func TestClosingEveryTunnelAtOnceKeepsTheStream(t *testing.T) {
+	tt := newTestTLS(t)
+	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
+	cfg := testConfig(tt, srv.Addr())
+	cfg.StreamStallTimeout = -1 // the bound, not the backstop, is under test
+	const n = maxControl + 500
+	cfg.MaxConcurrentDials = n // all dialled at once
+	a, _ := runLogged(t, cfg)
+	queued := func() float64 { v, _ := a.metric(t, "servercount_agent_control_queued_packets"); return v }
+	backlog := func() float64 {
+		v, _ := a.metric(t, "servercount_agent_streams_ended_total", "reason", "control_backlog")
+		return v
+	}
+
+	// n idle tunnels, then one more whose endpoint writes until the
+	// stream to the server, which stops reading, is stuck.
+	idle := newTestTarget(t, true)
+	ss := srv.NextStream(t)
+	ss.FloodDialReqs(t, idle.addr, n)
+	for range n {
+		require.Empty(t, ss.NextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse().GetError())
+	}
+	writer := newTestTarget(t, false)
+	ss.Send(t, wire.DialReq("tcp", writer.addr, n+1))
+	c := writer.accepted(t)
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		_ = nettest.WriteUntilFailed(c)
+	}()
+	defer func() { c.Close(); <-writerDone }()
+	require.Eventually(t, func() bool { return a.stuck(200 * time.Millisecond) }, waitFor, tick, "the stream did not get stuck")
+
+	// connectIDs are 1 to n: the server closes them all.
+	for id := int64(1); id <= n; id++ {
+		ss.Send(t, wire.CloseReq(id))
+	}
+	require.Eventually(t, func() bool { return queued() == n }, 4*waitFor, tick, "the CLOSE_RSPs were not queued")
+	require.Equal(t, float64(0), backlog(), "the stream was ended for closing its own tunnels")
+	require.Equal(t, int64(1), srv.Opened())
+
+	// The endpoint stops and the server reads again: every CLOSE_RSP
+	// arrives on the same stream.
+	c.Close()
+	<-writerDone
+	closed := map[int64]bool{}
+	for len(closed) < n {
+		p := ss.Next(t)
+		if p.GetType() == pb.PacketType_CLOSE_RSP && p.GetCloseResponse().GetConnectID() <= n {
+			closed[p.GetCloseResponse().GetConnectID()] = true
+		}
+	}
+	require.Eventually(t, func() bool { return queued() == 0 }, waitFor, tick)
+	require.Equal(t, float64(0), backlog())
+	require.Equal(t, int64(1), srv.Opened())
 }
 
 // A server that shuts down gracefully sends DRAIN; the agent

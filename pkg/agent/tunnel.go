@@ -311,7 +311,7 @@ func (t *tunnel) finish(sendRsp bool) {
 		t.c.cs.metrics.endpointClosed()
 		t.c.releaseSlot()
 		if sendRsp {
-			t.c.sendCloseRsp(t.connectID, "")
+			t.c.sendTunnelControl(wire.CloseRsp(t.connectID, ""), t.connectID)
 		}
 	})
 }

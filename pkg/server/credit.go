@@ -108,7 +108,7 @@ func (s *Server) queueAgentData(be *backend, t *tunnel, data []byte) {
 	}
 	s.mu.Unlock()
 	if established {
-		be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
+		be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 	}
 }
 
@@ -193,7 +193,7 @@ func (s *Server) endStuckTunnel(t *tunnel, reason TunnelEndedReason) {
 	if direct {
 		t.fe.deliver(wire.CloseRsp(t.connectID, errTextNoCredit), nil)
 	}
-	t.be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
+	t.be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 }
 
 // sendData sends DATA pkt of tunnel t, from a frontend that ends when

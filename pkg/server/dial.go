@@ -101,8 +101,8 @@ func (s *Server) retryLocked(t *tunnel, reason RetryReason) (send func(), ok boo
 		// Without waiting: a sweep or a timer sends them, never a
 		// frontend's loop; an agent that leaves too many unread loses
 		// its stream.
-		nb.peer.sendControl(req, t.random)
-		old.peer.sendControl(wire.DialCls(t.random), t.random)
+		nb.peer.sendTunnelControl(req, t.random)
+		old.peer.sendTunnelControl(wire.DialCls(t.random), t.random)
 	}, true
 }
 
@@ -205,7 +205,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	if _, dup := be.conns[t.connectID]; dup || !t.fe.established(t) {
 		s.metrics.observeDuplicateDial()
 		s.mu.Unlock()
-		be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
+		be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 		t.fe.answer(wire.DialRsp(t.random, 0, errTextDuplicateID))
 		return
 	}

@@ -255,7 +255,7 @@ func (f *grpcFrontend) answer(pkt *client.Packet) {
 	if pkt.GetType() == client.PacketType_DIAL_RSP {
 		id = pkt.GetDialResponse().GetRandom()
 	}
-	f.peer.sendControl(pkt, id)
+	f.peer.sendTunnelControl(pkt, id) // always about a dial or tunnel of f's
 }
 
 func (f *grpcFrontend) track(t *tunnel) { f.pending[t.random] = t }

@@ -32,10 +32,15 @@ var (
 // packetStream is the server's side of an agent or frontend stream.
 type packetStream = grpc.BidiStreamingServer[client.Packet, client.Packet]
 
-// maxControl bounds a stream's control queue. A peer that reads its
-// stream keeps it near empty whatever it sends; one that fills it has not
-// read for as long as it took to answer maxControl distinct connections,
-// and its stream is ended (errControlBacklog).
+// maxControl bounds the control packets a stream queues that no tunnel of
+// its own accounts for: answers to connections it does not hold, dial
+// errors, heartbeats. A peer that reads its stream keeps them near empty
+// whatever it sends; one that fills the bound has not read for as long as
+// it took to answer maxControl distinct connections, and its stream is
+// ended (errControlBacklog). A packet for a tunnel the stream holds
+// (sendTunnelControl) is outside the bound: the tunnels bound those, one
+// per tunnel and type, so that closing every tunnel of a busy stream at
+// once over a slow link does not end it.
 const maxControl = 4096
 
 var (
@@ -85,6 +90,9 @@ type peer struct {
 	// connection is not queued twice. Guarded by controlMu.
 	control     []controlPacket
 	controlKeys map[controlKey]struct{}
+	// untied counts the queued packets that no tunnel accounts for, which
+	// maxControl bounds. Guarded by controlMu.
+	untied int
 
 	// moved is when a packet last moved on the stream, in or out (unix
 	// nanoseconds), and sending is set while writeLoop is in Send: see
@@ -117,6 +125,9 @@ type controlPacket struct {
 	pkt *client.Packet
 	key controlKey
 	due uint64
+	// untied is set for a packet that no tunnel of the stream accounts
+	// for; see maxControl.
+	untied bool
 }
 
 // controlKey names what a control packet answers: its type and its
@@ -144,7 +155,7 @@ func (p *peer) end(reason error) {
 		p.queued.stop()
 		p.controlMu.Lock()
 		p.metrics.addControlQueued(-len(p.control))
-		p.control, p.controlKeys = nil, nil
+		p.control, p.controlKeys, p.untied = nil, nil, 0
 		p.controlMu.Unlock()
 	})
 }
@@ -186,14 +197,27 @@ func (p *peer) send(pkt *client.Packet, d time.Duration, quit, abort <-chan stru
 	}
 }
 
-// sendControl queues pkt, a packet without data, on the control queue
-// without waiting. It goes after every packet queued on out before the
-// call, so it never overtakes them (a CLOSE_REQ never overtakes the
-// connection's last DATA), but it waits for no room. A packet with the
-// same type and ID as one still queued is dropped: the queued one says
-// the same. A peer that leaves maxControl packets unread loses its stream
-// (errControlBacklog); sendControl then reports false.
+// sendControl queues pkt, a packet without data that no tunnel of the
+// stream accounts for (an answer to an unknown connection, a dial error,
+// a heartbeat), on the control queue without waiting. It goes after every
+// packet queued on out before the call, so it never overtakes them (a
+// CLOSE_REQ never overtakes the connection's last DATA), but it waits for
+// no room. A packet with the same type and ID as one still queued is
+// dropped: the queued one says the same. A peer that leaves maxControl
+// such packets unread loses its stream (errControlBacklog); sendControl
+// then reports false.
 func (p *peer) sendControl(pkt *client.Packet, id int64) bool {
+	return p.queueControl(pkt, id, true)
+}
+
+// sendTunnelControl is sendControl for a packet about a tunnel the stream
+// holds or has just held (its CLOSE_REQ, DIAL_CLS or DIAL_REQ): the
+// stream's tunnels bound these, not maxControl.
+func (p *peer) sendTunnelControl(pkt *client.Packet, id int64) bool {
+	return p.queueControl(pkt, id, false)
+}
+
+func (p *peer) queueControl(pkt *client.Packet, id int64, untied bool) bool {
 	key := controlKey{pkt.GetType(), id}
 	// The packets ahead are the queued ones and at most one that
 	// writeLoop has taken from out but not yet counted: reading len(out)
@@ -212,7 +236,7 @@ func (p *peer) sendControl(pkt *client.Packet, id int64) bool {
 		p.controlMu.Unlock()
 		return true
 	}
-	if len(p.control) >= maxControl {
+	if untied && p.untied >= maxControl {
 		p.controlMu.Unlock()
 		p.metrics.observeStreamEnded(StreamEndedControlBacklog)
 		p.end(errControlBacklog)
@@ -222,7 +246,10 @@ func (p *peer) sendControl(pkt *client.Packet, id int64) bool {
 		p.controlKeys = map[controlKey]struct{}{}
 	}
 	p.controlKeys[key] = struct{}{}
-	p.control = append(p.control, controlPacket{pkt: pkt, key: key, due: due})
+	p.control = append(p.control, controlPacket{pkt: pkt, key: key, due: due, untied: untied})
+	if untied {
+		p.untied++
+	}
 	p.controlMu.Unlock()
 	p.metrics.addControlQueued(1)
 	select {
@@ -253,6 +280,9 @@ func (p *peer) nextControl() *client.Packet {
 		p.control = nil // let the array go
 	}
 	delete(p.controlKeys, first.key)
+	if first.untied {
+		p.untied--
+	}
 	p.metrics.addControlQueued(-1)
 	return first.pkt
 }

@@ -353,3 +353,97 @@ func TestFrontendThatNeverReadsIsEnded(t *testing.T) {
 		})
 	}
 }
+
+// The control queue's bound counts only what no tunnel accounts for: a
+// frontend that goes away with more tunnels through one agent than that
+// bound (kube-apiserver restarting) makes the server queue a CLOSE_REQ
+// for each while the agent's stream is slow, and the stream stays. The
+// agent gets every CLOSE_REQ once it reads again.
+func TestClosingEveryTunnelAtOnceKeepsTheStream(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	e := startEnv(t, server.Config{Registerer: reg, StreamStallTimeout: -1})
+	queued := gaugeOf(reg, "servercount_server_control_queued_packets", nil)
+	backlog := gaugeOf(reg, "servercount_server_streams_ended_total", map[string]string{"reason": "control_backlog"})
+
+	// One frontend holds n tunnels through the agent, dialled all at once
+	// and answered all at once (connectID = random + 1).
+	const n = server.MaxControl + 500
+	a, err := connectAgent(t, e, agentOpts{id: "busy"})
+	require.NoError(t, err)
+	waitBackends(t, e, 1)
+	ctx, closeMany := context.WithCancel(t.Context())
+	defer closeMany()
+	many, err := adversarytest.DialDeafFrontend(ctx, adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+	require.NoError(t, err)
+	defer many.Close()
+	sent := make(chan error, 1)
+	go func() {
+		for r := int64(1); r <= n; r++ {
+			if err := many.Send(wire.DialReq("tcp", "127.0.0.1:9", r)); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	for answered := 0; answered < n; {
+		p, err := a.Recv()
+		require.NoError(t, err)
+		if p.GetType() == client.PacketType_DIAL_REQ {
+			r := p.GetDialRequest().GetRandom()
+			require.NoError(t, a.Send(wire.DialRsp(r, r+1, "")))
+			answered++
+		}
+	}
+	require.NoError(t, <-sent)
+	for established := 0; established < n; {
+		p, err := many.Recv()
+		require.NoError(t, err)
+		if p.GetType() == client.PacketType_DIAL_RSP {
+			require.Empty(t, p.GetDialResponse().GetError())
+			established++
+		}
+	}
+
+	// A second frontend floods one more tunnel through the agent, which
+	// reads nothing: the server's writer to it waits in Send.
+	flood, err := adversarytest.DialDeafFrontend(t.Context(), adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
+	require.NoError(t, err)
+	defer flood.Close()
+	accepted := make(chan error, 1)
+	go func() { _, err := a.AcceptDial(1 << 40); accepted <- err }()
+	_, err = flood.Dial("127.0.0.1:9", 1<<40)
+	require.NoError(t, err)
+	require.NoError(t, <-accepted)
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		data := make([]byte, 64<<10)
+		for flood.Send(wire.Data(1<<40, data)) == nil {
+		}
+	}()
+	waiting := gaugeOf(reg, "servercount_server_frontends_waiting_for_agent", nil)
+	require.Eventually(t, func() bool { return waiting() == 1 }, waitFor, 5*time.Millisecond, "the agent's queue never filled")
+
+	// The first frontend goes: n CLOSE_REQs wait for the agent.
+	closeMany()
+	require.Eventually(t, func() bool { return queued() == n }, 4*waitFor, 5*time.Millisecond, "the CLOSE_REQs were not queued")
+	require.Equal(t, float64(0), backlog(), "the stream was ended for closing its own tunnels")
+	require.Equal(t, 1, e.srv.Backends())
+
+	// The flood ends and the agent reads again: every tunnel's CLOSE_REQ
+	// arrives.
+	flood.Close()
+	<-flooded
+	closed := map[int64]bool{}
+	for len(closed) < n {
+		p, err := a.Recv()
+		require.NoError(t, err)
+		if p.GetType() == client.PacketType_CLOSE_REQ && p.GetCloseRequest().GetConnectID() <= n+1 {
+			closed[p.GetCloseRequest().GetConnectID()] = true
+		}
+	}
+	require.Eventually(t, func() bool { return queued() == 0 }, waitFor, 5*time.Millisecond)
+	require.Equal(t, float64(0), backlog())
+}

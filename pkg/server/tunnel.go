@@ -177,7 +177,7 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 		s.metrics.addQueuedBytes(-q.Close())
 	}
 	if established {
-		t.be.peer.sendControl(wire.CloseReq(t.connectID), t.connectID)
+		t.be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 	}
 }
 
