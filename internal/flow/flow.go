@@ -222,36 +222,9 @@ func (q *Queue) Room() <-chan struct{} { return q.room }
 // write-closed and empty, or when done closes.
 func (q *Queue) Next(max int, done <-chan struct{}) ([]byte, bool) {
 	for {
-		q.mu.Lock()
-		if q.closed {
-			q.mu.Unlock()
-			return nil, false
-		}
-		if q.n > 0 {
-			var p []byte
-			if first := q.segs[0]; first.kept && q.head == 0 && len(first.b) <= max {
-				p = first.b
-				q.popSegment()
-			} else {
-				p = make([]byte, min(max, q.n))
-				for got := 0; got < len(p); {
-					k := copy(p[got:], q.segs[0].b[q.head:])
-					got += k
-					q.head += k
-					if q.head == len(q.segs[0].b) {
-						q.popSegment()
-					}
-				}
-			}
-			q.n -= len(p)
-			q.held += len(p)
-			q.mu.Unlock()
-			return p, true
-		}
-		end := q.writeClosed
-		q.mu.Unlock()
-		if end {
-			return nil, false
+		p, more := q.TryNext(max)
+		if p != nil || !more {
+			return p, p != nil
 		}
 		select {
 		case <-q.ready:
@@ -259,6 +232,38 @@ func (q *Queue) Next(max int, done <-chan struct{}) ([]byte, bool) {
 			return nil, false
 		}
 	}
+}
+
+// TryNext is Next without the wait: with nothing queued it returns nil,
+// and more reports whether bytes may still come (false once the queue is
+// closed, or write-closed and empty). A writer that runs only while
+// there is something to write stops on nil.
+func (q *Queue) TryNext(max int) (p []byte, more bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, false
+	}
+	if q.n == 0 {
+		return nil, !q.writeClosed
+	}
+	if first := q.segs[0]; first.kept && q.head == 0 && len(first.b) <= max {
+		p = first.b
+		q.popSegment()
+	} else {
+		p = make([]byte, min(max, q.n))
+		for got := 0; got < len(p); {
+			k := copy(p[got:], q.segs[0].b[q.head:])
+			got += k
+			q.head += k
+			if q.head == len(q.segs[0].b) {
+				q.popSegment()
+			}
+		}
+	}
+	q.n -= len(p)
+	q.held += len(p)
+	return p, true
 }
 
 // popSegment drops the first segment. Called with mu held.

@@ -17,9 +17,12 @@ import (
 
 // Tunnel sizes and bounds.
 //
-// Data from the server is written to an endpoint by a writer goroutine per
-// tunnel, fed by a byte queue (flow.Queue), so that the stream's receive
-// loop does not wait for one endpoint's socket.
+// Data from the server is written to an endpoint by a writer goroutine of
+// the tunnel's, fed by a byte queue (flow.Queue), so that the stream's
+// receive loop does not wait for one endpoint's socket. The writer runs
+// only while the queue holds data, and the reader holds a full-size
+// buffer only while the endpoint sends: an idle tunnel costs one
+// goroutine, blocked in Read on a small buffer.
 //
 // With a server that turned flow control on in the handshake, the server
 // sends at most the agent's window of unwritten bytes per tunnel: the
@@ -39,6 +42,10 @@ const (
 	// writeChunk is the most one write to an endpoint carries: queued
 	// packets are coalesced up to it.
 	writeChunk = wire.MaxDataPayload
+	// idleRead is the buffer an endpoint is read into while it sends
+	// nothing. A read that fills it is followed by reads into a pooled
+	// buffer of MaxDataPayload, until one comes back short.
+	idleRead = 512
 )
 
 // tunnel is one endpoint connection, relayed over a client's stream as
@@ -68,6 +75,9 @@ type tunnel struct {
 	qmu    sync.Mutex
 	queued int
 	over   bool
+	// writing is set while a writer goroutine runs (see kick). Guarded
+	// by qmu.
+	writing bool
 }
 
 // account adds n (negative: subtracts) to the bytes queued for the
@@ -84,10 +94,11 @@ func (t *tunnel) account(n int) bool {
 }
 
 // dial serves one DIAL_REQ: it dials the endpoint, answers DIAL_RSP and,
-// on success, relays the endpoint's data to the server until the endpoint
-// closes. It runs in its own goroutine, counted in c.wg, holding the
-// tunnel and dial slots admitDial took: the dial slot until the dial
-// returns, the tunnel slot until the tunnel ends.
+// on success, starts readLoop, which relays the endpoint's data to the
+// server until the endpoint closes. It runs in its own goroutine, counted
+// in c.wg, as readLoop does, holding the tunnel and dial slots admitDial
+// took: the dial slot until the dial returns, the tunnel slot until the
+// tunnel ends.
 func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
 	logger := klog.FromContext(ctx).WithValues("address", req.GetAddress(), "dialID", req.GetRandom())
 	start := time.Now()
@@ -140,13 +151,14 @@ func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
 	c.cs.metrics.endpointOpened()
 	logger.V(4).Info("Dialed endpoint", "connectID", t.connectID)
 
-	c.wg.Go(t.writeLoop)
 	if err := c.sendDialRsp(req.GetRandom(), t.connectID, ""); err != nil {
 		t.finish(false)
 		return
 	}
-	// Only after DIAL_RSP: no DATA may precede it.
-	t.readLoop()
+	// Only after DIAL_RSP: no DATA may precede it. In a goroutine of its
+	// own, whose stack starts small: this one's grew for the dial, and an
+	// idle tunnel would keep it.
+	c.wg.Go(t.readLoop)
 }
 
 // dialEndpoint dials a TCP endpoint with DialTimeout.
@@ -170,50 +182,88 @@ func (c *client) sendDialRsp(random, connectID int64, errText string) error {
 }
 
 // readLoop sends what the endpoint sends as DATA, until it closes. With
-// flow control it reads no more than the server has room for.
+// flow control it reads no more than the server has room for. It reads
+// into a small buffer of its own while the endpoint is quiet, and into a
+// pooled one of MaxDataPayload while reads fill what they are given: Send
+// marshals the packet before it returns, so either buffer is free again
+// after it. (A gRPC stats handler in DialOptions that kept the message
+// past HandleRPC would see it change.)
 func (t *tunnel) readLoop() {
-	// One buffer for the tunnel's life: Send marshals the packet before it
-	// returns, so the buffer is free again. (A gRPC stats handler in
-	// DialOptions that kept the message past HandleRPC would see it
-	// change.)
-	buf := make([]byte, wire.MaxDataPayload)
+	small := make([]byte, idleRead)
+	busy := false
 	p := wire.Data(t.connectID, nil)
 	data := p.GetData()
 	for {
+		buf := small
+		if busy {
+			buf = wire.DataBuffer()
+		}
 		max := len(buf)
 		if t.credit != nil {
-			if max = t.credit.Take(max, t.closed); max == 0 {
-				return // finished elsewhere
-			}
+			max = t.credit.Take(max, t.closed)
 		}
-		n, err := t.conn.Read(buf[:max])
+		n, err := 0, error(nil)
+		if max > 0 {
+			n, err = t.conn.Read(buf[:max])
+		}
 		if t.credit != nil {
 			t.credit.Give(max - n)
 		}
+		var serr error
 		if n > 0 {
 			data.Data = buf[:n]
-			if serr := t.c.send(p); serr != nil {
-				t.finish(false) // the stream is broken: no CLOSE_RSP can go out
-				return
-			}
+			serr = t.c.send(p)
+			data.Data = nil
 		}
-		if err != nil {
+		if busy {
+			wire.Recycle(buf)
+		}
+		switch {
+		case max == 0:
+			return // finished elsewhere
+		case serr != nil:
+			t.finish(false) // the stream is broken: no CLOSE_RSP can go out
+			return
+		case err != nil:
 			// EOF or error from the endpoint, or the tunnel was finished
 			// elsewhere; finish does its work once.
 			t.finish(true)
 			return
 		}
+		busy = n == max
 	}
 }
 
+// kick starts the tunnel's writer unless it runs already or the tunnel
+// is over. The receive loop calls it after each Put and CloseWrite; the
+// writer, which stops when it finds the queue empty, checks that under
+// qmu too, so that data put meanwhile is never left without a writer.
+func (t *tunnel) kick() {
+	t.qmu.Lock()
+	if t.writing || t.over {
+		t.qmu.Unlock()
+		return
+	}
+	t.writing = true
+	t.qmu.Unlock()
+	t.c.wg.Go(t.writeLoop)
+}
+
 // writeLoop writes queued data to the endpoint and, with flow control,
-// grants the server credit for what it wrote. When the queue is closed
-// for writing (CLOSE_REQ) it finishes the tunnel once the queued data is
-// written.
+// grants the server credit for what it wrote, until the queue is empty.
+// When the queue is closed for writing (CLOSE_REQ) it finishes the tunnel
+// once the queued data is written.
 func (t *tunnel) writeLoop() {
 	for {
-		b, ok := t.q.Next(writeChunk, t.closed)
-		if !ok {
+		t.qmu.Lock()
+		b, more := t.q.TryNext(writeChunk)
+		if b == nil && more {
+			t.writing = false
+			t.qmu.Unlock()
+			return // idle: the next kick starts another
+		}
+		t.qmu.Unlock()
+		if b == nil {
 			t.finish(true) // once: nothing if the tunnel is over already
 			return
 		}
@@ -257,6 +307,7 @@ func (t *tunnel) enqueue(ctx context.Context, b []byte) bool {
 	for {
 		err := t.q.Put(b)
 		if err == nil {
+			t.kick()
 			return true
 		}
 		if !errors.Is(err, flow.ErrWindowExceeded) {
@@ -293,7 +344,10 @@ func (t *tunnel) enqueue(ctx context.Context, b []byte) bool {
 
 // closeAfterWrites ends the tunnel after the data queued so far is
 // written. Called only by the receive loop, once.
-func (t *tunnel) closeAfterWrites() { t.q.CloseWrite() }
+func (t *tunnel) closeAfterWrites() {
+	t.q.CloseWrite()
+	t.kick()
+}
 
 // finish ends the tunnel once: it forgets it, closes the endpoint
 // connection and, if sendRsp, tells the server with CLOSE_RSP.

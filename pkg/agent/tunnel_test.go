@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -327,4 +329,49 @@ func TestServerOverrunningTheWindowLosesTheTunnel(t *testing.T) {
 	assert.True(t, closed, "the overrun tunnel was not closed before the echo came back")
 	v, _ := a.metric(t, "konnectivity_network_proxy_agent_open_endpoint_connections")
 	assert.Equal(t, 1.0, v, "the overrun tunnel's endpoint connection is still open")
+}
+
+// goroutinesIn counts the goroutines of this process whose stack holds
+// fn, a function's full name.
+func goroutinesIn(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), fn+"(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// An idle tunnel holds one goroutine, its reader: the writer runs only
+// while there is data for the endpoint, and goes once it is written.
+func TestIdleTunnelHoldsOneGoroutine(t *testing.T) {
+	_, st := oneStream(t)
+	target := newTestTarget(t, true)
+	const n = 50
+	ids := make([]int64, n)
+	for i := range n {
+		ids[i] = st.DialOK(t, target.addr, int64(i+1))
+	}
+	const (
+		reader = "github.com/servercount/servercount/pkg/agent.(*tunnel).readLoop"
+		writer = "github.com/servercount/servercount/pkg/agent.(*tunnel).writeLoop"
+	)
+	// The package's tests run one at a time: these are all the tunnels.
+	require.Eventually(t, func() bool { return goroutinesIn(reader) == n && goroutinesIn(writer) == 0 }, waitFor, tick,
+		"%d readers and %d writers for %d idle tunnels", goroutinesIn(reader), goroutinesIn(writer), n)
+
+	// Data for one tunnel: a writer writes it, the target echoes it back,
+	// and the writer goes.
+	st.Send(t, wire.Data(ids[7], []byte("ping")))
+	d := st.NextOf(t, pb.PacketType_DATA).GetData()
+	assert.Equal(t, ids[7], d.GetConnectID())
+	assert.Equal(t, "ping", string(d.GetData()))
+	require.Eventually(t, func() bool { return goroutinesIn(writer) == 0 }, waitFor, tick, "the writer stayed after its data was written")
+
+	// CLOSE_REQ with nothing queued: a writer starts only to finish the
+	// tunnel.
+	st.Send(t, wire.CloseReq(ids[3]))
+	assert.Equal(t, ids[3], st.NextOf(t, pb.PacketType_CLOSE_RSP).GetCloseResponse().GetConnectID())
 }

@@ -75,9 +75,14 @@ const minRecycled = 4 << 10
 // buffer decoded by one stream is often written out by another.
 var dataBuffers = sync.Pool{New: func() any { return new([recycledCap]byte) }}
 
-// Recycle gives b back for reuse if Codec made it: the caller must be its
-// only user and must not touch it afterwards. Any other slice is left to
-// the garbage collector. A DATA packet's data is whole from Unmarshal to
+// DataBuffer returns a buffer of MaxDataPayload bytes from the pool that
+// Codec decodes DATA into, for a reader that reads into it only while
+// data flows; give it back with Recycle once nothing refers to it.
+func DataBuffer() []byte { return dataBuffers.Get().(*[recycledCap]byte)[:MaxDataPayload] }
+
+// Recycle gives b back for reuse if Codec or DataBuffer made it: the
+// caller must be its only user and must not touch it afterwards. Any
+// other slice is left to the garbage collector. A DATA packet's data is whole from Unmarshal to
 // the writer that sends it on (queues hand on whole slices or copies,
 // and a piece cut for flow control has its capacity cut too), so the
 // writer that last sends it is where it is recycled.
