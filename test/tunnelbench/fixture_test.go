@@ -62,6 +62,8 @@ type fixture struct {
 	upstream  []*pair // upstream's, the same way, for BenchmarkUpstream
 	certs     certs
 	profiling bool
+	// ourAgentArgs are more flags for our proxy-agent.
+	ourAgentArgs []string
 	// echo is a connection to the echo peer process, for BenchmarkUpstream's
 	// crossings.
 	echo net.Conn
@@ -84,10 +86,10 @@ type pair struct {
 
 // startFixture builds the binaries and starts the target and both pairs.
 // Everything is stopped, and every file removed, when b ends.
-func startFixture(b *testing.B, profiling bool) *fixture {
+func startFixture(b *testing.B, profiling bool, ourAgentArgs ...string) *fixture {
 	b.Helper()
 	serverBin, agentBin := build(b)
-	f := &fixture{target: startTarget(b), certs: writeCerts(b), profiling: profiling}
+	f := &fixture{target: startTarget(b), certs: writeCerts(b), profiling: profiling, ourAgentArgs: ourAgentArgs}
 	f.pairs = f.startPairs(b, "ours", serverBin, agentBin)
 	return f
 }
@@ -153,6 +155,7 @@ func (f *fixture) startPairs(b *testing.B, impl, serverBin, agentBin string) []*
 		if impl == "ours" {
 			serverArgs = append(serverArgs, strings.Fields(*extraArgs)...)
 			agentArgs = append(agentArgs, strings.Fields(*extraArgs)...)
+			agentArgs = append(agentArgs, f.ourAgentArgs...)
 		}
 		// proctest.Start kills and waits for each process in b.Cleanup.
 		server := proctest.Start(b, serverBin, serverArgs...)

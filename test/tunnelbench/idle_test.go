@@ -1,0 +1,292 @@
+package tunnelbench
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/test/upstream"
+)
+
+var idleTunnels = flag.Int("tunnelbench.idle-tunnels", 20000, "idle tunnels BenchmarkUpstreamIdleTunnels opens through each pair at once")
+
+// idleSettle is how long the processes idle before a sample: start-up
+// garbage and the last dials' timers settle.
+const idleSettle = 5 * time.Second
+
+// BenchmarkUpstreamIdleTunnels opens -tunnelbench.idle-tunnels idle
+// tunnels at once through each pair, ours and upstream's, in each
+// frontend mode (one pair at a time, the tunnels of the last closed
+// first), to a target that accepts and holds them, and reports what an
+// idle open tunnel costs each process: resident memory (VmRSS), Go heap
+// in use after a collection, and goroutines, less the same idle with no
+// tunnel, divided by the tunnels; and ours over upstream's. It runs with
+// make bench-upstream.
+func BenchmarkUpstreamIdleTunnels(b *testing.B) {
+	up := upstream.Require(b)
+	n := *idleTunnels
+	raiseFiles(b, 3*n+4096)
+	// --enable-profiling on every process, for a collection before each
+	// sample (/debug/pprof/heap?gc=1). Our agent bounds the tunnels of
+	// one server stream (5000 by default; upstream's has no bound): the
+	// bound is raised to the tunnels asked for.
+	f := startFixture(b, true, fmt.Sprintf("--max-tunnels-per-server=%d", n))
+	f.startUpstream(b, up)
+	target := holdTarget(b)
+	costs := map[string]tunnelCost{} // by impl and mode
+	for b.Loop() {
+		for _, p := range append(f.pairs, f.upstream...) {
+			c := idleCost(b, p, target, n)
+			costs[p.impl+"-"+p.name] = c
+			b.Logf("%s %s: per idle tunnel, server %.1f KiB RSS, %.1f KiB heap, %.2f goroutines; agent %.1f KiB RSS, %.1f KiB heap, %.2f goroutines",
+				p.impl, p.mode, c.server.rssKiB, c.server.heapKiB, c.server.goroutines, c.agent.rssKiB, c.agent.heapKiB, c.agent.goroutines)
+		}
+	}
+	b.ReportMetric(float64(n), "tunnels")
+	for _, mode := range []string{"connect", "grpc"} {
+		ours, theirs := costs["ours-"+mode], costs["upstream-"+mode]
+		for _, side := range []struct {
+			name       string
+			ours, them processCost
+		}{{"server", ours.server, theirs.server}, {"agent", ours.agent, theirs.agent}} {
+			b.ReportMetric(side.ours.rssKiB, side.name+"-rss-KiB/tunnel-"+mode)
+			b.ReportMetric(side.them.rssKiB, "upstream-"+side.name+"-rss-KiB/tunnel-"+mode)
+			b.ReportMetric(side.ours.rssKiB/side.them.rssKiB, "ours/upstream-"+side.name+"-rss-"+mode)
+			b.ReportMetric(side.ours.heapKiB, side.name+"-heap-KiB/tunnel-"+mode)
+			b.ReportMetric(side.them.heapKiB, "upstream-"+side.name+"-heap-KiB/tunnel-"+mode)
+			b.ReportMetric(side.ours.goroutines, side.name+"-goroutines/tunnel-"+mode)
+			b.ReportMetric(side.them.goroutines, "upstream-"+side.name+"-goroutines/tunnel-"+mode)
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// processCost is what one process spends per idle tunnel.
+type processCost struct{ rssKiB, heapKiB, goroutines float64 }
+
+// tunnelCost is what an idle tunnel costs a pair's server and agent.
+type tunnelCost struct{ server, agent processCost }
+
+// processSample is one process's memory and goroutines.
+type processSample struct{ rssKiB, heap, goroutines float64 }
+
+// idleCost samples p's processes idle, opens n tunnels through p to
+// target at once, samples them again, and closes the tunnels, waiting
+// until the target has seen every one end.
+func idleCost(b *testing.B, p *pair, target *heldTarget, n int) tunnelCost {
+	b.Helper()
+	settle(b)
+	s0, a0 := sampleProcess(b, p.serverPID, p.serverAdmin), sampleProcess(b, p.agentPID, p.agentAdmin)
+	ctx, closeTunnels := context.WithCancel(b.Context())
+	dial := p.dial()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	var mu sync.Mutex
+	var conns []net.Conn
+	for range n {
+		g.Go(func() error {
+			c, err := dial(ctx, target.addr)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			return gctx.Err()
+		})
+	}
+	if err := g.Wait(); err != nil {
+		closeTunnels()
+		b.Fatalf("%s %s: open %d tunnels: %v", p.impl, p.mode, n, err)
+	}
+	if err := target.waitHeld(b.Context(), n); err != nil {
+		closeTunnels()
+		b.Fatalf("%s %s: %v", p.impl, p.mode, err)
+	}
+	settle(b)
+	s1, a1 := sampleProcess(b, p.serverPID, p.serverAdmin), sampleProcess(b, p.agentPID, p.agentAdmin)
+	closeTunnels()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	if err := target.waitHeld(b.Context(), 0); err != nil {
+		b.Fatalf("%s %s: closing the tunnels: %v", p.impl, p.mode, err)
+	}
+	per := func(before, after processSample) processCost {
+		return processCost{
+			rssKiB:     (after.rssKiB - before.rssKiB) / float64(n),
+			heapKiB:    (after.heap - before.heap) / 1024 / float64(n),
+			goroutines: (after.goroutines - before.goroutines) / float64(n),
+		}
+	}
+	return tunnelCost{server: per(s0, s1), agent: per(a0, a1)}
+}
+
+// settle idles for idleSettle, or until b ends.
+func settle(b *testing.B) {
+	t := time.NewTimer(idleSettle)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-b.Context().Done():
+	}
+}
+
+// sampleProcess collects garbage in the process pid whose admin port is
+// admin, then reads its resident memory, heap in use and goroutines.
+func sampleProcess(b *testing.B, pid int, admin string) processSample {
+	b.Helper()
+	_ = proctest.Status(admin + "/debug/pprof/heap?gc=1")
+	m, err := proctest.Scrape(admin + "/metrics")
+	if err != nil {
+		b.Fatalf("scrape %s: %v", admin, err)
+	}
+	rss, err := vmRSSKiB(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	heap, _ := m.Value("go_memstats_heap_inuse_bytes")
+	g, _ := m.Value("go_goroutines")
+	return processSample{rssKiB: rss, heap: heap, goroutines: g}
+}
+
+// vmRSSKiB reads the resident set of process pid, in KiB.
+func vmRSSKiB(pid int) (float64, error) {
+	fh, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer fh.Close()
+	sc := bufio.NewScanner(fh)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			return strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+// heldTarget accepts TCP connections on loopback and holds them open,
+// reading nothing, until their other end closes.
+type heldTarget struct {
+	addr string
+	mu   sync.Mutex
+	held int
+	wake chan struct{} // buffer of 1: held changed
+}
+
+func holdTarget(b *testing.B) *heldTarget {
+	b.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	t := &heldTarget{addr: lis.Addr().String(), wake: make(chan struct{}, 1)}
+	var wg sync.WaitGroup
+	var cmu sync.Mutex
+	conns := map[net.Conn]struct{}{}
+	wg.Go(func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			cmu.Lock()
+			conns[c] = struct{}{}
+			cmu.Unlock()
+			t.add(1)
+			// One goroutine per connection, waiting for its end: the
+			// test process's cost, not the proxies'.
+			wg.Go(func() {
+				var one [1]byte
+				for {
+					if _, err := c.Read(one[:]); err != nil {
+						break
+					}
+				}
+				_ = c.Close()
+				cmu.Lock()
+				delete(conns, c)
+				cmu.Unlock()
+				t.add(-1)
+			})
+		}
+	})
+	b.Cleanup(func() {
+		_ = lis.Close()
+		cmu.Lock()
+		for c := range conns {
+			_ = c.Close()
+		}
+		cmu.Unlock()
+		wg.Wait()
+	})
+	return t
+}
+
+func (t *heldTarget) add(d int) {
+	t.mu.Lock()
+	t.held += d
+	t.mu.Unlock()
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// waitHeld waits until the target holds n connections, for at most
+// opTimeout.
+func (t *heldTarget) waitHeld(ctx context.Context, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	for {
+		t.mu.Lock()
+		held := t.held
+		t.mu.Unlock()
+		if held == n {
+			return nil
+		}
+		select {
+		case <-t.wake:
+		case <-ctx.Done():
+			return fmt.Errorf("the target holds %d connections, want %d: %w", held, n, ctx.Err())
+		}
+	}
+}
+
+// raiseFiles raises this process's open file limit to at least want,
+// which the proxies it starts inherit: each tunnel is a frontend
+// connection and a target connection here, and one in each proxy. Only
+// a privileged process may raise the hard limit; others get theirs.
+func raiseFiles(b *testing.B, want int) {
+	b.Helper()
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		b.Fatalf("read the open file limit: %v", err)
+	}
+	if lim.Max < uint64(want) {
+		raised := syscall.Rlimit{Cur: uint64(want), Max: uint64(want)}
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &raised) == nil {
+			return
+		}
+	}
+	lim.Cur = lim.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		b.Fatalf("raise the open file limit: %v", err)
+	}
+	if lim.Max < uint64(want) {
+		b.Fatalf("the open file limit is %d, below the %d that %d tunnels need: run as root, or lower -tunnelbench.idle-tunnels", lim.Max, want, *idleTunnels)
+	}
+}
