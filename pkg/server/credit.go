@@ -10,28 +10,76 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// pump delivers a flow-controlled tunnel's DATA from its queue to its
-// frontend, granting the agent credit as the frontend takes it, and then
-// the tunnel's last packet. A frontend that does not read makes pump wait
-// (up to FrontendWriteTimeout, after which the frontend is ended), never
-// the agent stream's receive loop.
+// kickPumpLocked starts t's pump unless one runs or the queue's end was
+// delivered: the receive loop calls it after queueing DATA, and whoever
+// closes the queue after closing it. A pump runs only while there is
+// something to deliver, so that an idle tunnel holds no goroutine; it
+// checks the queue under pumpMu before it stops, as this does before it
+// starts one, so that nothing queued is left without a pump. Called with
+// Server.mu held: a closing Server starts none.
+func (s *Server) kickPumpLocked(t *tunnel) {
+	if s.closed {
+		return
+	}
+	t.pumpMu.Lock()
+	if t.pumping || t.pumped {
+		t.pumpMu.Unlock()
+		return
+	}
+	t.pumping = true
+	t.pumpMu.Unlock()
+	s.wg.Add(1)
+	go s.pump(t)
+}
+
+// kickPump is kickPumpLocked for a caller without Server.mu, which it
+// takes only to start a pump: while one runs, as it does while DATA
+// flows, a kick costs one uncontended lock.
+func (s *Server) kickPump(t *tunnel) {
+	t.pumpMu.Lock()
+	busy := t.pumping || t.pumped
+	t.pumpMu.Unlock()
+	if busy {
+		return
+	}
+	s.mu.Lock()
+	s.kickPumpLocked(t)
+	s.mu.Unlock()
+}
+
+// pump delivers a flow-controlled tunnel's queued DATA to its frontend,
+// granting the agent credit as it goes, until the queue is empty. Once
+// the queue is closed, or the Server closes, it delivers the CLOSE_RSP
+// that closed it, if any, and forgets the tunnel at the frontend.
 func (s *Server) pump(t *tunnel) {
 	defer s.wg.Done()
-	defer s.tunnelMayHaveEnded()
-	defer s.pumps.Add(-1)
 	for {
-		b, ok := t.q.Next(wire.MaxDataPayload, s.quit)
-		if !ok {
-			// What a closing Server leaves queued goes with it.
-			s.metrics.addQueuedBytes(-t.q.Close())
+		t.pumpMu.Lock()
+		b, more := t.q.TryNext(wire.MaxDataPayload)
+		if b == nil && more {
+			t.pumping = false
+			t.pumpMu.Unlock()
+			return // idle: the next kick starts another
+		}
+		quitting := isClosed(s.quit)
+		if b == nil || quitting {
+			t.pumped = true
+			t.pumpMu.Unlock()
+			if quitting {
+				// What a closing Server leaves queued goes with it.
+				s.metrics.addQueuedBytes(-t.q.Close() - len(b))
+			}
 			break
 		}
+		t.pumpMu.Unlock()
 		s.metrics.addQueuedBytes(-len(b))
 		t.fe.deliver(wire.Data(t.connectID, b), nil)
 		if grant := t.q.Release(len(b)); grant > 0 {
 			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), 0, s.quit, nil)
 		}
 	}
+	defer s.tunnelMayHaveEnded()
+	defer s.pumps.Add(-1)
 	s.mu.Lock()
 	last := t.last
 	s.mu.Unlock()
@@ -43,6 +91,16 @@ func (s *Server) pump(t *tunnel) {
 	s.mu.Lock()
 	t.fe.forget(t)
 	s.mu.Unlock()
+}
+
+// isClosed reports whether c, a channel that is only ever closed, is.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // onWindowUpdate handles WINDOW from agent stream be: credit for a
@@ -96,6 +154,7 @@ func (s *Server) queueAgentData(be *backend, t *tunnel, data []byte) {
 	switch {
 	case err == nil:
 		s.metrics.addQueuedBytes(len(data))
+		s.kickPump(t)
 		return
 	case !errors.Is(err, flow.ErrWindowExceeded):
 		return // the tunnel is ending: its data goes nowhere

@@ -216,9 +216,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	if be.peerWindow > 0 && !s.closed {
 		t.q = flow.NewQueue(s.cfg.TunnelWindow)
 		t.credit = flow.NewWindow(be.peerWindow)
-		s.wg.Add(1)
-		s.pumps.Add(1)
-		go s.pump(t)
+		s.pumps.Add(1) // until a pump has delivered the queue's end
 	}
 	s.mu.Unlock()
 	t.fe.answer(pkt)

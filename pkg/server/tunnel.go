@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"io"
+	"sync"
 	"time"
 
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
@@ -92,6 +93,11 @@ type tunnel struct {
 	// credit is what the agent has room for. Both nil without.
 	q      *flow.Queue
 	credit *flow.Window
+	// pumpMu guards pumping and pumped: pumping is set while a pump
+	// goroutine runs (see kickPump), pumped once one has delivered the
+	// end of the queue.
+	pumpMu          sync.Mutex
+	pumping, pumped bool
 	// last is the packet pump delivers after the queued DATA: CLOSE_RSP.
 	// Guarded by Server.mu.
 	last *client.Packet
@@ -120,6 +126,7 @@ func (s *Server) closeFromAgentLocked(t *tunnel, pkt *client.Packet) (direct boo
 	}
 	t.last = pkt
 	t.q.CloseWrite()
+	s.kickPumpLocked(t)
 	return false
 }
 
@@ -171,11 +178,13 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 		s.forgetConnLocked(t)
 	}
 	q := t.q
-	s.mu.Unlock()
 	if q != nil {
-		// Nobody is left to read what the agent sent.
+		// Nobody is left to read what the agent sent; a pump ends the
+		// tunnel at the frontend.
 		s.metrics.addQueuedBytes(-q.Close())
+		s.kickPumpLocked(t)
 	}
+	s.mu.Unlock()
 	if established {
 		t.be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 	}
