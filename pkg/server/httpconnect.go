@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,17 @@ type httpTunnel struct {
 	// conn is the hijacked connection; nil before the hijack. Guarded by
 	// Server.mu.
 	conn net.Conn
+
+	// The writer runs only while there is something to write (see kick).
+	// wmu guards client, writing and over: client is conn once the 200
+	// has gone out, when a writer may start; writing is set while one
+	// runs; over once one has ended the connection, after which none
+	// starts. flushed is closed then.
+	wmu     sync.Mutex
+	client  net.Conn
+	writing bool
+	over    bool
+	flushed chan struct{}
 }
 
 // HTTPConnect returns the HTTP CONNECT frontend: for each CONNECT request
@@ -54,9 +66,16 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	ht := &httpTunnel{s: s, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{}), queued: queuedBytes{m: s.metrics}}
-	// Whatever is left in data when the tunnel ends is dropped with it.
-	defer ht.queued.stop()
+	ht := &httpTunnel{s: s, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{}),
+		queued: queuedBytes{m: s.metrics}, flushed: make(chan struct{})}
+	// Whatever is left in data when the tunnel ends is dropped with it:
+	// here, unless relay took the tunnel over.
+	relayed := false
+	defer func() {
+		if !relayed {
+			ht.queued.stop()
+		}
+	}()
 	t, be, err := s.startDial(ht, "tcp", r.Host, 0)
 	switch {
 	case errors.Is(err, errShuttingDown):
@@ -79,7 +98,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	s.relayConnect(w, ht, t, log)
+	relayed = s.relayConnect(w, ht, t, log)
 }
 
 // awaitDial sends t's DIAL_REQ to be and waits for the agent's answer.
@@ -118,41 +137,53 @@ func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunne
 }
 
 // relayConnect takes over the client's connection once the agent has
-// dialled, answers 200, and relays until either side ends the tunnel.
-func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, log klog.Logger) {
+// dialled and hands it to relay, in a goroutine of its own: the HTTP
+// server's goroutine returns, and with it the request, the response and
+// their buffers, and a stack grown for parsing and dialling, none of
+// which an open tunnel needs.
+func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, log klog.Logger) (relayed bool) {
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		s.closeFromFrontend(t)
 		http.Error(w, "cannot take over the connection for CONNECT: "+err.Error(), http.StatusInternalServerError)
-		return
+		return false
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		conn.Close()
-		return
+		return false
 	}
 	ht.conn = conn
 	s.httpTunnels[ht] = struct{}{}
+	// relay is counted until it returns, after the last writer: writers
+	// start only meanwhile, from goroutines Close waits for.
 	s.wg.Add(1)
 	s.mu.Unlock()
+	go s.relay(ht, t, conn, clientReader(conn, brw.Reader), log)
+	return true
+}
+
+// relay answers 200 on the client's connection and relays until either
+// side ends the tunnel.
+func (s *Server) relay(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, log klog.Logger) {
+	defer s.wg.Done()
+	defer ht.queued.stop()
 	s.metrics.addHTTPConns(1)
 	defer s.metrics.addHTTPConns(-1)
 
 	log.V(2).Info("HTTP CONNECT tunnel established", "connectionID", t.connectID)
-	// The 200 goes out before the writer starts: a target that speaks
+	// The 200 goes out before any writer starts: a target that speaks
 	// first (SSH, SMTP, MySQL) has its bytes wait in ht.data meanwhile,
 	// and a client would read them as the proxy's answer if they came
 	// first.
-	_, err = io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n")
-	writerDone := make(chan struct{})
-	go func() {
-		defer s.wg.Done()
-		defer close(writerDone)
-		ht.writeLoop(conn)
-	}()
+	_, err := io.WriteString(conn, "HTTP/1.1 200 Connection Established\r\n\r\n")
+	ht.wmu.Lock()
+	ht.client = conn
+	ht.wmu.Unlock()
+	ht.kick()
 	if err == nil {
-		ht.readLoop(t, brw.Reader)
+		ht.readLoop(t, r)
 	}
 	if s.ending(t) {
 		// The agent closed the tunnel while the client was sending: what
@@ -164,21 +195,21 @@ func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, 
 		case <-s.quit:
 		}
 	}
-	// The client closed, the agent closed (writeLoop closed conn), or
-	// Close closed conn. When the agent closed, the writer flushes what is
-	// queued and closes conn itself: closing it here first would cut off
-	// the target's last bytes. A client that stops reading is bounded by
-	// the write deadline.
+	// The client closed, the agent closed (a writer then writes what is
+	// queued and closes conn), or Close closed conn. When the agent
+	// closed, closing conn here first would cut off the target's last
+	// bytes. A client that stops reading is bounded by the write
+	// deadline.
 	select {
 	case <-ht.closed:
 		_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.FrontendWriteTimeout))
-		<-writerDone
+		<-ht.flushed
 	default:
 	}
 	s.closeFromFrontend(t)
 	ht.shutdown()
 	conn.Close()
-	<-writerDone
+	<-ht.flushed // shutdown started a writer, if none ran, to end it
 	s.mu.Lock()
 	delete(s.httpTunnels, ht)
 	s.mu.Unlock()
@@ -186,59 +217,121 @@ func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, 
 	log.V(2).Info("HTTP CONNECT tunnel closed", "connectionID", t.connectID)
 }
 
+// clientReader is what to read the client's bytes from after the hijack:
+// conn, after a copy of what the HTTP server had read ahead into br, so
+// that br's buffer is not held for the tunnel's life.
+func clientReader(conn net.Conn, br *bufio.Reader) io.Reader {
+	n := br.Buffered()
+	if n == 0 {
+		return conn
+	}
+	ahead, _ := br.Peek(n) // buffered: no error
+	return io.MultiReader(bytes.NewReader(bytes.Clone(ahead)), conn)
+}
+
+// idleRead is the buffer a client is read into while it sends nothing. A
+// read that fills it is followed by reads into pooled buffers of
+// MaxDataPayload, each handed on with its packet, until one comes back
+// short.
+const idleRead = 512
+
 // readLoop relays the client's bytes to the agent until the client
 // closes, the tunnel closes, or the Server closes.
-func (ht *httpTunnel) readLoop(t *tunnel, r *bufio.Reader) {
-	buf := make([]byte, wire.MaxDataPayload)
+func (ht *httpTunnel) readLoop(t *tunnel, r io.Reader) {
+	small := make([]byte, idleRead)
+	busy := false
 	for {
+		buf := small
+		if busy {
+			buf = wire.DataBuffer()
+		}
 		n, err := r.Read(buf)
 		if n > 0 {
-			// The packet is sent later by another goroutine: copy.
-			pkt := wire.Data(t.connectID, append([]byte(nil), buf[:n]...))
-			if !ht.s.sendData(t, pkt, ht.closed) {
+			// The packet is sent later by another goroutine: a pooled
+			// buffer goes with it (the agent's writer recycles it), the
+			// small one is copied.
+			data := buf[:n]
+			if !busy {
+				data = bytes.Clone(data)
+			}
+			if !ht.s.sendData(t, wire.Data(t.connectID, data), ht.closed) {
 				return
 			}
+		} else if busy {
+			wire.Recycle(buf)
 		}
 		if err != nil {
 			return
 		}
+		busy = n == len(buf)
 	}
 }
 
-// writeLoop writes the agent's bytes to the client. After CLOSE_RSP it
-// writes what is queued and closes conn. Each slice is the whole data of
-// a packet or a copy, and this is its last user: written, it is recycled.
-func (ht *httpTunnel) writeLoop(conn net.Conn) {
-	defer conn.Close()
-	write := func(d []byte) error {
-		_, err := conn.Write(d)
-		ht.queued.add(-len(d))
-		wire.Recycle(d)
-		return err
+// kick starts a writer unless one runs, the 200 has not gone out yet, or
+// the connection is over. Whoever puts on data or closes closed calls it
+// after; the writer checks both under wmu before it stops, so that
+// nothing is left without a writer. Its callers are goroutines that
+// Server.Close waits for (receive loops, pumps, relayConnect), so that
+// adding to Server.wg never races with its Wait.
+func (ht *httpTunnel) kick() {
+	ht.wmu.Lock()
+	if ht.writing || ht.over || ht.client == nil {
+		ht.wmu.Unlock()
+		return
 	}
+	ht.writing = true
+	conn := ht.client
+	ht.wmu.Unlock()
+	ht.s.wg.Add(1)
+	go ht.writeLoop(conn)
+}
+
+// writeLoop writes the agent's bytes to the client until there are none
+// left. Once closed is closed (CLOSE_RSP) it writes what is queued and
+// ends the connection. Each slice is the whole data of a packet or a
+// copy, and this is its last user: written, it is recycled.
+func (ht *httpTunnel) writeLoop(conn net.Conn) {
+	defer ht.s.wg.Done()
 	for {
 		select {
 		case d := <-ht.data:
-			if write(d) != nil {
+			_, err := conn.Write(d)
+			ht.queued.add(-len(d))
+			wire.Recycle(d)
+			if err != nil {
 				ht.shutdown()
+				ht.end(conn)
 				return
 			}
-		case <-ht.closed:
-			for {
-				select {
-				case d := <-ht.data:
-					if write(d) != nil {
-						return
-					}
-				default:
-					lingerClose(conn)
-					return
-				}
-			}
-		case <-ht.s.quit:
+			continue
+		default:
+		}
+		switch {
+		case isClosed(ht.closed):
+			lingerClose(conn)
+			ht.end(conn)
+			return
+		case isClosed(ht.s.quit):
+			ht.end(conn)
 			return
 		}
+		ht.wmu.Lock()
+		if len(ht.data) == 0 && !isClosed(ht.closed) {
+			ht.writing = false
+			ht.wmu.Unlock()
+			return // idle: the next kick starts another
+		}
+		ht.wmu.Unlock()
 	}
+}
+
+// end closes the client connection for good: no writer starts after.
+func (ht *httpTunnel) end(conn net.Conn) {
+	_ = conn.Close()
+	ht.wmu.Lock()
+	ht.over = true
+	ht.wmu.Unlock()
+	close(ht.flushed)
 }
 
 // lingerTimeout bounds lingerClose's wait for the client's end.
@@ -262,8 +355,12 @@ func lingerClose(conn net.Conn) {
 	_, _ = io.Copy(io.Discard, conn) // until EOF, the deadline, or an error: all end it
 }
 
-// shutdown stops the tunnel's loops, once.
-func (ht *httpTunnel) shutdown() { ht.once.Do(func() { close(ht.closed) }) }
+// shutdown stops the tunnel's loops, once, and has a writer end the
+// connection.
+func (ht *httpTunnel) shutdown() {
+	ht.once.Do(func() { close(ht.closed) })
+	ht.kick()
+}
 
 // closeConn closes the client connection (for Server.Close).
 func (ht *httpTunnel) closeConn() {
@@ -289,14 +386,17 @@ func (ht *httpTunnel) deliver(pkt *client.Packet, abort <-chan struct{}) {
 		select {
 		case ht.data <- pkt.GetData().GetData():
 			ht.queued.add(dataLen(pkt))
+			ht.kick()
 			return
 		default:
 		}
+		ht.kick() // one runs already: data is full
 		timer := time.NewTimer(ht.s.cfg.FrontendWriteTimeout)
 		defer timer.Stop()
 		select {
 		case ht.data <- pkt.GetData().GetData():
 			ht.queued.add(dataLen(pkt))
+			ht.kick()
 		case <-ht.closed:
 		case <-ht.s.quit:
 		case <-abort:
