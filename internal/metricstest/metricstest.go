@@ -1,10 +1,11 @@
 // Package metricstest reads metric values from a Prometheus registry, for
-// tests that assert on what the binaries export, and the heap in use, for
-// tests of what a process holds.
+// tests that assert on what the binaries export, and the heap in use and
+// the goroutines in a function, for tests of what a process holds.
 package metricstest
 
 import (
 	"runtime"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -59,4 +60,18 @@ func HeapInUse() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.HeapInuse
+}
+
+// GoroutinesIn counts the goroutines of this process whose stack holds
+// fn, a function's full name as a stack trace prints it, for example
+// "github.com/servercount/servercount/pkg/agent.(*tunnel).readLoop".
+func GoroutinesIn(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), fn+"(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversarytest"
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -331,19 +330,6 @@ func TestServerOverrunningTheWindowLosesTheTunnel(t *testing.T) {
 	assert.Equal(t, 1.0, v, "the overrun tunnel's endpoint connection is still open")
 }
 
-// goroutinesIn counts the goroutines of this process whose stack holds
-// fn, a function's full name.
-func goroutinesIn(fn string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			return strings.Count(string(buf[:n]), fn+"(")
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-}
-
 // An idle tunnel holds one goroutine, its reader: the writer runs only
 // while there is data for the endpoint, and goes once it is written.
 func TestIdleTunnelHoldsOneGoroutine(t *testing.T) {
@@ -359,8 +345,8 @@ func TestIdleTunnelHoldsOneGoroutine(t *testing.T) {
 		writer = "github.com/servercount/servercount/pkg/agent.(*tunnel).writeLoop"
 	)
 	// The package's tests run one at a time: these are all the tunnels.
-	require.Eventually(t, func() bool { return goroutinesIn(reader) == n && goroutinesIn(writer) == 0 }, waitFor, tick,
-		"%d readers and %d writers for %d idle tunnels", goroutinesIn(reader), goroutinesIn(writer), n)
+	require.Eventually(t, func() bool { return metricstest.GoroutinesIn(reader) == n && metricstest.GoroutinesIn(writer) == 0 }, waitFor, tick,
+		"%d readers and %d writers for %d idle tunnels", metricstest.GoroutinesIn(reader), metricstest.GoroutinesIn(writer), n)
 
 	// Data for one tunnel: a writer writes it, the target echoes it back,
 	// and the writer goes.
@@ -368,7 +354,7 @@ func TestIdleTunnelHoldsOneGoroutine(t *testing.T) {
 	d := st.NextOf(t, pb.PacketType_DATA).GetData()
 	assert.Equal(t, ids[7], d.GetConnectID())
 	assert.Equal(t, "ping", string(d.GetData()))
-	require.Eventually(t, func() bool { return goroutinesIn(writer) == 0 }, waitFor, tick, "the writer stayed after its data was written")
+	require.Eventually(t, func() bool { return metricstest.GoroutinesIn(writer) == 0 }, waitFor, tick, "the writer stayed after its data was written")
 
 	// CLOSE_REQ with nothing queued: a writer starts only to finish the
 	// tunnel.

@@ -1,7 +1,9 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +19,7 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversarytest"
+	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -129,4 +132,51 @@ func TestAgentCloseDeliversQueuedDataFirst(t *testing.T) {
 			require.Equal(t, nettest.Pattern(0, size), got, "bytes out of order")
 		})
 	}
+}
+
+// An idle HTTP CONNECT tunnel holds one goroutine on the server, its
+// relay reading the client: a pump and a writer run only while there is
+// data for the client, and go once it is written. Not parallel: it counts
+// the process's goroutines.
+func TestIdleConnectTunnelHoldsOneGoroutine(t *testing.T) {
+	e := startEnv(t, server.Config{})
+	startAgent(t, e, agentOpts{id: "a1", extraMD: []string{wire.HeaderTunnelWindow, strconv.Itoa(wire.DefaultTunnelWindow)}})
+	waitBackends(t, e, 1)
+	target := echoServer(t)
+	const n = 20
+	clients := make([]*bufio.ReadWriter, n)
+	for i := range n {
+		c, err := net.DialTimeout("tcp", e.connectAddr, waitFor)
+		require.NoError(t, err)
+		defer c.Close()
+		require.NoError(t, c.SetDeadline(time.Now().Add(waitFor)))
+		_, err = fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+		require.NoError(t, err)
+		rw := bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
+		rsp, err := http.ReadResponse(rw.Reader, &http.Request{Method: http.MethodConnect})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, rsp.StatusCode)
+		clients[i] = rw
+	}
+	const (
+		relay  = "github.com/servercount/servercount/pkg/server.(*Server).relay"
+		writer = "github.com/servercount/servercount/pkg/server.(*httpTunnel).writeLoop"
+		pump   = "github.com/servercount/servercount/pkg/server.(*Server).pump"
+	)
+	idle := func() bool {
+		return metricstest.GoroutinesIn(relay) == n && metricstest.GoroutinesIn(writer) == 0 && metricstest.GoroutinesIn(pump) == 0
+	}
+	require.Eventually(t, idle, waitFor, 5*time.Millisecond, "%d relays, %d writers, %d pumps for %d idle tunnels",
+		metricstest.GoroutinesIn(relay), metricstest.GoroutinesIn(writer), metricstest.GoroutinesIn(pump), n)
+
+	// A round trip through one tunnel: the echo comes back, and the pump
+	// and writer that carried it go.
+	_, err := clients[5].WriteString("ping")
+	require.NoError(t, err)
+	require.NoError(t, clients[5].Flush())
+	got := make([]byte, 4)
+	_, err = io.ReadFull(clients[5], got)
+	require.NoError(t, err)
+	assert.Equal(t, "ping", string(got))
+	require.Eventually(t, idle, waitFor, 5*time.Millisecond, "the pump or the writer stayed after the data was written")
 }
