@@ -523,14 +523,18 @@ func TestReviewsPerSecondAreBounded(t *testing.T) {
 	rs.mu.Unlock()
 	require.Len(t, times, n)
 	slices.SortFunc(times, func(x, y time.Time) int { return x.Compare(y) })
-	// In any window of one second, at most burst + qps reviews arrived
-	// (the token bucket's bound; delays in between only lower it).
+	// The token bucket lets at most burst + qps reviews go in any second.
+	// Each arrives later than it went, by up to some delay D on a loaded
+	// machine, so those that arrive in one second went within 1 + D
+	// seconds: at most burst + qps x (1 + D). D is taken as a quarter of
+	// a second; without the bound all n would arrive at once.
+	const most = burst + qps + qps/4
 	for i := range times {
 		j := i
 		for j < len(times) && times[j].Sub(times[i]) < time.Second {
 			j++
 		}
-		require.LessOrEqual(t, j-i, burst+qps, "reviews in the second from review %d", i)
+		require.LessOrEqual(t, j-i, most, "reviews in the second from review %d", i)
 	}
 }
 
