@@ -20,6 +20,7 @@ import (
 	"github.com/servercount/servercount/internal/pkitest"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/pkg/agent"
+	"github.com/servercount/servercount/test/upstream"
 )
 
 // BenchmarkAgentProcess runs one proxy-agent binary, as a process, against
@@ -107,18 +108,62 @@ func procStatus(pid int, field string) (int, error) {
 	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
 }
 
-// BenchmarkServerProcess runs one proxy-server binary, as a process, with
+// BenchmarkServerProcess runs our proxy-server binary, then upstream's
+// (built from ../shared/upstream), each as a process, with the
 // -fleet.agents agents of the fleet (in this process, resolved mode, TLS)
-// connected to it, and reports what each agent stream costs the server:
+// connected to it, and reports what each agent stream costs each server:
 // its resident memory, Go heap and goroutines idle with every agent
-// connected, less the same idle with none, divided by the agents.
+// connected, less the same idle with none, divided by the agents; and
+// ours over upstream's. The agents move from our server to upstream's
+// through DNS, as in a rollout.
 func BenchmarkServerProcess(b *testing.B) {
 	n := *flagAgents
+	up := upstream.Require(b)
 	f := New(b, Config{Agents: n, Servers: 1})
-	start := serverProcess(b, f)
+	ours := streamCost(b, f, serverProcess(b, f, proctest.Build(b, "cmd/proxy-server")), "ours", nil)
+	theirs := streamCost(b, f, serverProcess(b, f, up.Server), "upstream", ours.p)
+
+	b.ReportMetric(float64(n), "agents")
+	for _, c := range []struct {
+		impl string
+		c    serverCost
+	}{{"", ours}, {"upstream-", theirs}} {
+		b.ReportMetric(c.c.before.rssKiB/1024, c.impl+"rss-MiB-no-agents")
+		b.ReportMetric(c.c.after.rssKiB/1024, c.impl+"rss-MiB-all-agents")
+		b.ReportMetric(c.c.per(func(s sample) float64 { return s.rssKiB }), c.impl+"rss-KiB/stream")
+		b.ReportMetric(c.c.per(func(s sample) float64 { return s.heap / 1024 }), c.impl+"heap-KiB/stream")
+		b.ReportMetric(c.c.per(func(s sample) float64 { return s.stack / 1024 }), c.impl+"stack-KiB/stream")
+		b.ReportMetric(c.c.per(func(s sample) float64 { return s.goroutines }), c.impl+"goroutines/stream")
+	}
+	rss := func(s sample) float64 { return s.rssKiB }
+	b.ReportMetric(ours.per(rss)/theirs.per(rss), "ours/upstream-rss")
+	b.ReportMetric(0, "ns/op")
+}
+
+// sample is a server process's memory and goroutines.
+type sample struct{ rssKiB, heap, stack, goroutines float64 }
+
+// serverCost is a server process sampled idle without agents and with
+// every agent connected.
+type serverCost struct {
+	p             *proctest.Process
+	n             int
+	before, after sample
+}
+
+// per is what one agent stream adds to v.
+func (c serverCost) per(v func(sample) float64) float64 {
+	return (v(c.after) - v(c.before)) / float64(c.n)
+}
+
+// streamCost starts a server with start, samples it idle, then has every
+// agent of f connect to it (starting them, or stopping previous, the
+// server they hold) and samples it again.
+func streamCost(b *testing.B, f *Fleet, start func(string, ...string) (*proctest.Process, []int), impl string, previous *proctest.Process) serverCost {
+	n := *flagAgents
 	// --enable-profiling for /debug/pprof/heap?gc=1: a GC before each
 	// sample.
-	p, ports := start("server-process", "--enable-profiling")
+	p, ports := start("server-process-"+impl, "--enable-profiling")
 	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
 	scrape := func() proctest.Metrics {
 		m, err := proctest.Scrape(metrics)
@@ -131,7 +176,6 @@ func BenchmarkServerProcess(b *testing.B) {
 		v, _ := scrape().Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "Connect")
 		return v
 	}
-	type sample struct{ rssKiB, heap, stack, goroutines float64 }
 	// Each sample is taken after idling, so that start-up garbage is
 	// collected and timers have settled.
 	idleSample := func() sample {
@@ -140,48 +184,47 @@ func BenchmarkServerProcess(b *testing.B) {
 		case <-idle.C:
 		case <-b.Context().Done():
 		}
-		// The heap profile handler collects garbage first when asked.
-		_ = proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", ports[3]))
+		// The heap profile handler collects garbage first when asked;
+		// twice, since what sync.Pools hold (gRPC's write buffers among
+		// them) survives one collection.
+		for range 2 {
+			_ = proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", ports[3]))
+		}
 		rss, err := vmRSS(p.Process.Pid)
 		require.NoError(b, err)
 		m := scrape()
-		require.NotNil(b, m, "scrape the server process's metrics\n%s", p.Output())
+		require.NotNil(b, m, "scrape the %s server process's metrics\n%s", impl, p.Output())
 		heap, _ := m.Value("go_memstats_heap_inuse_bytes")
 		stack, _ := m.Value("go_memstats_stack_inuse_bytes")
 		g, _ := m.Value("go_goroutines")
 		return sample{rssKiB: float64(rss), heap: heap, stack: stack, goroutines: g}
 	}
 	require.Eventually(b, func() bool { return scrape() != nil }, time.Minute, 50*time.Millisecond,
-		"the server process never served its metrics\n%s", p.Output())
-	before := idleSample()
+		"the %s server process never served its metrics\n%s", impl, p.Output())
+	c := serverCost{p: p, n: n, before: idleSample()}
 
 	f.PublishAddrs(net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])))
-	f.StartAgents()
+	if previous == nil {
+		f.StartAgents()
+	} else {
+		previous.Kill() // the agents drop it and dial this one
+	}
 	require.Eventually(b, func() bool { return streams() == float64(n) }, benchWait, 100*time.Millisecond,
-		"%d agents never all connected to the server process (%v streams)\n%s", n, streams(), p.Output())
-	after := idleSample()
+		"%d agents never all connected to the %s server process (%v streams)\n%s", n, impl, streams(), p.Output())
+	c.after = idleSample()
 	require.Equal(b, float64(n), streams(), "agent streams dropped while idle")
-	if *flagHeapProfile != "" {
+	if *flagHeapProfile != "" && previous == nil {
 		saveURL(b, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap", ports[3]), *flagHeapProfile)
 	}
-
-	b.ReportMetric(float64(n), "agents")
-	b.ReportMetric(before.rssKiB/1024, "rss-MiB-no-agents")
-	b.ReportMetric(after.rssKiB/1024, "rss-MiB-all-agents")
-	b.ReportMetric((after.rssKiB-before.rssKiB)/float64(n), "rss-KiB/stream")
-	b.ReportMetric((after.heap-before.heap)/1024/float64(n), "heap-KiB/stream")
-	b.ReportMetric((after.stack-before.stack)/1024/float64(n), "stack-KiB/stream")
-	b.ReportMetric((after.goroutines-before.goroutines)/float64(n), "goroutines/stream")
-	b.ReportMetric(0, "ns/op")
+	return c
 }
 
-// serverProcess returns what starts a proxy-server binary as a process
-// for f's agents, with TLS from f's CA, on loopback ports: the frontend,
-// agent, health and admin ports, in that order. extra are more flags.
-// The process inherits a raised file limit.
-func serverProcess(b *testing.B, f *Fleet) func(id string, extra ...string) (*proctest.Process, []int) {
+// serverProcess returns what starts the proxy-server binary bin, ours
+// or upstream's, as a process for f's agents, with TLS from f's CA, on
+// loopback ports: the frontend, agent, health and admin ports, in that
+// order. extra are more flags. The process inherits a raised file limit.
+func serverProcess(b *testing.B, f *Fleet, bin string) func(id string, extra ...string) (*proctest.Process, []int) {
 	raiseFileLimit(b)
-	bin := proctest.Build(b, "cmd/proxy-server")
 	pair, err := f.env.CA.Server("proxy-server-process")
 	require.NoError(b, err)
 	_, cert, key, ca := writeTLSFiles(b, f, pair)
@@ -228,7 +271,7 @@ func writeTLSFiles(b *testing.B, f *Fleet, pair *pkitest.Pair) (dir, cert, key, 
 func BenchmarkIdleCost(b *testing.B) {
 	n := *flagAgents
 	f := New(b, Config{Agents: n, Servers: 1})
-	start := serverProcess(b, f)
+	start := serverProcess(b, f, proctest.Build(b, "cmd/proxy-server"))
 	type phase struct{ server, agents time.Duration }
 	// measure starts a server with heartbeat, publishes it in place of
 	// previous, which it then stops, and measures the idle fleet.
