@@ -230,12 +230,15 @@ bench-tunnel:
 ## side by side in one run: new tunnels to first byte and throughput in both
 ## frontend modes, ratios to upstream and to a direct connection, the load
 ## of each run, the dial's floor (crossings between processes), CPU per
-## tunnel and per GB; the tables go to bench-upstream.md and a chart of the
+## tunnel and per GB; then what an idle open tunnel costs each process
+## (RSS, heap, goroutines) with as many open at once as the file limit
+## allows (up to 20000); the tables go to bench-upstream.md and a chart of the
 ## dial latencies to bench-upstream.png (or $$BENCH_CHART).
 ## BENCH_PROFILE=dir also writes CPU profiles of our server and agent and
 ## execution traces of every process, and counts wake-ups per tunnel;
 ## BENCH_BURNERS=n runs n CPU burners beside it, for the tail under load.
 bench-upstream:
+	rm -f $(CURDIR)/bench-upstream.md
 	$(GO) test -run '^$$' -bench Upstream -benchtime 1x -count 1 -timeout 60m ./test/tunnelbench/ \
 		-tunnelbench.out=$(CURDIR)/bench-upstream.md -tunnelbench.chart=$(abspath $(or $(BENCH_CHART),bench-upstream.png)) \
 		$(if $(BENCH_PROFILE),-tunnelbench.profile=$(abspath $(BENCH_PROFILE))) \

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -113,6 +114,23 @@ func RequireReturns(tb testing.TB, done <-chan error, within time.Duration) {
 	case <-t.C:
 		tb.Fatalf("Run did not return within %v of being told to stop", within)
 	}
+}
+
+// StatusKiB returns the field of /proc/<pid>/status named field, in KiB:
+// VmRSS, for one, is RssAnon (the process's own memory) plus RssFile
+// (pages of the binary and other mapped files, which the kernel can drop
+// and read again) plus RssShmem.
+func StatusKiB(pid int, field string) (int, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(raw)) {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
 }
 
 // Metrics is a scrape of a /metrics page.

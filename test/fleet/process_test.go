@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -57,7 +56,7 @@ func BenchmarkAgentProcess(b *testing.B) {
 	metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[1])
 	report := func(when string) {
 		for field, unit := range map[string]string{"VmRSS": "rss", "RssAnon": "rss-anon", "RssFile": "rss-file"} {
-			kib, err := procStatus(p.Process.Pid, field)
+			kib, err := proctest.StatusKiB(p.Process.Pid, field)
 			require.NoError(b, err)
 			b.ReportMetric(float64(kib)/1024, unit+"-MiB-"+when)
 		}
@@ -81,31 +80,6 @@ func BenchmarkAgentProcess(b *testing.B) {
 	}
 	report("idle")
 	b.ReportMetric(0, "ns/op")
-}
-
-// vmRSS returns the resident set of process pid in KiB, from
-// /proc/<pid>/status.
-func vmRSS(pid int) (int, error) {
-	return procStatus(pid, "VmRSS")
-}
-
-// procStatus returns the field of /proc/<pid>/status named field, in
-// KiB: VmRSS is RssAnon (the process's own memory) plus RssFile (pages of
-// the binary and other mapped files, which the kernel can drop and read
-// again) plus RssShmem.
-func procStatus(pid int, field string) (int, error) {
-	fh, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer fh.Close()
-	sc := bufio.NewScanner(fh)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
-			return strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-		}
-	}
-	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
 }
 
 // BenchmarkServerProcess runs our proxy-server binary, then upstream's
@@ -190,7 +164,7 @@ func streamCost(b *testing.B, f *Fleet, start func(string, ...string) (*proctest
 		for range 2 {
 			_ = proctest.Status(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/heap?gc=1", ports[3]))
 		}
-		rss, err := vmRSS(p.Process.Pid)
+		rss, err := proctest.StatusKiB(p.Process.Pid, "VmRSS")
 		require.NoError(b, err)
 		m := scrape()
 		require.NotNil(b, m, "scrape the %s server process's metrics\n%s", impl, p.Output())

@@ -1,13 +1,10 @@
 package tunnelbench
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
 	"net"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -59,23 +56,43 @@ func BenchmarkUpstreamIdleTunnels(b *testing.B) {
 				p.impl, p.mode, c.server.rssKiB, c.server.heapKiB, c.server.goroutines, c.agent.rssKiB, c.agent.heapKiB, c.agent.goroutines)
 		}
 	}
+	table := idleTable(costs, n, up.Commit)
+	b.Logf("\n%s", table)
+	appendOut(b, table)
 	b.ReportMetric(float64(n), "tunnels")
+	eachCost(costs, func(mode, side string, ours, them processCost) {
+		b.ReportMetric(ours.rssKiB, side+"-rss-KiB/tunnel-"+mode)
+		b.ReportMetric(them.rssKiB, "upstream-"+side+"-rss-KiB/tunnel-"+mode)
+		b.ReportMetric(ours.rssKiB/them.rssKiB, "ours/upstream-"+side+"-rss-"+mode)
+		b.ReportMetric(ours.heapKiB, side+"-heap-KiB/tunnel-"+mode)
+		b.ReportMetric(them.heapKiB, "upstream-"+side+"-heap-KiB/tunnel-"+mode)
+		b.ReportMetric(ours.goroutines, side+"-goroutines/tunnel-"+mode)
+		b.ReportMetric(them.goroutines, "upstream-"+side+"-goroutines/tunnel-"+mode)
+	})
+	b.ReportMetric(0, "ns/op")
+}
+
+// idleTable is the markdown table of costs: per idle tunnel, for each
+// mode and process, ours, upstream's and the ratio.
+func idleTable(costs map[string]tunnelCost, n int, commit string) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "Per idle open tunnel, %d open at once through one pair, beside upstream %s:\n\n", n, commit)
+	sb.WriteString("| mode, process | RSS ours / upstream's | heap ours / upstream's | goroutines ours / upstream's |\n| --- | --- | --- | --- |\n")
+	eachCost(costs, func(mode, side string, ours, them processCost) {
+		fmt.Fprintf(&sb, "| %s, %s | %.1f / %.1f KiB (%.2fx) | %.1f / %.1f KiB | %.2f / %.2f |\n", mode, side,
+			ours.rssKiB, them.rssKiB, ours.rssKiB/them.rssKiB, ours.heapKiB, them.heapKiB, ours.goroutines, them.goroutines)
+	})
+	return sb.String()
+}
+
+// eachCost calls f with ours and upstream's cost for each frontend mode
+// and process.
+func eachCost(costs map[string]tunnelCost, f func(mode, side string, ours, them processCost)) {
 	for _, mode := range []string{"connect", "grpc"} {
 		ours, theirs := costs["ours-"+mode], costs["upstream-"+mode]
-		for _, side := range []struct {
-			name       string
-			ours, them processCost
-		}{{"server", ours.server, theirs.server}, {"agent", ours.agent, theirs.agent}} {
-			b.ReportMetric(side.ours.rssKiB, side.name+"-rss-KiB/tunnel-"+mode)
-			b.ReportMetric(side.them.rssKiB, "upstream-"+side.name+"-rss-KiB/tunnel-"+mode)
-			b.ReportMetric(side.ours.rssKiB/side.them.rssKiB, "ours/upstream-"+side.name+"-rss-"+mode)
-			b.ReportMetric(side.ours.heapKiB, side.name+"-heap-KiB/tunnel-"+mode)
-			b.ReportMetric(side.them.heapKiB, "upstream-"+side.name+"-heap-KiB/tunnel-"+mode)
-			b.ReportMetric(side.ours.goroutines, side.name+"-goroutines/tunnel-"+mode)
-			b.ReportMetric(side.them.goroutines, "upstream-"+side.name+"-goroutines/tunnel-"+mode)
-		}
+		f(mode, "server", ours.server, theirs.server)
+		f(mode, "agent", ours.agent, theirs.agent)
 	}
-	b.ReportMetric(0, "ns/op")
 }
 
 // processCost is what one process spends per idle tunnel.
@@ -161,29 +178,13 @@ func sampleProcess(b *testing.B, pid int, admin string) processSample {
 	if err != nil {
 		b.Fatalf("scrape %s: %v", admin, err)
 	}
-	rss, err := vmRSSKiB(pid)
+	rss, err := proctest.StatusKiB(pid, "VmRSS")
 	if err != nil {
 		b.Fatal(err)
 	}
 	heap, _ := m.Value("go_memstats_heap_inuse_bytes")
 	g, _ := m.Value("go_goroutines")
-	return processSample{rssKiB: rss, heap: heap, goroutines: g}
-}
-
-// vmRSSKiB reads the resident set of process pid, in KiB.
-func vmRSSKiB(pid int) (float64, error) {
-	fh, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer fh.Close()
-	sc := bufio.NewScanner(fh)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			return strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	return processSample{rssKiB: float64(rss), heap: heap, goroutines: g}
 }
 
 // heldTarget accepts TCP connections on loopback and holds them open,

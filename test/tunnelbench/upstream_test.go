@@ -2,6 +2,7 @@ package tunnelbench
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -23,7 +24,7 @@ var (
 	sideRuns  = flag.Int("tunnelbench.runs", 5, "side-by-side runs of BenchmarkUpstream")
 	quietLoad = flag.Float64("tunnelbench.quiet-load", 1.5, "BenchmarkUpstream waits for the 1-minute load average to fall below this before it starts")
 	quietWait = flag.Duration("tunnelbench.quiet-wait", 3*time.Minute, "how long BenchmarkUpstream waits for a quiet machine before it runs anyway, and says so")
-	sideOut   = flag.String("tunnelbench.out", "", "also write BenchmarkUpstream's table to this file (an absolute path)")
+	sideOut   = flag.String("tunnelbench.out", "", "also append BenchmarkUpstream's and BenchmarkUpstreamIdleTunnels' tables to this file (an absolute path)")
 	sideChart = flag.String("tunnelbench.chart", "", "also write BenchmarkUpstream's PNG chart of the times to first byte to this file (an absolute path)")
 	burners   = flag.Int("tunnelbench.burners", 0, "CPU burners (processes that spin, one core each) to run beside BenchmarkUpstream, for the tail under load; with any, it does not wait for a quiet machine")
 )
@@ -62,11 +63,7 @@ func BenchmarkUpstream(b *testing.B) {
 	}
 	table := sideTable(runs, up.Commit)
 	b.Logf("\n%s", table)
-	if *sideOut != "" {
-		if err := os.WriteFile(*sideOut, []byte(table), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
+	appendOut(b, table)
 	if *sideChart != "" {
 		if err := writeSideChart(*sideChart, runs, up.Commit); err != nil {
 			b.Fatal(err)
@@ -93,11 +90,25 @@ func BenchmarkUpstream(b *testing.B) {
 		}
 		sched := schedTable(b, all, traced, *profileDir)
 		b.Logf("\n%s", sched)
-		if *sideOut != "" {
-			if err := os.WriteFile(*sideOut, []byte(table+"\n"+sched), 0o644); err != nil {
-				b.Fatal(err)
-			}
-		}
+		appendOut(b, sched)
+	}
+}
+
+// appendOut appends text, after a blank line, to -tunnelbench.out if it
+// is set: the tables of every benchmark of a run, as soon as each is
+// known (make bench-upstream removes the file first).
+func appendOut(b *testing.B, text string) {
+	b.Helper()
+	if *sideOut == "" {
+		return
+	}
+	f, err := os.OpenFile(*sideOut, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err == nil {
+		_, err = f.WriteString(text + "\n")
+		err = errors.Join(err, f.Close())
+	}
+	if err != nil {
+		b.Fatal(err)
 	}
 }
 
