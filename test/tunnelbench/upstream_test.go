@@ -366,7 +366,7 @@ func sideTable(runs []sideRun, commit string) string {
 		row("throughput, "+m.title, "MB/s", 1, func(r modeRun) triple { return r.rate }, m.name)
 	}
 	fmt.Fprintf(&s, "\nThe floor of a new tunnel: a direct connection's time to first byte plus the crossings between processes the protocol adds to it, each a wake-up of an idle process (one crossing: half a loopback round trip between two idle processes, taken in turns with the dials), medians over runs:\n\n")
-	s.WriteString("| mode | one crossing | crossings | floor | upstream / floor | ours / floor | issue's target (0.5 x upstream) / floor | CPU per tunnel, upstream's server + agent | ours |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	s.WriteString("| mode | one crossing | crossings | floor | upstream / floor | ours / floor | target (0.5 x upstream) / floor | CPU per tunnel, upstream's server + agent | ours |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, m := range []string{"connect", "grpc"} {
 		get := func(v func(modeRun) float64) float64 {
 			return medianOf(runs, func(r sideRun) float64 { return v(r.modes[m]) })
