@@ -117,15 +117,13 @@ func (cs *ClientSet) handshakeMetadata() (metadata.MD, error) {
 // dialOptions are the options of a connection to a server: the same
 // windows, message limit and codec as the server's (wire), and, as the
 // server's, no read buffer of gRPC's own (TLS buffers a whole record
-// already) and a write buffer only while there is something to write, so
-// that an idle connection holds neither; before the caller's options so
-// that those can override them.
+// already), so that an idle connection holds none; before the caller's
+// options so that those can override them.
 func (cs *ClientSet) dialOptions() []grpc.DialOption {
 	opts := append([]grpc.DialOption{
 		grpc.WithInitialWindowSize(wire.StreamWindow),
 		grpc.WithInitialConnWindowSize(wire.ConnWindow),
 		grpc.WithReadBufferSize(0),
-		grpc.WithSharedWriteBuffer(true),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.ForceCodecV2(wire.Codec{})),
 	}, cs.cfg.DialOptions...)
 	if cs.cfg.Insecure {

@@ -30,8 +30,7 @@ const GRPCMaxHeaderListSize = 64 << 10
 // GRPCServerOptions returns the transport options that the agent and
 // frontend gRPC servers should use with a Server (add credentials to
 // them): large flow-control windows, a 16 MiB message limit, a
-// [GRPCMaxHeaderListSize] header limit, no read buffer of gRPC's own, a
-// write buffer taken from a pool only while there is something to write,
+// [GRPCMaxHeaderListSize] header limit, no read buffer of gRPC's own,
 // [wire.Codec] for packets, and a keepalive enforcement that allows
 // pings every 5 s, with or without an active stream (see
 // grpcMinPingInterval).
@@ -39,10 +38,9 @@ const GRPCMaxHeaderListSize = 64 << 10
 // gRPC's 32 KiB read buffer per connection was half of what an idle
 // agent stream cost the server: over TLS it only copies what crypto/tls
 // has already buffered (a whole record), so without it frames are read
-// from the TLS connection directly, at the same throughput. Its 32 KiB
-// write buffer was most of the rest, held by every idle connection, an
-// agent's or a frontend's (kube-apiserver opens one per tunnel in gRPC
-// mode).
+// from the TLS connection directly, at the same throughput. (Its write
+// buffer comes from a pool, and only while a write is flushed: grpc-go's
+// default.)
 func GRPCServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InitialWindowSize(wire.StreamWindow),
@@ -50,7 +48,6 @@ func GRPCServerOptions() []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(wire.MaxMessageSize),
 		grpc.MaxHeaderListSize(GRPCMaxHeaderListSize),
 		grpc.ReadBufferSize(0), // see above: TLS buffers already
-		grpc.SharedWriteBuffer(true),
 		grpc.ForceServerCodecV2(wire.Codec{}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             grpcMinPingInterval,
