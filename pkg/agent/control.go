@@ -35,9 +35,12 @@ func (c *client) queueControl(p *pb.Packet, id int64, untied bool) {
 		c.controlMu.Unlock()
 		return
 	}
-	if untied && c.untied >= maxControl || len(c.controlKeys) >= maxControl+c.cs.cfg.MaxTunnelsPerServer { // the one being sent included
+	limit := maxControl + c.cs.cfg.MaxTunnelsPerServer
+	if untied && c.untied >= maxControl || len(c.controlKeys) >= limit { // the one being sent included
+		queued := len(c.controlKeys)
 		c.controlMu.Unlock()
-		c.drop(streamEndedControlBacklog, "Ended a proxy-server stream whose server left too many answers unread; the agent will connect again", "queued", maxControl)
+		c.drop(streamEndedControlBacklog, "Ended a proxy-server stream whose server left too many answers unread; the agent will connect again",
+			"queued", queued, "unrelatedLimit", maxControl, "limit", limit)
 		return
 	}
 	if c.controlKeys == nil {

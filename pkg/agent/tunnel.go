@@ -194,13 +194,18 @@ func (t *tunnel) readLoop() {
 	p := wire.Data(t.connectID, nil)
 	data := p.GetData()
 	for {
-		buf := small
+		max := len(small)
 		if busy {
-			buf = wire.DataBuffer()
+			max = wire.MaxDataPayload
 		}
-		max := len(buf)
 		if t.credit != nil {
+			// Before the buffer: a tunnel whose frontend stopped reading
+			// waits here, holding none.
 			max = t.credit.Take(max, t.closed)
+		}
+		buf := small
+		if busy && max > 0 {
+			buf = wire.DataBuffer()
 		}
 		n, err := 0, error(nil)
 		if max > 0 {
@@ -215,7 +220,7 @@ func (t *tunnel) readLoop() {
 			serr = t.c.send(p)
 			data.Data = nil
 		}
-		if busy {
+		if busy && max > 0 {
 			wire.Recycle(buf)
 		}
 		switch {

@@ -16,9 +16,18 @@ import (
 // something to deliver, so that an idle tunnel holds no goroutine; it
 // checks the queue under pumpMu before it stops, as this does before it
 // starts one, so that nothing queued is left without a pump. Called with
-// Server.mu held: a closing Server starts none.
+// Server.mu held: a closing Server starts none, and drops what an idle
+// tunnel queued, as a running pump does when it sees the Server close.
 func (s *Server) kickPumpLocked(t *tunnel) {
 	if s.closed {
+		t.pumpMu.Lock()
+		idle := !t.pumping && !t.pumped
+		t.pumped = t.pumped || idle
+		t.pumpMu.Unlock()
+		if idle {
+			s.metrics.addQueuedBytes(-t.q.Close())
+			s.pumps.Add(-1)
+		}
 		return
 	}
 	t.pumpMu.Lock()
@@ -49,8 +58,9 @@ func (s *Server) kickPump(t *tunnel) {
 
 // pump delivers a flow-controlled tunnel's queued DATA to its frontend,
 // granting the agent credit as it goes, until the queue is empty. Once
-// the queue is closed, or the Server closes, it delivers the CLOSE_RSP
-// that closed it, if any, and forgets the tunnel at the frontend.
+// the queue is closed, or the Server closes while it runs, it delivers
+// the CLOSE_RSP that closed it, if any, and forgets the tunnel at the
+// frontend.
 func (s *Server) pump(t *tunnel) {
 	defer s.wg.Done()
 	for {

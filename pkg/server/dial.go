@@ -205,6 +205,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	if _, dup := be.conns[t.connectID]; dup || !t.fe.established(t) {
 		s.metrics.observeDuplicateDial()
 		s.mu.Unlock()
+		// About the dial this stream held: one per dial.
 		be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 		t.fe.answer(wire.DialRsp(t.random, 0, errTextDuplicateID))
 		return

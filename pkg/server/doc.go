@@ -45,8 +45,9 @@
 // never overtakes its connection's last DATA, and it is dropped when the
 // same answer is queued already. A peer that leaves maxControl of them
 // unread loses its stream, counting only those no tunnel of the stream
-// accounts for: the CLOSE_REQs of its own tunnels are bounded by the
-// tunnels, so closing them all at once over a slow link keeps it.
+// accounts for: those about its own tunnels and dials have a bound of
+// their own (maxTunnelControl), far above the tunnels a stream holds, so
+// that closing them all at once over a slow link keeps it.
 //
 // The waits that remain, and why none closes a cycle:
 //   - A frontend's receive loop (a gRPC frontend stream, or an HTTP

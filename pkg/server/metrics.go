@@ -212,7 +212,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		queuedBytes: ours.Gauge("queued_bytes",
 			"Bytes of DATA queued for agents and frontends and not yet sent, across every stream and HTTP CONNECT tunnel; at most 33 x 32 KiB per queue."),
 		controlQueued: ours.Gauge("control_queued_packets",
-			"Control packets (CLOSE_REQ, CLOSE_RSP, DIAL_RSP errors) that receive loops queued without waiting and that are not yet sent, across every stream; at most 4096 per stream beyond one per tunnel the stream holds."),
+			"Control packets (CLOSE_REQ, CLOSE_RSP, DIAL_RSP errors) that receive loops queued without waiting and that are not yet sent, across every stream; at most 4096 per stream beyond those about its own tunnels and dials, and 65536 of those."),
 		streamsEnded: ours.CounterVec("streams_ended_total",
 			"Number of streams the server ended because they were stuck or their agent dead, by reason: stalled (nothing moved while packets waited), control_backlog (the peer left too many control packets unread), silent (the agent sent nothing, not even a heartbeat, for 2.5 of its heartbeat intervals), receive_stuck (the receive loop was inside one packet for --stream-stall-timeout), unresponsive (the agent answered no dial for --stream-stall-timeout).", "reason"),
 		unresponsive: ours.Gauge("unresponsive_agent_streams",

@@ -37,11 +37,17 @@ type packetStream = grpc.BidiStreamingServer[client.Packet, client.Packet]
 // errors, heartbeats. A peer that reads its stream keeps them near empty
 // whatever it sends; one that fills the bound has not read for as long as
 // it took to answer maxControl distinct connections, and its stream is
-// ended (errControlBacklog). A packet for a tunnel the stream holds
-// (sendTunnelControl) is outside the bound: the tunnels bound those, one
-// per tunnel and type, so that closing every tunnel of a busy stream at
-// once over a slow link does not end it.
-const maxControl = 4096
+// ended (errControlBacklog). A packet about one of the stream's tunnels
+// or dials (sendTunnelControl) counts only against maxTunnelControl, far
+// above the tunnels one stream holds (an agent of ours holds at most
+// 5000 by default), so that closing every tunnel of a busy stream at once
+// over a slow link does not end it; a packet outlives its tunnel in the
+// queue, and a frontend that dials without reading could otherwise queue
+// answers without end.
+const (
+	maxControl       = 4096
+	maxTunnelControl = 1 << 16
+)
 
 var (
 	// errControlBacklog ends a stream whose peer left maxControl control
@@ -236,7 +242,7 @@ func (p *peer) queueControl(pkt *client.Packet, id int64, untied bool) bool {
 		p.controlMu.Unlock()
 		return true
 	}
-	if untied && p.untied >= maxControl {
+	if untied && p.untied >= maxControl || len(p.control) >= maxControl+maxTunnelControl {
 		p.controlMu.Unlock()
 		p.metrics.observeStreamEnded(StreamEndedControlBacklog)
 		p.end(errControlBacklog)

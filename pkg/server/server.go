@@ -34,8 +34,10 @@ type Server struct {
 	pumps atomic.Int64
 
 	mu sync.Mutex
-	// closed is set by Close; no goroutine is added to wg once it is set.
-	// Guarded by mu.
+	// closed is set by Close; no goroutine is added to wg once it is set,
+	// but by goroutines that wg counts already (an HTTP CONNECT tunnel's
+	// writer, started by its relay, a receive loop or a pump), whose
+	// count keeps Close's Wait from returning meanwhile. Guarded by mu.
 	closed bool
 	// notReady is set by StopReadiness: /readyz fails from then on.
 	// shuttingDown is set by Shutdown: new dials and agent streams are

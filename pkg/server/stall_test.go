@@ -156,16 +156,25 @@ func recvWithin(a *adversarytest.DeafAgent, d time.Duration) (*client.Packet, er
 	}
 }
 
+// controlEnv starts a Server whose streams end for their control backlog
+// and not for a stall, and returns it with its registry and readers of
+// its queued control packets and of the streams it ended for their
+// backlog.
+func controlEnv(t *testing.T) (e *env, reg *prometheus.Registry, queued, backlog func() float64) {
+	reg = prometheus.NewPedanticRegistry()
+	e = startEnv(t, server.Config{Registerer: reg, StreamStallTimeout: -1})
+	queued = gaugeOf(reg, "servercount_server_control_queued_packets", nil)
+	backlog = gaugeOf(reg, "servercount_server_streams_ended_total", map[string]string{"reason": "control_backlog"})
+	return e, reg, queued, backlog
+}
+
 // The server answers an agent without waiting, so an agent
 // that stops reading can make it queue answers; the queue is bounded.
 // Answers for the same connection are queued once, and past the bound
 // the stream is ended (and counted), freeing the queue.
 func TestControlQueueIsBounded(t *testing.T) {
 	t.Parallel()
-	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg, StreamStallTimeout: -1})
-	queued := gaugeOf(reg, "servercount_server_control_queued_packets", nil)
-	backlog := gaugeOf(reg, "servercount_server_streams_ended_total", map[string]string{"reason": "control_backlog"})
+	e, reg, queued, backlog := controlEnv(t)
 
 	// As above: the agent reads nothing, and the server's writer waits
 	// in Send behind a frontend's data.
@@ -361,10 +370,7 @@ func TestFrontendThatNeverReadsIsEnded(t *testing.T) {
 // agent gets every CLOSE_REQ once it reads again.
 func TestClosingEveryTunnelAtOnceKeepsTheStream(t *testing.T) {
 	t.Parallel()
-	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg, StreamStallTimeout: -1})
-	queued := gaugeOf(reg, "servercount_server_control_queued_packets", nil)
-	backlog := gaugeOf(reg, "servercount_server_streams_ended_total", map[string]string{"reason": "control_backlog"})
+	e, reg, queued, backlog := controlEnv(t)
 
 	// One frontend holds n tunnels through the agent, dialled all at once
 	// and answered all at once (connectID = random + 1).

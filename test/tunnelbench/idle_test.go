@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
 	"github.com/servercount/servercount/test/upstream"
 )
@@ -187,8 +188,8 @@ func sampleProcess(b *testing.B, pid int, admin string) processSample {
 	return processSample{rssKiB: float64(rss), heap: heap, goroutines: g}
 }
 
-// heldTarget accepts TCP connections on loopback and holds them open,
-// reading nothing, until their other end closes.
+// heldTarget accepts TCP connections on loopback and holds them open
+// until their other end closes, counting them.
 type heldTarget struct {
 	addr string
 	mu   sync.Mutex
@@ -198,49 +199,16 @@ type heldTarget struct {
 
 func holdTarget(b *testing.B) *heldTarget {
 	b.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	t := &heldTarget{addr: lis.Addr().String(), wake: make(chan struct{}, 1)}
-	var wg sync.WaitGroup
-	var cmu sync.Mutex
-	conns := map[net.Conn]struct{}{}
-	wg.Go(func() {
+	t := &heldTarget{wake: make(chan struct{}, 1)}
+	t.addr = nettest.Serve(b, func(c net.Conn) {
+		t.add(1)
+		defer t.add(-1)
+		var one [1]byte
 		for {
-			c, err := lis.Accept()
-			if err != nil {
+			if _, err := c.Read(one[:]); err != nil {
 				return
 			}
-			cmu.Lock()
-			conns[c] = struct{}{}
-			cmu.Unlock()
-			t.add(1)
-			// One goroutine per connection, waiting for its end: the
-			// test process's cost, not the proxies'.
-			wg.Go(func() {
-				var one [1]byte
-				for {
-					if _, err := c.Read(one[:]); err != nil {
-						break
-					}
-				}
-				_ = c.Close()
-				cmu.Lock()
-				delete(conns, c)
-				cmu.Unlock()
-				t.add(-1)
-			})
 		}
-	})
-	b.Cleanup(func() {
-		_ = lis.Close()
-		cmu.Lock()
-		for c := range conns {
-			_ = c.Close()
-		}
-		cmu.Unlock()
-		wg.Wait()
 	})
 	return t
 }
