@@ -1,6 +1,7 @@
 package server
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -168,6 +169,17 @@ type metrics struct {
 	fullReceive   *prometheus.GaugeVec
 	streamPackets *prometheus.CounterVec
 	streamErrors  *prometheus.CounterVec
+	// packets caches streamPackets' children by packetKey: the vector
+	// hashes and checks its label values on every call, and packet is
+	// called for every packet, heartbeats of thousands of idle agents
+	// among them.
+	packets sync.Map
+}
+
+// packetKey names a child of stream_packets_total.
+type packetKey struct {
+	segment string
+	typ     client.PacketType
 }
 
 // Segments of a packet's way, as upstream labels them.
@@ -305,7 +317,20 @@ func (m *metrics) observeDialDuration(d time.Duration)  { m.dialDuration.Observe
 func (m *metrics) observeFrontendWrite(d time.Duration) { m.feWrite.Observe(d.Seconds()) }
 func (m *metrics) observeConnection(d time.Duration)    { m.connDuration.Observe(d.Seconds()) }
 func (m *metrics) packet(segment string, typ client.PacketType) {
-	m.streamPackets.WithLabelValues(segment, wire.PacketTypeName(typ)).Inc()
+	k := packetKey{segment, typ}
+	if c, ok := m.packets.Load(k); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	name := wire.PacketTypeName(typ)
+	c := m.streamPackets.WithLabelValues(segment, name)
+	if name != wire.PacketTypeName(-1) {
+		// Unknown types share one child and are not cached: a peer
+		// sending every number would otherwise grow the cache without
+		// bound.
+		m.packets.Store(k, c)
+	}
+	c.Inc()
 }
 
 // streamError counts a failed send or receive on a gRPC stream; typ is
