@@ -267,7 +267,7 @@ func (s *Server) addBackend(be *backend) (contested map[string]*backend, err err
 	s.metrics.addBackends(1)
 	s.metrics.addGRPCConns(methodAgentConnect, 1)
 	s.countReadyBackend(be, 1)
-	s.wg.Add(2)
+	s.wg.Add(1)
 	if !s.sweeping {
 		// The liveness sweep runs from the first agent on.
 		s.sweeping = true

@@ -252,15 +252,22 @@ func (cfg Config) withDefaults() (Config, error) {
 	return cfg, errors.Join(errs...)
 }
 
-// sweepPeriod is how often the liveness sweep (Server.sweep) runs: often
-// enough for each of its checks to act within a fifth of its interval or
-// timeout, and at least every second.
-func (cfg Config) sweepPeriod() time.Duration {
-	p := time.Second
-	for _, d := range []time.Duration{cfg.Heartbeat / 5, cfg.StreamStallTimeout / 4, cfg.UnansweredDialTimeout / 4} {
-		if d > 0 {
-			p = min(p, d)
+// sweepPeriods are how often the liveness sweep (Server.sweep) runs its
+// checks: often enough for each to act within a fifth of its interval or
+// a quarter of its timeout, and at least every second. answer is the
+// period of the unanswered-dial checks, streams that of the others, a
+// whole number of answer periods (the sweep's tick).
+func (cfg Config) sweepPeriods() (answer, streams time.Duration) {
+	period := func(ds ...time.Duration) time.Duration {
+		p := time.Second
+		for _, d := range ds {
+			if d > 0 {
+				p = min(p, d)
+			}
 		}
+		return max(p, wire.MinHeartbeat/5)
 	}
-	return max(p, wire.MinHeartbeat/5)
+	streams = period(cfg.Heartbeat/5, cfg.StreamStallTimeout/4)
+	answer = period(cfg.UnansweredDialTimeout/4, streams)
+	return answer, streams.Truncate(answer)
 }

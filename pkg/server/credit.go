@@ -319,17 +319,15 @@ func (s *Server) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool
 // outlive its own end because its agent does not read. It reports whether
 // pkt was queued.
 func (s *Server) sendToAgent(be *backend, pkt *client.Packet, feDone <-chan struct{}) bool {
-	select {
-	case be.peer.out <- pkt:
-		be.peer.queued.add(dataLen(pkt))
+	if be.peer.offer(pkt) {
 		return true
-	default:
 	}
 	s.metrics.addWaitingForAgent(1)
 	defer s.metrics.addWaitingForAgent(-1)
 	select {
 	case be.peer.out <- pkt:
 		be.peer.queued.add(dataLen(pkt))
+		be.peer.kick()
 		return true
 	case <-be.peer.done:
 	case <-feDone:

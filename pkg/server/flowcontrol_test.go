@@ -180,3 +180,33 @@ func TestIdleConnectTunnelHoldsOneGoroutine(t *testing.T) {
 	assert.Equal(t, "ping", string(got))
 	require.Eventually(t, idle, waitFor, 5*time.Millisecond, "the pump or the writer stayed after the data was written")
 }
+
+// TestIdleStreamsHoldNoWriter holds agent streams and a gRPC frontend's
+// stream with a tunnel open through one of them, all idle: no stream has
+// a writer goroutine, though each had one to carry the handshake's and
+// the dial's packets. A packet queued later starts one again, which goes
+// once it is sent.
+func TestIdleStreamsHoldNoWriter(t *testing.T) {
+	const writer = "github.com/servercount/servercount/pkg/server.(*peer).writeLoop"
+	idle := func() bool { return metricstest.GoroutinesIn(writer) == 0 }
+	e := startEnv(t, server.Config{})
+	a, f := tunnelThroughAgent(t, t.Context(), e, "a1")
+	require.Eventually(t, idle, waitFor, 5*time.Millisecond,
+		"%d writers for 2 idle streams", metricstest.GoroutinesIn(writer))
+
+	// A second dial on the frontend's stream: the server's writers carry
+	// the DIAL_REQ to the agent and the DIAL_RSP back, and go.
+	accepted := make(chan error, 1)
+	go func() { _, err := a.AcceptDial(2); accepted <- err }()
+	connectID, err := f.Dial("127.0.0.1:9", 8)
+	require.NoError(t, err)
+	require.NoError(t, <-accepted)
+	require.Equal(t, int64(2), connectID)
+
+	for _, id := range []string{"a2", "a3"} {
+		startAgent(t, e, agentOpts{id: id})
+	}
+	waitBackends(t, e, 3)
+	require.Eventually(t, idle, waitFor, 5*time.Millisecond,
+		"%d writers for 4 idle streams", metricstest.GoroutinesIn(writer))
+}

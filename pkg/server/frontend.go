@@ -35,7 +35,7 @@ func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
 		s.mu.Unlock()
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
-	s.wg.Add(2)
+	s.wg.Add(1)
 	s.frontendStreams++
 	s.metrics.addGRPCConns(methodProxy, 1)
 	s.mu.Unlock()

@@ -119,6 +119,7 @@ func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunne
 	for {
 		select {
 		case out <- req:
+			be.peer.kick()
 			out, peerDone = nil, nil // sent: the answer is all that is left
 		case rsp := <-ht.dialed:
 			return rsp, true

@@ -69,7 +69,10 @@ var (
 
 // peer is one gRPC stream, agent or frontend, seen from the server. Its
 // writer goroutine is the only caller of stream.Send, so sends are
-// serialised without a lock held while sending.
+// serialised without a lock held while sending. The writer runs only
+// while something is queued: whoever queues kicks it, and it ends once
+// both queues are empty, so that an idle stream (most of a fleet's, most
+// of the time) holds no goroutine and no stack for it.
 //
 // It has two queues. out carries packets that may wait for room: a
 // frontend's DATA waits there for its agent (back-pressure). The control
@@ -86,10 +89,16 @@ type peer struct {
 	// dequeued counts the packets writeLoop has taken from out; see
 	// sendControl.
 	dequeued atomic.Uint64
-	// controlReady wakes writeLoop when sendControl adds a packet; buffer
-	// of 1.
-	controlReady chan struct{}
-	controlMu    sync.Mutex
+	// writing is set while a writeLoop runs, which it does while
+	// anything is queued; once stopped is set, none starts, and writers
+	// counts the one that may still run. Both are written under writerMu;
+	// writing is read without it too (stalled).
+	writerMu sync.Mutex
+	writing  atomic.Bool
+	stopped  bool
+	writers  sync.WaitGroup
+
+	controlMu sync.Mutex
 	// control is the control queue, oldest first, each packet with the
 	// value of dequeued after which it may go; controlKeys holds a key
 	// per queued packet, so that a packet already queued for the same
@@ -101,10 +110,8 @@ type peer struct {
 	untied int
 
 	// moved is when a packet last moved on the stream, in or out (unix
-	// nanoseconds), and sending is set while writeLoop is in Send: see
-	// stalled.
-	moved   atomic.Int64
-	sending atomic.Bool
+	// nanoseconds): see stalled.
+	moved atomic.Int64
 	// sent is when writeLoop last sent a packet, and received when the
 	// receive loop last took one (unix nanoseconds): an agent stream on
 	// which nothing was sent for the heartbeat interval gets a HEARTBEAT,
@@ -116,6 +123,9 @@ type peer struct {
 	// only while the loop waits, and the loop is stuck only while it
 	// handles: see Server.checkStream.
 	waiting, handling atomic.Int64
+	// ended is set once done is closed, for the sweep to skip the stream
+	// without touching the channel.
+	ended atomic.Bool
 
 	// metrics counts the packets sent, under segment (to_agent or
 	// to_client).
@@ -145,7 +155,7 @@ type controlKey struct {
 
 // newPeer returns the peer of stream, whose sends m counts under segment.
 func newPeer(stream packetStream, m *metrics, segment string) *peer {
-	p := &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), controlReady: make(chan struct{}, 1), metrics: m, segment: segment, queued: queuedBytes{m: m}}
+	p := &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), metrics: m, segment: segment, queued: queuedBytes{m: m}}
 	now := time.Now().UnixNano()
 	p.moved.Store(now)
 	p.sent.Store(now)
@@ -157,6 +167,7 @@ func newPeer(stream packetStream, m *metrics, segment string) *peer {
 func (p *peer) end(reason error) {
 	p.once.Do(func() {
 		p.reason = reason
+		p.ended.Store(true)
 		close(p.done)
 		p.queued.stop()
 		p.controlMu.Lock()
@@ -172,11 +183,8 @@ func (p *peer) end(reason error) {
 // uses sendControl.
 func (p *peer) send(pkt *client.Packet, d time.Duration, quit, abort <-chan struct{}) error {
 	// Room now takes no timer.
-	select {
-	case p.out <- pkt:
-		p.queued.add(dataLen(pkt))
+	if p.offer(pkt) {
 		return nil
-	default:
 	}
 	if p.segment == segmentToClient {
 		p.metrics.addWaitingForFrontend(1)
@@ -191,6 +199,7 @@ func (p *peer) send(pkt *client.Packet, d time.Duration, quit, abort <-chan stru
 	select {
 	case p.out <- pkt:
 		p.queued.add(dataLen(pkt))
+		p.kick()
 		return nil
 	case <-p.done:
 		return errPeerGone
@@ -258,76 +267,8 @@ func (p *peer) queueControl(pkt *client.Packet, id int64, untied bool) bool {
 	}
 	p.controlMu.Unlock()
 	p.metrics.addControlQueued(1)
-	select {
-	case p.controlReady <- struct{}{}:
-	default: // writeLoop is woken already
-	}
+	p.kick()
 	return true
-}
-
-// nextControl removes and returns the oldest control packet if it is due,
-// or nil. Only writeLoop calls it, between sends: an empty out then means
-// that every packet queued before any control packet has been sent. The
-// queue is served in order: a packet behind one not yet due waits with
-// it, late by a few packets at most.
-func (p *peer) nextControl() *client.Packet {
-	p.controlMu.Lock()
-	defer p.controlMu.Unlock()
-	if len(p.control) == 0 {
-		return nil
-	}
-	first := p.control[0]
-	if first.due > p.dequeued.Load() && len(p.out) > 0 {
-		return nil
-	}
-	p.control[0] = controlPacket{}
-	p.control = p.control[1:]
-	if len(p.control) == 0 {
-		p.control = nil // let the array go
-	}
-	delete(p.controlKeys, first.key)
-	if first.untied {
-		p.untied--
-	}
-	p.metrics.addControlQueued(-1)
-	return first.pkt
-}
-
-// writeLoop sends queued packets until the stream ends or a send fails.
-func (p *peer) writeLoop() {
-	for {
-		pkt := p.nextControl()
-		if pkt == nil {
-			select {
-			case <-p.done:
-				return
-			case pkt = <-p.out:
-				p.dequeued.Add(1)
-			case <-p.controlReady:
-				// A control packet not yet due waits for out to drain
-				// to it; each dequeue brings us back here.
-				continue
-			}
-		}
-		start := time.Now()
-		p.sending.Store(true)
-		err := p.stream.Send(pkt)
-		p.sending.Store(false)
-		now := time.Now().UnixNano()
-		p.moved.Store(now)
-		p.sent.Store(now)
-		p.queued.add(-dataLen(pkt))           // control packets carry no data: 0
-		wire.Recycle(pkt.GetData().GetData()) // Send has copied it
-		if err != nil {
-			p.metrics.streamError(p.segment, err, wire.PacketTypeName(pkt.GetType()))
-			p.end(err)
-			return
-		}
-		if p.segment == segmentToClient {
-			p.metrics.observeFrontendWrite(time.Since(start))
-		}
-		p.metrics.packet(p.segment, pkt.GetType())
-	}
 }
 
 // recv returns the next packet of the stream, counted under segment from.
@@ -377,17 +318,10 @@ func since(now time.Time, t int64) time.Duration {
 
 // stalled reports whether packets have waited to be sent while nothing
 // moved on the stream, in or out, for d: the stream is stuck, whatever
-// the cause, and only ending it frees what waits on it.
-func (p *peer) stalled(d time.Duration) bool {
-	if time.Since(time.Unix(0, p.moved.Load())) < d {
-		return false
-	}
-	if p.sending.Load() || len(p.out) > 0 {
-		return true
-	}
-	p.controlMu.Lock()
-	defer p.controlMu.Unlock()
-	return len(p.control) > 0
+// the cause, and only ending it frees what waits on it. Packets wait
+// exactly while the writer runs.
+func (p *peer) stalled(now time.Time, d time.Duration) bool {
+	return now.Sub(time.Unix(0, p.moved.Load())) >= d && p.writing.Load()
 }
 
 // queuedBytes counts the bytes of one queue in the server's queued_bytes

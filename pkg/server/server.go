@@ -218,16 +218,13 @@ func (s *Server) Backends() int {
 	return s.nBackends
 }
 
-// goStream starts p's writer goroutine and its receive loop recv. The
-// caller has done s.wg.Add(2) under s.mu, having checked s.closed, so that
-// Close waits for both.
+// goStream starts p's receive loop recv. The caller has done s.wg.Add(1)
+// under s.mu, having checked s.closed, so that Close waits for it, and
+// through it for p's writer (stopWriter).
 func (s *Server) goStream(p *peer, recv func()) {
 	go func() {
 		defer s.wg.Done()
-		p.writeLoop()
-	}()
-	go func() {
-		defer s.wg.Done()
+		defer p.stopWriter()
 		recv()
 	}()
 }

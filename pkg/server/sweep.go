@@ -9,9 +9,11 @@ import (
 )
 
 // The liveness sweep: one goroutine per Server, whatever the number of
-// agents, checks every agent stream every Config.sweepPeriod. An idle
-// fleet of thousands of agents then costs one wake-up per period, not one
-// per stream.
+// agents, checks the agent streams. An idle fleet of thousands of agents
+// then costs one wake-up per period, not one per stream; and each round
+// touches only the streams its checks may act on, since at 5,000 agents
+// visiting every stream twice a second cost more than all their
+// heartbeats together.
 //
 // What it checks, and what it does:
 //   - a stream on which nothing moved while packets waited
@@ -29,28 +31,63 @@ import (
 //     to other agents (retryLocked), it gets new ones only when nobody
 //     else can take them (pickLocked), and after StreamStallTimeout so,
 //     its stream is ended, within the bounds of mayEndLocked.
+//
+// The first three are checked on every stream each streamPeriod; the
+// last, which needs a shorter period, each answerPeriod, and only on the
+// streams with a pending dial (or on all while one is unresponsive).
 
 // sweepLoop runs the sweep until the Server closes.
 func (s *Server) sweepLoop() {
-	ticker := time.NewTicker(s.cfg.sweepPeriod())
+	answerPeriod, streamPeriod := s.cfg.sweepPeriods()
+	ticker := time.NewTicker(answerPeriod)
 	defer ticker.Stop()
-	var streams []*backend
+	var sw sweeper
 	for {
 		select {
 		case <-s.quit:
 			return
 		case now := <-ticker.C:
-			streams = s.sweep(now, streams[:0])
+			// A tick may come late under load: a round is due once
+			// streamPeriod less half a tick has passed, so that ticks
+			// never drift past it.
+			all := now.Sub(sw.lastAll) >= streamPeriod-answerPeriod/2
+			if all {
+				sw.lastAll = now
+			}
+			s.sweep(now, &sw, all)
 		}
 	}
 }
 
-// sweep does one round at now. It returns streams, the agent streams it
-// checked, for the next round to reuse the array.
-func (s *Server) sweep(now time.Time, streams []*backend) []*backend {
+// sweeper is what the sweep keeps from one round to the next: arrays to
+// reuse, and when it last checked every stream.
+type sweeper struct {
+	streams []*backend
+	seen    map[*backend]struct{}
+	lastAll time.Time
+}
+
+// sweep does one round at now: the answer checks of the streams that may
+// need them, and, when all is set, the checks of every stream.
+func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 	s.mu.Lock()
-	for _, a := range s.agents {
-		streams = append(streams, a.streams...)
+	streams := sw.streams[:0]
+	switch {
+	case all || s.nUnresponsive > 0:
+		for _, a := range s.agents {
+			streams = append(streams, a.streams...)
+		}
+	case len(s.pending) > 0:
+		if sw.seen == nil {
+			sw.seen = map[*backend]struct{}{}
+		}
+		for _, t := range s.pending {
+			if _, ok := sw.seen[t.be]; !ok {
+				sw.seen[t.be] = struct{}{}
+				streams = append(streams, t.be)
+			}
+		}
+		clear(sw.seen)
 	}
 	var actions []func()
 	for _, be := range streams {
@@ -60,24 +97,24 @@ func (s *Server) sweep(now time.Time, streams []*backend) []*backend {
 	for _, act := range actions {
 		act()
 	}
-	for _, be := range streams {
-		s.checkStream(be, now)
+	if all {
+		for _, be := range streams {
+			s.checkStream(be, now)
+		}
 	}
 	clear(streams) // no stream kept alive until the next round
-	return streams
+	sw.streams = streams
 }
 
 // checkStream does the checks of one agent stream that need no lock:
 // the stall backstop, a stuck receive loop, heartbeats and silence.
 func (s *Server) checkStream(be *backend, now time.Time) {
 	p := be.peer
-	select {
-	case <-p.done:
+	if p.ended.Load() {
 		return
-	default:
 	}
 	if d := s.cfg.StreamStallTimeout; d > 0 {
-		if p.stalled(d) {
+		if p.stalled(now, d) {
 			s.endStream(be, StreamEndedStalled, errStalled, "Ended an agent stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", d)
 			return
 		}
