@@ -96,3 +96,41 @@ func (t *Target) serve() {
 		}()
 	}
 }
+
+// Hold runs a target that accepts connections and holds them open,
+// unread, until the test ends, with no goroutine, buffer or pipe per
+// connection (an echo's copy splices through a pipe: two more files): the
+// idle endpoints of thousands of tunnels in one process. It returns the
+// target's address.
+func Hold(tb testing.TB) string {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(tb, err, "listen for the target")
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	tb.Cleanup(func() {
+		_ = l.Close()
+		wg.Wait()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return l.Addr().String()
+}

@@ -119,14 +119,18 @@ func TestControlQueueIsBounded(t *testing.T) {
 // a server that closes more tunnels at once than that bound (its
 // frontends gone with kube-apiserver) while the link back is slow gets a
 // CLOSE_RSP queued for each, and the stream stays. They all arrive once
-// the server reads again.
+// the server reads again. The server closes as many tunnels as the
+// default bound lets a stream hold, above the answer bound (the stream
+// holds one more, whose endpoint keeps it stuck).
 func TestClosingEveryTunnelAtOnceKeepsTheStream(t *testing.T) {
 	tt := newTestTLS(t)
 	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
 	cfg := testConfig(tt, srv.Addr())
 	cfg.StreamStallTimeout = -1 // the bound, not the backstop, is under test
-	const n = maxControl + 500
+	const n = DefaultMaxTunnelsPerServer
+	require.Greater(t, n, maxControl)
 	cfg.MaxConcurrentDials = n // all dialled at once
+	cfg.MaxTunnelsPerServer = n + 1
 	a, _ := runLogged(t, cfg)
 	queued := func() float64 { v, _ := a.metric(t, "servercount_agent_control_queued_packets"); return v }
 	backlog := func() float64 {
@@ -136,9 +140,9 @@ func TestClosingEveryTunnelAtOnceKeepsTheStream(t *testing.T) {
 
 	// n idle tunnels, then one more whose endpoint writes until the
 	// stream to the server, which stops reading, is stuck.
-	idle := newTestTarget(t, true)
+	idle := nettest.Hold(t)
 	ss := srv.NextStream(t)
-	ss.FloodDialReqs(t, idle.addr, n)
+	ss.FloodDialReqs(t, idle, n)
 	for range n {
 		require.Empty(t, ss.NextOf(t, pb.PacketType_DIAL_RSP).GetDialResponse().GetError())
 	}

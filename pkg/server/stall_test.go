@@ -367,14 +367,16 @@ func TestFrontendThatNeverReadsIsEnded(t *testing.T) {
 // frontend that goes away with more tunnels through one agent than that
 // bound (kube-apiserver restarting) makes the server queue a CLOSE_REQ
 // for each while the agent's stream is slow, and the stream stays. The
-// agent gets every CLOSE_REQ once it reads again.
+// agent gets every CLOSE_REQ once it reads again. The stream is full: it
+// holds as many tunnels as our agent's default bound allows.
 func TestClosingEveryTunnelAtOnceKeepsTheStream(t *testing.T) {
 	t.Parallel()
 	e, reg, queued, backlog := controlEnv(t)
 
 	// One frontend holds n tunnels through the agent, dialled all at once
 	// and answered all at once (connectID = random + 1).
-	const n = server.MaxControl + 500
+	const n = 5000 // agent.DefaultMaxTunnelsPerServer
+	require.Greater(t, n, server.MaxControl)
 	a, err := connectAgent(t, e, agentOpts{id: "busy"})
 	require.NoError(t, err)
 	waitBackends(t, e, 1)
