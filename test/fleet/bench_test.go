@@ -21,6 +21,8 @@ var (
 	flagIdle        = flag.Duration("fleet.idle", 60*time.Second, "how long BenchmarkIdleCost measures an idle fleet, in each phase")
 	flagHeapProfile = flag.String("fleet.server-heap-profile", "",
 		"BenchmarkServerProcess writes the server process's heap profile, with every agent connected, to this file (an absolute path)")
+	flagCPUProfile = flag.String("fleet.server-cpu-profile", "",
+		"BenchmarkIdleCost writes the server process's CPU profile of each idle phase to this path with the phase appended (an absolute path)")
 	flagSteady = flag.Duration("fleet.steady", 60*time.Second, "how long BenchmarkSteady watches a converged fleet")
 )
 

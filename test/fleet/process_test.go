@@ -250,7 +250,11 @@ func BenchmarkIdleCost(b *testing.B) {
 	// measure starts a server with heartbeat, publishes it in place of
 	// previous, which it then stops, and measures the idle fleet.
 	measure := func(heartbeat string, previous *proctest.Process) (phase, *proctest.Process) {
-		p, ports := start("server-"+heartbeat, "--heartbeat-interval="+heartbeat)
+		flags := []string{"--heartbeat-interval=" + heartbeat}
+		if *flagCPUProfile != "" {
+			flags = append(flags, "--enable-profiling")
+		}
+		p, ports := start("server-"+heartbeat, flags...)
 		metrics := fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[3])
 		streams := func() float64 {
 			m, err := proctest.Scrape(metrics)
@@ -276,10 +280,16 @@ func BenchmarkIdleCost(b *testing.B) {
 		case <-b.Context().Done():
 		}
 		server0, agents0 := processCPU(b, p.Process.Pid), cpuTime()
-		idle := time.NewTimer(*flagIdle)
-		select {
-		case <-idle.C:
-		case <-b.Context().Done():
+		if *flagCPUProfile != "" {
+			// The profile spans the idle phase: the handler returns after
+			// it.
+			saveURL(b, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", ports[3], int(flagIdle.Seconds())), *flagCPUProfile+"-"+heartbeat)
+		} else {
+			idle := time.NewTimer(*flagIdle)
+			select {
+			case <-idle.C:
+			case <-b.Context().Done():
+			}
 		}
 		got := phase{processCPU(b, p.Process.Pid) - server0, cpuTime() - agents0}
 		require.Equal(b, float64(n), streams(), "agent streams dropped while idle with heartbeats %s", heartbeat)
