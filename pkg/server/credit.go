@@ -326,8 +326,7 @@ func (s *Server) sendToAgent(be *backend, pkt *client.Packet, feDone <-chan stru
 	defer s.metrics.addWaitingForAgent(-1)
 	select {
 	case be.peer.out <- pkt:
-		be.peer.queued.add(dataLen(pkt))
-		be.peer.kick()
+		be.peer.put(pkt)
 		return true
 	case <-be.peer.done:
 	case <-feDone:

@@ -119,7 +119,7 @@ func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunne
 	for {
 		select {
 		case out <- req:
-			be.peer.kick()
+			be.peer.put(req)
 			out, peerDone = nil, nil // sent: the answer is all that is left
 		case rsp := <-ht.dialed:
 			return rsp, true

@@ -86,13 +86,14 @@ type peer struct {
 	once   sync.Once
 	reason error // why the stream ended; written in once before done closes, read after
 
-	// dequeued counts the packets writeLoop has taken from out; see
-	// sendControl.
-	dequeued atomic.Uint64
-	// writing is set while a writeLoop runs, which it does while
-	// anything is queued; once stopped is set, none starts, and writers
-	// counts the one that may still run. Both are written under writerMu;
-	// writing is read without it too (stalled).
+	// enqueued counts the packets put on out, each after its put, and
+	// dequeued those writeLoop has taken from it: see queueControl.
+	enqueued, dequeued atomic.Uint64
+	// writing is set from the kick that starts a writeLoop until that
+	// loop finds both queues empty (after the stream ends it stays set);
+	// once stopped is set, none starts, and writers counts the one that
+	// may still run. Both are written under writerMu; writing is read
+	// without it too (stalled).
 	writerMu sync.Mutex
 	writing  atomic.Bool
 	stopped  bool
@@ -198,8 +199,7 @@ func (p *peer) send(pkt *client.Packet, d time.Duration, quit, abort <-chan stru
 	}
 	select {
 	case p.out <- pkt:
-		p.queued.add(dataLen(pkt))
-		p.kick()
+		p.put(pkt)
 		return nil
 	case <-p.done:
 		return errPeerGone
@@ -234,12 +234,14 @@ func (p *peer) sendTunnelControl(pkt *client.Packet, id int64) bool {
 
 func (p *peer) queueControl(pkt *client.Packet, id int64, untied bool) bool {
 	key := controlKey{pkt.GetType(), id}
-	// The packets ahead are the queued ones and at most one that
-	// writeLoop has taken from out but not yet counted: reading len(out)
-	// first and counting that one makes due late by at most one packet
-	// (and by those dequeued between the two reads), never early. When
-	// out runs empty first, nextControl lets the packet go anyway.
-	due := p.dequeued.Load() + uint64(len(p.out)) + 1
+	// The packets ahead are those put on out and counted before this
+	// call: a sender counts its packet after the put, so every packet its
+	// own goroutine queued before goes first. Counting the queue from the
+	// writer's side instead (dequeued plus len(out)) must allow for a
+	// packet taken but not yet counted, and then lets one packet put after
+	// this call go first: the tunnel's first DATA ahead of its DIAL_RSP,
+	// which the frontend then drops.
+	due := p.enqueued.Load()
 	p.controlMu.Lock()
 	select {
 	case <-p.done:
@@ -319,7 +321,10 @@ func since(now time.Time, t int64) time.Duration {
 // stalled reports whether packets have waited to be sent while nothing
 // moved on the stream, in or out, for d: the stream is stuck, whatever
 // the cause, and only ending it frees what waits on it. Packets wait
-// exactly while the writer runs.
+// while the writer runs (but for a moment after each kick, and once the
+// stream has ended, when nobody asks), and moved is reset when one
+// starts, so that packets queued on a stream long idle are given d from
+// then.
 func (p *peer) stalled(now time.Time, d time.Duration) bool {
 	return now.Sub(time.Unix(0, p.moved.Load())) >= d && p.writing.Load()
 }

@@ -47,9 +47,9 @@ func (s *Server) sweepLoop() {
 		case <-s.quit:
 			return
 		case now := <-ticker.C:
-			// A tick may come late under load: a round is due once
-			// streamPeriod less half a tick has passed, so that ticks
-			// never drift past it.
+			// A round is due once streamPeriod less half a tick has
+			// passed since the last: now is the tick's scheduled time,
+			// and the half tick is a margin against rounding.
 			all := now.Sub(sw.lastAll) >= streamPeriod-answerPeriod/2
 			if all {
 				sw.lastAll = now

@@ -16,12 +16,19 @@ import (
 func (p *peer) offer(pkt *client.Packet) bool {
 	select {
 	case p.out <- pkt:
-		p.queued.add(dataLen(pkt))
-		p.kick()
+		p.put(pkt)
 		return true
 	default:
 		return false
 	}
+}
+
+// put accounts for pkt, just put on out, and kicks the writer. Whoever
+// puts a packet on out calls it next.
+func (p *peer) put(pkt *client.Packet) {
+	p.queued.add(dataLen(pkt))
+	p.enqueued.Add(1)
+	p.kick()
 }
 
 // kick starts writeLoop unless one runs or the stream is done with
@@ -31,10 +38,11 @@ func (p *peer) offer(pkt *client.Packet) bool {
 func (p *peer) kick() {
 	p.writerMu.Lock()
 	defer p.writerMu.Unlock()
-	if p.writing.Load() || p.stopped {
+	if p.writing.Load() || p.stopped || p.ended.Load() {
 		return
 	}
 	p.writing.Store(true)
+	p.moved.Store(time.Now().UnixNano()) // see stalled
 	p.writers.Add(1)
 	go p.writeLoop()
 }
@@ -116,6 +124,12 @@ func (p *peer) writeLoop() {
 				}
 				continue
 			}
+		}
+		if p.ended.Load() {
+			// The select may take a packet though done is closed too;
+			// the handler may have returned: Send nothing.
+			wire.Recycle(pkt.GetData().GetData())
+			return
 		}
 		start := time.Now()
 		err := p.stream.Send(pkt)
