@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -239,12 +240,15 @@ func writeTLSFiles(b *testing.B, f *Fleet, pair *pkitest.Pair) (dir, cert, key, 
 // agents of the fleet (this process) spend over -fleet.idle while nothing
 // is asked of them, first with the server's heartbeats off
 // (--heartbeat-interval=0: the agents' offers go unanswered, so neither
-// end sends any, as between upstream's binaries), then with the default
-// 5 s, in the same run. The agents move from the first server to the
-// second through DNS, as in a rollout.
+// end sends any, as between upstream's binaries), then with
+// -fleet.heartbeat (default 5 s, the binary's), in the same run; the
+// agents offer -fleet.agent-heartbeat (default theirs, 5 s). The agents
+// move from the first server to the second through DNS, as in a rollout.
 func BenchmarkIdleCost(b *testing.B) {
 	n := *flagAgents
-	f := New(b, Config{Agents: n, Servers: 1})
+	f := New(b, Config{Agents: n, Servers: 1, EditAgent: func(cfg *agent.Config) {
+		cfg.Heartbeat = cmp.Or(*flagAgentHeartbeat, cfg.Heartbeat)
+	}})
 	start := serverProcess(b, f, proctest.Build(b, "cmd/proxy-server"))
 	type phase struct{ server, agents time.Duration }
 	// measure starts a server with heartbeat, publishes it in place of
@@ -296,7 +300,7 @@ func BenchmarkIdleCost(b *testing.B) {
 		return got, p
 	}
 	off, first := measure("0", nil)
-	on, _ := measure("5s", first)
+	on, _ := measure(flagHeartbeat.String(), first)
 	secs := flagIdle.Seconds()
 	perStream := func(d time.Duration) float64 { return float64(d.Microseconds()) / secs / float64(n) }
 	b.ReportMetric(float64(n), "agents")
