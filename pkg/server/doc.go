@@ -35,15 +35,17 @@
 // keeps draining. (A stream once locked up for good under ordinary
 // churn when both receive loops waited on their own peer.)
 //
-// Every gRPC stream has one writer goroutine, the only caller of Send. It
-// serves two queues. The data queue is bounded in packets (queueSize,
-// each at most wire.MaxDataPayload), and senders may wait for room in it.
-// The control queue carries what receive loops answer (CLOSE_REQ for a
-// connection the server has forgotten or refused, CLOSE_RSP for an
-// unknown connectID, DIAL_RSP errors); queueing there never waits. A
-// control packet goes after the data queued before it, so a CLOSE_REQ
-// never overtakes its connection's last DATA, and it is dropped when the
-// same answer is queued already. A peer that leaves maxControl of them
+// Every gRPC stream has at most one writer goroutine, the only caller of
+// Send, which runs while packets wait and ends when none do, so that an
+// idle stream holds none. It serves two queues. The data queue is
+// bounded in packets (queueSize, each at most wire.MaxDataPayload), and
+// senders may wait for room in it. The control queue carries what
+// receive loops answer (CLOSE_REQ for a connection the server has
+// forgotten or refused, CLOSE_RSP for an unknown connectID, DIAL_RSP
+// errors); queueing there never waits. A control packet goes after the
+// data queued before it and before the data queued after it, so a
+// CLOSE_REQ never overtakes its connection's last DATA nor a DIAL_RSP its
+// first, and it is dropped when the same answer is queued already. A peer that leaves maxControl of them
 // unread loses its stream, counting only those no tunnel of the stream
 // accounts for: those about its own tunnels and dials have a bound of
 // their own (maxTunnelControl), far above the tunnels a stream holds, so
@@ -108,8 +110,9 @@
 //
 // # Flow control
 //
-// Every gRPC stream has one writer goroutine fed by a bounded queue, so
-// sends on a stream are serialised and no lock is held while sending.
+// Every gRPC stream has at most one writer goroutine at a time, fed by a
+// bounded queue, so sends on a stream are serialised and no lock is held
+// while sending.
 // Packets from a frontend to an agent wait for room in the agent's queue
 // (back-pressure on that frontend only), but never past the frontend's
 // own end: a frontend that goes away is freed at once, and its CLOSE_REQs
