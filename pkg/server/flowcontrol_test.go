@@ -196,12 +196,7 @@ func TestIdleStreamsHoldNoWriter(t *testing.T) {
 
 	// A second dial on the frontend's stream: the server's writers carry
 	// the DIAL_REQ to the agent and the DIAL_RSP back, and go.
-	accepted := make(chan error, 1)
-	go func() { _, err := a.AcceptDial(2); accepted <- err }()
-	connectID, err := f.Dial("127.0.0.1:9", 8)
-	require.NoError(t, err)
-	require.NoError(t, <-accepted)
-	require.Equal(t, int64(2), connectID)
+	dialThrough(t, a, f, 8, 2)
 
 	for _, id := range []string{"a2", "a3"} {
 		startAgent(t, e, agentOpts{id: id})

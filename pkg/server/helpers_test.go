@@ -399,13 +399,20 @@ func tunnelThroughAgent(t *testing.T, ctx context.Context, e *env, id string) (*
 	f, err := adversarytest.DialDeafFrontend(ctx, adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
 	t.Cleanup(f.Close)
+	dialThrough(t, a, f, 7, 1)
+	return a, f
+}
+
+// dialThrough dials through frontend f with dial ID random and has agent
+// a accept the dial as connectID.
+func dialThrough(t *testing.T, a *adversarytest.DeafAgent, f *adversarytest.DeafFrontend, random, connectID int64) {
+	t.Helper()
 	accepted := make(chan error, 1)
-	go func() { _, err := a.AcceptDial(1); accepted <- err }()
-	connectID, err := f.Dial("127.0.0.1:9", 7)
+	go func() { _, err := a.AcceptDial(connectID); accepted <- err }()
+	got, err := f.Dial("127.0.0.1:9", random)
 	require.NoError(t, err)
 	require.NoError(t, <-accepted)
-	require.Equal(t, int64(1), connectID)
-	return a, f
+	require.Equal(t, connectID, got)
 }
 
 // floodAgent opens a tunnel through a deaf agent named id, as
