@@ -214,6 +214,10 @@ func TestCacheReusesVerdicts(t *testing.T) {
 	// short expires 20s after the point where the test uses it, which
 	// comes after the clock has moved 71s.
 	short := tokFor("short", time.Now().Add(91*time.Second))
+	// One bad token throughout: tok("bad") made again can fall in the
+	// next second, a token of another expiry, which the cache keeps
+	// apart.
+	bad := tok("bad")
 	rs := newReviewServer(t, map[string]authenticationv1.TokenReviewStatus{
 		"long":  {Authenticated: true, User: agentUser, Audiences: audience},
 		"short": {Authenticated: true, User: agentUser, Audiences: audience},
@@ -224,7 +228,7 @@ func TestCacheReusesVerdicts(t *testing.T) {
 
 	for range 5 {
 		require.NoError(t, a.AuthenticateToken(ctx, long))
-		require.ErrorContains(t, a.AuthenticateToken(ctx, tok("bad")), "token has expired")
+		require.ErrorContains(t, a.AuthenticateToken(ctx, bad), "token has expired")
 	}
 	assert.Equal(t, int32(2), rs.reviews.Load(), "one review per token")
 	hits, _ := metricstest.Value(reg, "servercount_server_token_review_cache_hits_total")
@@ -232,7 +236,7 @@ func TestCacheReusesVerdicts(t *testing.T) {
 
 	clk.Step(11 * time.Second) // past DenialTTL, within CacheTTL
 	require.NoError(t, a.AuthenticateToken(ctx, long))
-	require.Error(t, a.AuthenticateToken(ctx, tok("bad")))
+	require.Error(t, a.AuthenticateToken(ctx, bad))
 	assert.Equal(t, int32(3), rs.reviews.Load(), "a refusal is asked again after DenialTTL")
 
 	clk.Step(time.Minute) // past CacheTTL
