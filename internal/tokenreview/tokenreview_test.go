@@ -267,11 +267,16 @@ func TestCacheCoalescesAndBoundsReviews(t *testing.T) {
 	rs.gate = make(chan struct{})
 	a, _, _ := newCached(t, rs, func(c *tokenreview.Config) { c.MaxInFlight = 2 })
 
-	// 4 tokens, 25 agent streams each, at once.
+	// 4 tokens, 25 agent streams each, at once. Each token is made once:
+	// made again in the next second it would carry another exp claim.
+	var toks [4]string
+	for i := range toks {
+		toks[i] = tok(fmt.Sprint("agent-", i))
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 100)
 	for i := range 100 {
-		wg.Go(func() { errs <- a.AuthenticateToken(t.Context(), tok(fmt.Sprint("agent-", i%4))) })
+		wg.Go(func() { errs <- a.AuthenticateToken(t.Context(), toks[i%4]) })
 	}
 	require.Eventually(t, func() bool { return rs.inFlight.Load() == 2 }, 10*time.Second, time.Millisecond, "reviews up to the bound")
 	close(rs.gate)
@@ -573,8 +578,10 @@ func TestIdentifyTokenGivesTheBoundNode(t *testing.T) {
 		c.Nodes = nodeTable{"node-x": {hosts: []string{"node-x.internal"}, addrs: []netip.Addr{x}}}
 	})
 	var _ server.TokenIdentifier = a
+	// Made once: the second lookup must find it in the cache.
+	onX := tok("on-x")
 	for range 2 { // the second from the cache
-		id, err := a.IdentifyToken(t.Context(), tok("on-x"))
+		id, err := a.IdentifyToken(t.Context(), onX)
 		require.NoError(t, err)
 		assert.Equal(t, server.Identity{Hosts: []string{"node-x", "node-x.internal"}, Addrs: []netip.Addr{x}}, id)
 	}
