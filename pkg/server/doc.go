@@ -45,11 +45,12 @@
 // errors); queueing there never waits. A control packet goes after the
 // data queued before it and before the data queued after it, so a
 // CLOSE_REQ never overtakes its connection's last DATA nor a DIAL_RSP its
-// first, and it is dropped when the same answer is queued already. A peer that leaves maxControl of them
-// unread loses its stream, counting only those no tunnel of the stream
-// accounts for: those about its own tunnels and dials have a bound of
-// their own (maxTunnelControl), far above the tunnels a stream holds, so
-// that closing them all at once over a slow link keeps it.
+// first, and it is dropped when the same answer is queued already. A peer
+// that leaves maxControl of them unread loses its stream, counting only
+// those no tunnel of the stream accounts for: those about its own tunnels
+// and dials have a bound of their own (maxTunnelControl), far above the
+// tunnels a stream holds, so that closing them all at once over a slow
+// link keeps it.
 //
 // The waits that remain, and why none closes a cycle:
 //   - A frontend's receive loop (a gRPC frontend stream, or an HTTP

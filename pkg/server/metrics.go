@@ -324,7 +324,7 @@ func (m *metrics) packet(segment string, typ client.PacketType) {
 	}
 	name := wire.PacketTypeName(typ)
 	c := m.streamPackets.WithLabelValues(segment, name)
-	if name != wire.PacketTypeName(-1) {
+	if name != wire.PacketTypeUnknown {
 		// Unknown types share one child and are not cached: a peer
 		// sending every number would otherwise grow the cache without
 		// bound.

@@ -34,5 +34,5 @@ func TestPacketCountsAreCachedBounded(t *testing.T) {
 		name := wire.PacketTypeName(typ)
 		require.Equal(t, 3.0, testutil.ToFloat64(m.streamPackets.WithLabelValues(segmentFromAgent, name)), "packets of type %s", name)
 	}
-	require.Equal(t, 5000.0, testutil.ToFloat64(m.streamPackets.WithLabelValues(segmentFromAgent, "UNKNOWN")), "packets of unknown types")
+	require.Equal(t, 5000.0, testutil.ToFloat64(m.streamPackets.WithLabelValues(segmentFromAgent, wire.PacketTypeUnknown)), "packets of unknown types")
 }

@@ -107,9 +107,13 @@ func ParseWindowUpdate(pkt *client.Packet) (connectID int64, n int, ok bool) {
 // no packet: upstream's value.
 const PacketTypeNone = "Unknown"
 
+// PacketTypeUnknown is the packet_type label of every packet type
+// PacketTypeName does not know.
+const PacketTypeUnknown = "UNKNOWN"
+
 // PacketTypeName names typ for metric labels: upstream's names, "WINDOW",
-// "HEARTBEAT", or "UNKNOWN" for any other number, so that a peer sending
-// made-up types cannot make a series for each.
+// "HEARTBEAT", or PacketTypeUnknown for any other number, so that a peer
+// sending made-up types cannot make a series for each.
 func PacketTypeName(typ client.PacketType) string {
 	switch typ {
 	case PacketWindow:
@@ -118,7 +122,7 @@ func PacketTypeName(typ client.PacketType) string {
 		return "HEARTBEAT"
 	}
 	if _, known := client.PacketType_name[int32(typ)]; !known {
-		return "UNKNOWN"
+		return PacketTypeUnknown
 	}
 	return typ.String()
 }
