@@ -224,7 +224,10 @@ func (d *demo) step(ctx context.Context, title string, agentHealth string, want 
 	var m agentMetrics
 	err := waitUntil(ctx, func() bool {
 		m = scrape(agentHealth + "/metrics")
-		return m.connections == want && m.target == want
+		// A scrape is no snapshot: the dials counter can be read before a
+		// dial that the connections gauge, read later, already shows.
+		// Wait for both, so that the line printed adds up.
+		return m.connections == want && m.target == want && m.dialsOK+m.dialsDup+m.dialsErr >= want
 	}, fmt.Sprintf("the agent to hold %d servers", want))
 	if err != nil {
 		return err
