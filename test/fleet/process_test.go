@@ -90,19 +90,22 @@ func BenchmarkAgentProcess(b *testing.B) {
 // its resident memory, Go heap and goroutines idle with every agent
 // connected, less the same idle with none, divided by the agents; and
 // ours over upstream's. The agents move from our server to upstream's
-// through DNS, as in a rollout.
+// through DNS, as in a rollout, then to grpc-floor (test/fleet/cmd): the
+// same gRPC transport and TLS with nothing of a proxy-server's, which
+// shows how little of the rest is ours to cut.
 func BenchmarkServerProcess(b *testing.B) {
 	n := *flagAgents
 	up := upstream.Require(b)
 	f := New(b, Config{Agents: n, Servers: 1})
 	ours := streamCost(b, f, serverProcess(b, f, proctest.Build(b, "cmd/proxy-server")), "ours", nil)
 	theirs := streamCost(b, f, serverProcess(b, f, up.Server), "upstream", ours.p)
+	floor := streamCost(b, f, floorProcess(b, f), "floor", theirs.p)
 
 	b.ReportMetric(float64(n), "agents")
 	for _, c := range []struct {
 		impl string
 		c    serverCost
-	}{{"", ours}, {"upstream-", theirs}} {
+	}{{"", ours}, {"upstream-", theirs}, {"floor-", floor}} {
 		b.ReportMetric(c.c.before.rssKiB/1024, c.impl+"rss-MiB-no-agents")
 		b.ReportMetric(c.c.after.rssKiB/1024, c.impl+"rss-MiB-all-agents")
 		b.ReportMetric(c.c.per(func(s sample) float64 { return s.rssKiB }), c.impl+"rss-KiB/stream")
@@ -112,6 +115,7 @@ func BenchmarkServerProcess(b *testing.B) {
 	}
 	rss := func(s sample) float64 { return s.rssKiB }
 	b.ReportMetric(ours.per(rss)/theirs.per(rss), "ours/upstream-rss")
+	b.ReportMetric(floor.per(rss)/theirs.per(rss), "floor/upstream-rss")
 	b.ReportMetric(0, "ns/op")
 }
 
@@ -211,6 +215,23 @@ func serverProcess(b *testing.B, f *Fleet, bin string) func(id string, extra ...
 			"--health-port=" + strconv.Itoa(ports[2]), "--admin-port=" + strconv.Itoa(ports[3]),
 			"--cluster-cert=" + cert, "--cluster-key=" + key, "--cluster-ca-cert=" + ca,
 			"--server-cert=" + cert, "--server-key=" + key, "--server-ca-cert=" + ca}, extra...)...), ports
+	}
+}
+
+// floorProcess returns what starts test/fleet/cmd/grpc-floor, the least
+// an agent port built on grpc-go and crypto/tls can be, as serverProcess
+// does a server; it takes no extra flags, and only the agent and admin
+// ports are its own.
+func floorProcess(b *testing.B, f *Fleet) func(id string, extra ...string) (*proctest.Process, []int) {
+	bin := proctest.Build(b, "test/fleet/cmd/grpc-floor")
+	raiseFileLimit(b)
+	pair, err := f.env.CA.Server("grpc-floor-process")
+	require.NoError(b, err)
+	_, cert, key, ca := writeTLSFiles(b, f, pair)
+	return func(string, ...string) (*proctest.Process, []int) {
+		ports := nettest.FreePorts(b, 4)
+		return proctest.Start(b, bin, "--agent-port="+strconv.Itoa(ports[1]), "--admin-port="+strconv.Itoa(ports[3]),
+			"--cert="+cert, "--key="+key, "--ca="+ca), ports
 	}
 }
 
