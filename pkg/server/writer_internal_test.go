@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
@@ -62,4 +63,40 @@ func TestControlPacketGoesBeforeLaterData(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return len(s.got()) == 3 }, 10*time.Second, time.Millisecond, "sent %v", s.got())
 	require.Equal(t, []client.PacketType{client.PacketType_DATA, client.PacketType_DIAL_RSP, client.PacketType_DATA}, s.got())
+}
+
+// TestTunnelControlIsBounded fills the control queue of a stream whose
+// peer reads nothing with packets about its tunnels (sendTunnelControl),
+// which maxControl does not count: the queue takes maxControl +
+// maxTunnelControl of them, shown by the control_queued_packets gauge, and
+// the next ends the stream for control backlog and empties the gauge. No
+// stream of ours reaches that many (an agent holds at most its tunnel
+// bound), so only this test shows the bound holds.
+func TestTunnelControlIsBounded(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	s := &heldStream{release: make(chan struct{})}
+	p := newPeer(s, m, segmentToAgent)
+	defer func() {
+		close(s.release)
+		p.end(errPeerGone)
+		p.stopWriter()
+	}()
+	// The writer takes this packet and waits inside Send: nothing more
+	// leaves the queue.
+	require.True(t, p.offer(wire.Data(1, []byte("held"))))
+	require.Eventually(t, func() bool { return p.dequeued.Load() == 1 }, 10*time.Second, time.Millisecond, "the writer never took the first packet")
+
+	const bound = maxControl + maxTunnelControl
+	for id := int64(1); id <= bound; id++ {
+		require.True(t, p.sendTunnelControl(wire.CloseReq(id), id), "CLOSE_REQ %d of %d was not queued", id, bound)
+	}
+	require.Equal(t, float64(bound), testutil.ToFloat64(m.controlQueued))
+	require.False(t, p.ended.Load(), "the stream ended within the bound")
+
+	require.False(t, p.sendTunnelControl(wire.CloseReq(bound+1), bound+1), "a CLOSE_REQ past the bound was queued")
+	require.True(t, p.ended.Load())
+	require.ErrorIs(t, p.reason, errControlBacklog)
+	require.Equal(t, 1.0, testutil.ToFloat64(m.streamsEnded.WithLabelValues(string(StreamEndedControlBacklog))))
+	require.Zero(t, testutil.ToFloat64(m.controlQueued), "the ended stream's packets are still counted as queued")
 }
