@@ -271,7 +271,12 @@ func BenchmarkIdleCost(b *testing.B) {
 		cfg.Heartbeat = cmp.Or(*flagAgentHeartbeat, cfg.Heartbeat)
 	}})
 	start := serverProcess(b, f, proctest.Build(b, "cmd/proxy-server"))
-	type phase struct{ server, agents time.Duration }
+	// phase is what the server process and the agents spent in one idle
+	// phase, and the HEARTBEAT packets the server received and sent.
+	type phase struct {
+		server, agents time.Duration
+		in, out        float64
+	}
 	// measure starts a server with heartbeat, publishes it in place of
 	// previous, which it then stops, and measures the idle fleet.
 	measure := func(heartbeat string, previous *proctest.Process) (phase, *proctest.Process) {
@@ -289,6 +294,13 @@ func BenchmarkIdleCost(b *testing.B) {
 			v, _ := m.Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "Connect")
 			return v
 		}
+		heartbeats := func() (in, out float64) {
+			m, err := proctest.Scrape(metrics)
+			require.NoError(b, err)
+			in, _ = m.Value("konnectivity_network_proxy_server_stream_packets_total", "segment", "from_agent", "packet_type", "HEARTBEAT")
+			out, _ = m.Value("konnectivity_network_proxy_server_stream_packets_total", "segment", "to_agent", "packet_type", "HEARTBEAT")
+			return in, out
+		}
 		f.PublishAddrs(net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])))
 		if previous == nil {
 			f.StartAgents()
@@ -304,6 +316,7 @@ func BenchmarkIdleCost(b *testing.B) {
 		case <-settle.C:
 		case <-b.Context().Done():
 		}
+		in0, out0 := heartbeats()
 		server0, agents0 := processCPU(b, p.Process.Pid), cpuTime()
 		if *flagCPUProfile != "" {
 			// The profile spans the idle phase: the handler returns after
@@ -316,7 +329,9 @@ func BenchmarkIdleCost(b *testing.B) {
 			case <-b.Context().Done():
 			}
 		}
-		got := phase{processCPU(b, p.Process.Pid) - server0, cpuTime() - agents0}
+		got := phase{server: processCPU(b, p.Process.Pid) - server0, agents: cpuTime() - agents0}
+		in1, out1 := heartbeats()
+		got.in, got.out = in1-in0, out1-out0
 		require.Equal(b, float64(n), streams(), "agent streams dropped while idle with heartbeats %s", heartbeat)
 		return got, p
 	}
@@ -331,6 +346,8 @@ func BenchmarkIdleCost(b *testing.B) {
 	b.ReportMetric(float64(off.agents.Milliseconds())/secs, "agents-cpu-ms/s-off")
 	b.ReportMetric(float64(on.agents.Milliseconds())/secs, "agents-cpu-ms/s-heartbeats")
 	b.ReportMetric(perStream(on.agents-off.agents), "agents-cpu-us/s-per-stream-for-heartbeats")
+	b.ReportMetric(on.in/secs/float64(n), "heartbeats-in/s/stream")
+	b.ReportMetric(on.out/secs/float64(n), "heartbeats-out/s/stream")
 	if off.server > 0 {
 		b.ReportMetric(float64(on.server)/float64(off.server), "server-cpu-ratio")
 	}
