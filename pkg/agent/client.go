@@ -218,7 +218,8 @@ func (c *client) giveUp() bool {
 }
 
 // checkLiveness does the periodic checks of a stream at now: a
-// HEARTBEAT if the agent sent nothing for its interval, and the end of a
+// HEARTBEAT if the agent sent nothing for 1.5 of its intervals (between,
+// it answers the server's: see wire.HeaderHeartbeat), and the end of a
 // stream whose server sent nothing for wire.SilenceLimit of its interval
 // while the receive loop waited (the server is dead, or the path to it),
 // or whose receive loop has been inside one packet for the stall timeout
@@ -227,7 +228,7 @@ func (c *client) checkLiveness(now time.Time) {
 	if c.dropped.Load() {
 		return
 	}
-	if hb := c.cs.cfg.Heartbeat; hb > 0 && c.peerHeartbeat > 0 && now.Sub(time.Unix(0, c.sent.Load())) >= hb {
+	if hb := c.cs.cfg.Heartbeat; hb > 0 && c.peerHeartbeat > 0 && now.Sub(time.Unix(0, c.sent.Load())) >= hb*3/2 {
 		c.sendControl(wire.Heartbeat(), 0)
 	}
 	if c.peerHeartbeat > 0 {
@@ -388,7 +389,12 @@ func (c *client) handle(ctx context.Context, logger klog.Logger, p *pb.Packet) {
 			c.cs.wakeSync()
 		}
 	case wire.PacketHeartbeat:
-		// Its arrival is all it says: the server is alive.
+		// The server is alive. Answer at once when the agent has sent
+		// nothing for half its interval (wire.HeaderHeartbeat says
+		// why); the control queue drops a second one still queued.
+		if hb := c.cs.cfg.Heartbeat; hb > 0 && time.Since(time.Unix(0, c.sent.Load())) >= hb/2 {
+			c.sendControl(wire.Heartbeat(), 0)
+		}
 	case pb.PacketType_DIAL_CLS:
 		// A frontend gave up on a pending dial. Our dial answers within
 		// DialTimeout anyway and the server drops the unmatched reply.

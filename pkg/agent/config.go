@@ -163,7 +163,9 @@ type Config struct {
 	// Heartbeat is the interval the agent offers servers
 	// (wire.HeaderHeartbeat): on a stream whose server answers in kind
 	// (servercount's), each end sends HEARTBEAT when it has sent nothing
-	// else for its interval, and a server from which nothing has arrived
+	// else for its interval (the agent answers the server's when it has
+	// sent nothing for half of its own, and sends one unprompted after
+	// one and a half), and a server from which nothing has arrived
 	// for wire.SilenceLimit of its own interval is dead, whatever the
 	// transport says: the stream is ended at once, stops counting as
 	// held, and the replacement is dialled in the same round. Zero means

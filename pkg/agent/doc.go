@@ -60,7 +60,8 @@
 //
 // A server the agent holds is proven alive within a bound. With
 // servercount's servers both ends send HEARTBEAT on a stream idle for
-// their interval ([Config.Heartbeat]), and a server from which nothing
+// their interval ([Config.Heartbeat]; the agent answers the server's, see
+// wire.HeaderHeartbeat), and a server from which nothing
 // arrived for wire.SilenceLimit of its interval is dropped: it stops
 // counting as held at once, and the sync loop dials its replacement in
 // the same round. Against upstream's servers, which send none, the gRPC

@@ -77,6 +77,39 @@ func TestHeartbeatingServerIsKept(t *testing.T) {
 	assert.Equal(t, 1, a.Connected())
 }
 
+// The agent answers a server's heartbeat at once when it has sent
+// nothing for half its own interval, and not when it has sent since: an
+// idle stream's heartbeats then go in rounds the server starts (its sweep
+// sends them in bursts), and a server's heartbeats never make the agent
+// send more than two an interval. The agent's own heartbeats (after 1.5
+// intervals idle) are off here, its probe loop waiting an hour: every
+// heartbeat seen is an answer. A CLOSE_REQ for an unknown connection
+// marks where each answer would be: the agent answers it with CLOSE_RSP,
+// after anything queued before.
+func TestServerHeartbeatIsAnsweredWhenIdle(t *testing.T) {
+	// Half of it is the test's margin for a loaded machine in the
+	// second round.
+	const heartbeat = 4 * time.Second
+	tt := newTestTLS(t)
+	srv := heartbeatServer(t, tt, "s1", heartbeat)
+	cfg := testConfig(tt, srv.Addr())
+	cfg.Heartbeat, cfg.ProbeInterval = heartbeat, time.Hour
+	startAgent(t, cfg)
+	ss := srv.NextStream(t)
+	// The agent has sent nothing since its handshake, which is over.
+	idleSince := time.Now()
+
+	<-time.After(time.Until(idleSince.Add(heartbeat / 2)))
+	ss.Send(t, wire.Heartbeat())
+	ss.Send(t, wire.CloseReq(1))
+	require.Equal(t, wire.PacketHeartbeat, ss.Next(t).GetType(), "a heartbeat after half an interval idle went unanswered")
+	require.Equal(t, pb.PacketType_CLOSE_RSP, ss.Next(t).GetType())
+
+	ss.Send(t, wire.Heartbeat())
+	ss.Send(t, wire.CloseReq(2))
+	require.Equal(t, pb.PacketType_CLOSE_RSP, ss.Next(t).GetType(), "a heartbeat was answered though the agent had just sent")
+}
+
 // A server that does not take up heartbeats (upstream's) gets none and is
 // not held to them: it stays, silent, through many silences' worth of
 // sync rounds.

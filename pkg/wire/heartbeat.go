@@ -18,6 +18,16 @@ import (
 // hole, a relay that forwards nothing) and is ended. Upstream ignores the
 // header, so either end speaks the plain protocol with an upstream peer
 // and relies on HTTP/2 keepalive instead.
+//
+// Between our halves the agent's heartbeats answer the server's: the
+// agent answers a HEARTBEAT at once when it has sent nothing for half its
+// interval, and sends one unprompted only after one and a half. The
+// server's sweep sends the heartbeats of many idle streams at once, and
+// their answers arrive while it is still awake, where each agent's own
+// timer would wake it once more: at 5000 idle agents that halves what
+// the server spends on heartbeats. An agent still sends something within
+// one and a half of its intervals, well within the SilenceLimit of them
+// that the server waits.
 const HeaderHeartbeat = "servercount-heartbeat"
 
 // Bounds of a heartbeat interval, sent or accepted.
@@ -32,7 +42,8 @@ const (
 
 // DefaultHeartbeat is the interval both binaries announce by default: a
 // dead peer is then found within SilenceLimit x 5 s = 12.5 s, and an idle
-// stream costs one small packet each way every 5 s.
+// stream costs one small packet each way every 5 or 6 s (the server's
+// sweep looks once a second).
 const DefaultHeartbeat = 5 * time.Second
 
 // SilenceLimit is how many of the peer's heartbeat intervals may pass

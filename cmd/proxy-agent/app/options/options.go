@@ -168,7 +168,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.StringVar(&o.ServiceAccountTokenPath, "service-account-token-path", o.ServiceAccountTokenPath, "file of a bearer token to present to the proxy-servers, re-read on each connection")
 	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "ping a proxy-server after this long with nothing received from it (upstream's servers drop agents pinging more often than every 30s)")
 	fs.DurationVar(&o.KeepaliveTimeout, "keepalive-timeout", o.KeepaliveTimeout, "drop a proxy-server whose answer to a keepalive ping does not come within this long")
-	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "with proxy-servers that take them up (servercount's), send a heartbeat on a stream idle for this long, and drop a server that sent nothing for 2.5 of its own intervals; 0 sends and expects none")
+	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "with proxy-servers that take them up (servercount's), answer the server's heartbeats on a stream idle for half this long and send one on a stream idle for 1.5 times this long, and drop a server that sent nothing for 2.5 of its own intervals; 0 sends and expects none")
 	fs.DurationVar(&o.SyncInterval, "sync-interval", o.SyncInterval, "time between attempts to connect to missing proxy-servers")
 	fs.DurationVar(&o.SyncIntervalCap, "sync-interval-cap", o.SyncIntervalCap, "longest time between attempts after failures")
 	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "time between health checks of server connections")
