@@ -90,7 +90,7 @@ func BenchmarkAgentProcess(b *testing.B) {
 // its resident memory, Go heap and goroutines idle with every agent
 // connected, less the same idle with none, divided by the agents; and
 // ours over upstream's. The agents move from our server to upstream's
-// through DNS, as in a rollout, then to grpc-floor (test/fleet/cmd): the
+// through DNS, as in a rollout, then to grpc-floor (test/cmd): the
 // same gRPC transport and TLS with nothing of a proxy-server's, which
 // shows how little of the rest is ours to cut.
 func BenchmarkServerProcess(b *testing.B) {
@@ -218,12 +218,12 @@ func serverProcess(b *testing.B, f *Fleet, bin string) func(id string, extra ...
 	}
 }
 
-// floorProcess returns what starts test/fleet/cmd/grpc-floor, the least
+// floorProcess returns what starts test/cmd/grpc-floor, the least
 // an agent port built on grpc-go and crypto/tls can be, as serverProcess
 // does a server; it takes no extra flags, and only the agent and admin
 // ports are its own.
 func floorProcess(b *testing.B, f *Fleet) func(id string, extra ...string) (*proctest.Process, []int) {
-	bin := proctest.Build(b, "test/fleet/cmd/grpc-floor")
+	bin := proctest.Build(b, "test/cmd/grpc-floor")
 	raiseFileLimit(b)
 	pair, err := f.env.CA.Server("grpc-floor-process")
 	require.NoError(b, err)

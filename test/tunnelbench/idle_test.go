@@ -5,16 +5,20 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/test/churn"
 	"github.com/servercount/servercount/test/upstream"
 )
 
@@ -35,9 +39,11 @@ const idleSettle = 5 * time.Second
 // first), to a target that accepts and holds them, and reports what an
 // idle open tunnel costs each process: resident memory (VmRSS), Go heap
 // in use after a collection, and goroutines, less the same idle with no
-// tunnel, divided by the tunnels; and ours over upstream's. This process
-// holds two files per tunnel: the tunnels are at most what its open file
-// limit allows. It runs with make bench-upstream.
+// tunnel, divided by the tunnels; and ours over upstream's. Then it does
+// the same for gRPC tunnels to test/cmd/grpc-floor (floorCost): what
+// grpc-go alone holds per tunnel, below which no server on it goes.
+// This process holds two files per tunnel: the tunnels are at most what
+// its open file limit allows. It runs with make bench-upstream.
 func BenchmarkUpstreamIdleTunnels(b *testing.B) {
 	up := upstream.Require(b)
 	n := min(*idleTunnels, (fileLimit(b)-spareFiles)/2)
@@ -49,6 +55,7 @@ func BenchmarkUpstreamIdleTunnels(b *testing.B) {
 	f.startUpstream(b, up)
 	target := holdTarget(b)
 	costs := map[string]tunnelCost{} // by impl and mode
+	var floor processCost
 	for b.Loop() {
 		for _, p := range append(f.pairs, f.upstream...) {
 			c := idleCost(b, p, target, n)
@@ -56,8 +63,12 @@ func BenchmarkUpstreamIdleTunnels(b *testing.B) {
 			b.Logf("%s %s: per idle tunnel, server %.1f KiB RSS, %.1f KiB heap, %.2f goroutines; agent %.1f KiB RSS, %.1f KiB heap, %.2f goroutines",
 				p.impl, p.mode, c.server.rssKiB, c.server.heapKiB, c.server.goroutines, c.agent.rssKiB, c.agent.heapKiB, c.agent.goroutines)
 		}
+		floor = floorCost(b, n)
 	}
 	table := idleTable(costs, n, up.Commit)
+	upstreamGRPC := costs["upstream-grpc"].server
+	table += fmt.Sprintf("| grpc, grpc-go alone (test/cmd/grpc-floor) | %.1f KiB (%.2fx of upstream's server) | %.1f KiB | %.2f |\n",
+		floor.rssKiB, floor.rssKiB/upstreamGRPC.rssKiB, floor.heapKiB, floor.goroutines)
 	b.Logf("\n%s", table)
 	appendOut(b, table)
 	b.ReportMetric(float64(n), "tunnels")
@@ -70,7 +81,72 @@ func BenchmarkUpstreamIdleTunnels(b *testing.B) {
 		b.ReportMetric(ours.goroutines, side+"-goroutines/tunnel-"+mode)
 		b.ReportMetric(them.goroutines, "upstream-"+side+"-goroutines/tunnel-"+mode)
 	})
+	b.ReportMetric(floor.rssKiB, "floor-server-rss-KiB/tunnel-grpc")
+	b.ReportMetric(floor.rssKiB/upstreamGRPC.rssKiB, "floor/upstream-server-rss-grpc")
+	b.ReportMetric(floor.goroutines, "floor-server-goroutines/tunnel-grpc")
 	b.ReportMetric(0, "ns/op")
+}
+
+// floorCost is what an idle gRPC tunnel costs a server that is grpc-go
+// and nothing else: it starts test/cmd/grpc-floor with its frontend on a
+// Unix socket, opens n tunnels through it at once as kube-apiserver does
+// (a gRPC connection each), and samples it idle before and after, as
+// idleCost does a pair's server. The tunnels lead nowhere: the floor
+// answers each DIAL_REQ itself.
+func floorCost(b *testing.B, n int) processCost {
+	b.Helper()
+	socket := filepath.Join(b.TempDir(), "floor.sock")
+	adminPort := nettest.FreePorts(b, 1)[0]
+	admin := fmt.Sprintf("http://127.0.0.1:%d", adminPort)
+	p := proctest.Start(b, proctest.Build(b, "test/cmd/grpc-floor"), "--frontend-uds="+socket, "--admin-port="+strconv.Itoa(adminPort))
+	defer p.Kill()
+	tunnels := func() float64 {
+		m, err := proctest.Scrape(admin + "/metrics")
+		if err != nil {
+			return -1
+		}
+		v, _ := m.Value("konnectivity_network_proxy_server_grpc_connections", "service_method", "Proxy")
+		return v
+	}
+	require.Eventually(b, func() bool { return tunnels() == 0 }, time.Minute, 50*time.Millisecond, "grpc-floor never served its metrics")
+	settle(b)
+	before := sampleProcess(b, p.Process.Pid, admin)
+	dial := churn.GRPCOverUnix(socket)
+	// The tunnels live as long as ctx: not errgroup's, which ends with
+	// Wait.
+	ctx, closeTunnels := context.WithCancel(b.Context())
+	defer closeTunnels()
+	var g errgroup.Group
+	g.SetLimit(64)
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		g.Go(func() error {
+			c, err := dial(ctx, "nowhere:1")
+			conns[i] = c
+			return err
+		})
+	}
+	err := g.Wait()
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}()
+	if err != nil {
+		b.Fatalf("open %d tunnels through grpc-floor: %v", n, err)
+	}
+	settle(b)
+	after := sampleProcess(b, p.Process.Pid, admin)
+	if got := tunnels(); got != float64(n) {
+		b.Fatalf("grpc-floor holds %v tunnels, want %d", got, n)
+	}
+	return processCost{
+		rssKiB:     (after.rssKiB - before.rssKiB) / float64(n),
+		heapKiB:    (after.heap - before.heap) / 1024 / float64(n),
+		goroutines: (after.goroutines - before.goroutines) / float64(n),
+	}
 }
 
 // idleTable is the markdown table of costs: per idle tunnel, for each
