@@ -38,24 +38,32 @@ func (s *heldStream) got() []client.PacketType {
 	return append([]client.PacketType(nil), s.sent...)
 }
 
+// heldPeer returns a peer on a heldStream, with its metrics, whose writer
+// has taken one DATA packet and waits inside Send until the test
+// releases it. The test's end releases it and ends the peer.
+func heldPeer(t *testing.T, segment string) (*peer, *heldStream, *metrics) {
+	t.Helper()
+	m, err := newMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	s := &heldStream{release: make(chan struct{})}
+	p := newPeer(s, m, segment)
+	t.Cleanup(func() {
+		close(s.release)
+		p.end(errPeerGone)
+		p.stopWriter()
+	})
+	require.True(t, p.offer(wire.Data(1, []byte("held"))))
+	require.Eventually(t, func() bool { return p.dequeued.Load() == 1 }, 10*time.Second, time.Millisecond, "the writer never took the first packet")
+	return p, s, m
+}
+
 // TestControlPacketGoesBeforeLaterData queues, while the writer is inside
 // a Send and nothing else is queued, a DIAL_RSP and then the tunnel's
 // first DATA, as the receive loop and the tunnel's pump do: the DIAL_RSP
 // goes first. Counting the queue from the writer's side let the DATA go
 // first, and a frontend drops DATA for a connection it does not know yet.
 func TestControlPacketGoesBeforeLaterData(t *testing.T) {
-	m, err := newMetrics(prometheus.NewRegistry())
-	require.NoError(t, err)
-	s := &heldStream{release: make(chan struct{})}
-	p := newPeer(s, m, segmentToClient)
-	defer func() {
-		close(s.release)
-		p.end(errPeerGone)
-		p.stopWriter()
-	}()
-
-	require.True(t, p.offer(wire.Data(1, []byte("earlier tunnel"))))
-	require.Eventually(t, func() bool { return p.dequeued.Load() == 1 }, 10*time.Second, time.Millisecond, "the writer never took the first packet")
+	p, s, _ := heldPeer(t, segmentToClient)
 	require.True(t, p.sendTunnelControl(wire.DialRsp(7, 2, ""), 7))
 	require.True(t, p.offer(wire.Data(2, []byte("first of the new tunnel"))))
 	for range 3 {
@@ -73,19 +81,8 @@ func TestControlPacketGoesBeforeLaterData(t *testing.T) {
 // stream of ours reaches that many (an agent holds at most its tunnel
 // bound), so only this test shows the bound holds.
 func TestTunnelControlIsBounded(t *testing.T) {
-	m, err := newMetrics(prometheus.NewRegistry())
-	require.NoError(t, err)
-	s := &heldStream{release: make(chan struct{})}
-	p := newPeer(s, m, segmentToAgent)
-	defer func() {
-		close(s.release)
-		p.end(errPeerGone)
-		p.stopWriter()
-	}()
-	// The writer takes this packet and waits inside Send: nothing more
-	// leaves the queue.
-	require.True(t, p.offer(wire.Data(1, []byte("held"))))
-	require.Eventually(t, func() bool { return p.dequeued.Load() == 1 }, 10*time.Second, time.Millisecond, "the writer never took the first packet")
+	// Nothing more leaves the queue.
+	p, _, m := heldPeer(t, segmentToAgent)
 
 	const bound = maxControl + maxTunnelControl
 	for id := int64(1); id <= bound; id++ {
