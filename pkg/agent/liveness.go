@@ -15,11 +15,12 @@ import (
 const unpromptedHeartbeat = 3
 
 // answerHeartbeat answers a HEARTBEAT from the server when the agent has
-// sent nothing for half its interval. Called by the receive loop: the
-// control queue takes it without waiting, and drops a second one still
-// queued.
+// sent nothing for half its interval, on a stream whose handshake turned
+// heartbeats on (a server that did not gets none, whatever it sends).
+// Called by the receive loop: the control queue takes it without
+// waiting, and drops a second one still queued.
 func (c *client) answerHeartbeat() {
-	if hb := c.cs.cfg.Heartbeat; hb > 0 && time.Since(time.Unix(0, c.sent.Load())) >= hb/2 {
+	if hb := c.cs.cfg.Heartbeat; hb > 0 && c.peerHeartbeat > 0 && time.Since(time.Unix(0, c.sent.Load())) >= hb/2 {
 		c.sendControl(wire.Heartbeat(), 0)
 	}
 }

@@ -112,7 +112,7 @@ func TestServerHeartbeatIsAnsweredWhenIdle(t *testing.T) {
 
 // A server that does not take up heartbeats (upstream's) gets none and is
 // not held to them: it stays, silent, through many silences' worth of
-// sync rounds.
+// sync rounds, and a HEARTBEAT it sends is not answered.
 func TestServerWithoutHeartbeatsIsNotHeldToThem(t *testing.T) {
 	tt := newTestTLS(t)
 	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1"})
@@ -127,6 +127,11 @@ func TestServerWithoutHeartbeatsIsNotHeldToThem(t *testing.T) {
 		t.Fatalf("the agent sent %v to a server that did not take up heartbeats", wire.PacketTypeName(p.GetType()))
 	default:
 	}
+	// Nor does it answer one such a server sends anyway: the CLOSE_RSP
+	// for an unknown connection comes first.
+	ss.Send(t, wire.Heartbeat())
+	ss.Send(t, wire.CloseReq(1))
+	assert.Equal(t, pb.PacketType_CLOSE_RSP, ss.Next(t).GetType(), "the agent answered a heartbeat on a stream without heartbeats")
 }
 
 // When one of two servers goes silent while a tunnel is open on it, the
