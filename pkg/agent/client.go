@@ -56,7 +56,8 @@ type client struct {
 	senders atomic.Int32
 	moved   atomic.Int64
 	// sent is when a packet was last sent (unix nanoseconds): a stream
-	// on which nothing was sent for the heartbeat interval gets one.
+	// on which nothing was sent for half the heartbeat interval answers
+	// the server's, and one idle for 1.5 intervals gets one unprompted.
 	sent atomic.Int64
 	// waiting is when the receive loop began to wait for the next
 	// packet, 0 while it handles one; handling is when it began to

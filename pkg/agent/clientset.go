@@ -346,7 +346,7 @@ func (cs *ClientSet) remove(c *client) {
 // receive loop notices most ends first; this catches connections that
 // fail without the stream noticing, and servers that die silently.
 func (cs *ClientSet) probeLoop(ctx context.Context) {
-	ticker := time.NewTicker(cs.cfg.ProbeInterval)
+	ticker := time.NewTicker(cs.cfg.probePeriod())
 	defer ticker.Stop()
 	for {
 		select {

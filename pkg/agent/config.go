@@ -119,7 +119,8 @@ type Config struct {
 	// 10s.
 	SyncIntervalCap time.Duration
 	// ProbeInterval is how often server connections are checked and dead
-	// ones dropped; default 1s.
+	// ones dropped; default 1s. With heartbeats on they are checked at
+	// least every quarter of the Heartbeat interval.
 	ProbeInterval time.Duration
 	// SyncForever keeps opening a Connect stream every SyncInterval even
 	// when the target is reached, as upstream's --sync-forever does to

@@ -11,8 +11,20 @@ import (
 // interval, and sends one unprompted only after unpromptedHeartbeat
 // halves of it, which leaves a server of the same interval the time to
 // send its next one first. Either way the agent sends something within
-// 1.5 intervals, well within the wire.SilenceLimit the server waits.
+// 1.5 intervals and a probe period (probePeriod), within the
+// wire.SilenceLimit the server waits.
 const unpromptedHeartbeat = 3
+
+// probePeriod is how often the probe loop runs: ProbeInterval, but at
+// least four times per heartbeat interval, so that an agent sends its
+// unprompted heartbeat within 1.75 of its intervals, inside the
+// wire.SilenceLimit the server waits, whatever ProbeInterval is.
+func (cfg Config) probePeriod() time.Duration {
+	if cfg.Heartbeat > 0 {
+		return min(cfg.ProbeInterval, cfg.Heartbeat/4)
+	}
+	return cfg.ProbeInterval
+}
 
 // answerHeartbeat answers a HEARTBEAT from the server when the agent has
 // sent nothing for half its interval, on a stream whose handshake turned

@@ -54,7 +54,7 @@ func TestSilentServerIsDroppedAndDialledAgain(t *testing.T) {
 
 // A server that sends heartbeats keeps its stream however long it is
 // idle. The interval leaves a loaded machine room: the server answers
-// each of the agent's heartbeats, which come an interval apart, and
+// each of the agent's heartbeats, which come 1.5 intervals apart, and
 // silence is two and a half.
 func TestHeartbeatingServerIsKept(t *testing.T) {
 	const heartbeat = 250 * time.Millisecond
@@ -65,7 +65,7 @@ func TestHeartbeatingServerIsKept(t *testing.T) {
 	a := startAgent(t, cfg)
 	ss := srv.NextStream(t)
 
-	// Twelve of the agent's heartbeats, answered by the server's: five
+	// Twelve of the agent's heartbeats, answered by the server's: seven
 	// silences' worth.
 	for n := 0; n < 12; {
 		if p := ss.Next(t); p.GetType() == wire.PacketHeartbeat {
@@ -96,10 +96,12 @@ func TestServerHeartbeatIsAnsweredWhenIdle(t *testing.T) {
 	cfg.Heartbeat, cfg.ProbeInterval = heartbeat, time.Hour
 	startAgent(t, cfg)
 	ss := srv.NextStream(t)
-	// The agent has sent nothing since its handshake, which is over.
+	// The agent has sent nothing since its handshake, which is over; its
+	// stream starts a moment later. Three quarters of the interval leave
+	// it a second.
 	idleSince := time.Now()
 
-	<-time.After(time.Until(idleSince.Add(heartbeat / 2)))
+	<-time.After(time.Until(idleSince.Add(heartbeat * 3 / 4)))
 	ss.Send(t, wire.Heartbeat())
 	ss.Send(t, wire.CloseReq(1))
 	require.Equal(t, wire.PacketHeartbeat, ss.Next(t).GetType(), "a heartbeat after half an interval idle went unanswered")
@@ -108,6 +110,38 @@ func TestServerHeartbeatIsAnsweredWhenIdle(t *testing.T) {
 	ss.Send(t, wire.Heartbeat())
 	ss.Send(t, wire.CloseReq(2))
 	require.Equal(t, pb.PacketType_CLOSE_RSP, ss.Next(t).GetType(), "a heartbeat was answered though the agent had just sent")
+}
+
+// An agent whose server sends no heartbeat (its interval is an hour)
+// sends its own 1.5 intervals apart, not one: a server of the same
+// interval then sends its next first, and the agent answers it. Arrival
+// times are compared with a quarter interval to spare for delays in
+// transit.
+func TestOwnHeartbeatsComeOneAndAHalfIntervalsApart(t *testing.T) {
+	const heartbeat = time.Second
+	tt := newTestTLS(t)
+	srv := heartbeatServer(t, tt, "s1", time.Hour)
+	cfg := testConfig(tt, srv.Addr())
+	cfg.Heartbeat = heartbeat
+	startAgent(t, cfg)
+	ss := srv.NextStream(t)
+	ss.NextOf(t, wire.PacketHeartbeat)
+	at := time.Now()
+	ss.NextOf(t, wire.PacketHeartbeat)
+	assert.GreaterOrEqual(t, time.Since(at), heartbeat*5/4, "the agent's own heartbeats came less than 1.5 intervals apart")
+}
+
+// probePeriod checks a stream at least four times per heartbeat interval,
+// so that a long ProbeInterval does not stretch the gap between the
+// agent's heartbeats past the server's silence limit.
+func TestProbePeriodFollowsTheHeartbeat(t *testing.T) {
+	for _, c := range []struct{ probe, heartbeat, want time.Duration }{
+		{time.Second, 5 * time.Second, time.Second},
+		{7 * time.Second, 5 * time.Second, 1250 * time.Millisecond},
+		{7 * time.Second, -1, 7 * time.Second},
+	} {
+		assert.Equal(t, c.want, Config{ProbeInterval: c.probe, Heartbeat: c.heartbeat}.probePeriod(), "probe %v, heartbeat %v", c.probe, c.heartbeat)
+	}
 }
 
 // A server that does not take up heartbeats (upstream's) gets none and is

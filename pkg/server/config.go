@@ -154,7 +154,8 @@ type Config struct {
 	// Heartbeat is the interval the server answers an agent's heartbeat
 	// offer with (wire.HeaderHeartbeat): on a stream whose agent offers
 	// one (servercount's), each end sends HEARTBEAT when it has sent
-	// nothing else for its interval, and an agent from which nothing has
+	// nothing else for its interval (the agent answers the server's: see
+	// wire.HeaderHeartbeat), and an agent from which nothing has
 	// arrived for wire.SilenceLimit of its own interval is dead: its
 	// stream is ended, its pending dials fail, and its tunnels close.
 	// Zero means wire.DefaultHeartbeat; -1 turns heartbeats off.

@@ -100,8 +100,9 @@
 //
 // Every agent stream the server routes to is proven alive within a
 // bound. With servercount's agents both ends send HEARTBEAT on a stream
-// idle for [Config.Heartbeat], and a stream from which nothing arrived
-// for wire.SilenceLimit of the agent's interval is ended: a stopped
+// idle for their interval ([Config.Heartbeat]; the agent answers the
+// server's, see wire.HeaderHeartbeat), and a stream from which nothing
+// arrived for wire.SilenceLimit of the agent's interval is ended: a stopped
 // process, a black hole or a frozen relay costs seconds. Upstream's
 // agents send none; the gRPC keepalive the caller sets covers them. An
 // agent whose transport lives but which answers no dial is taken for

@@ -9,7 +9,7 @@ import (
 
 // HeaderHeartbeat announces servercount's heartbeats: the interval, as a
 // Go duration ("5s"), after which the sender sends HEARTBEAT on a stream
-// on which it has sent nothing else. The agent sends it with its
+// on which it has sent nothing else (an agent times its own as below). The agent sends it with its
 // handshake; a server that takes it up answers with its own interval in
 // the response headers, and only then are heartbeats on for the stream.
 // Each end then holds the other to it: a stream on which nothing has
@@ -26,8 +26,10 @@ import (
 // their answers arrive while it is still awake, where each agent's own
 // timer would wake it once more: at 5000 idle agents that halves what
 // the server spends on heartbeats. An agent still sends something within
-// one and a half of its intervals, well within the SilenceLimit of them
-// that the server waits.
+// one and a half of its intervals and the period of its checks (at most
+// a quarter interval), within the SilenceLimit of them that the server
+// waits. The packets are the same, so agents of either timing work with
+// either server.
 const HeaderHeartbeat = "servercount-heartbeat"
 
 // Bounds of a heartbeat interval, sent or accepted.

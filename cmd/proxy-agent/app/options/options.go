@@ -171,7 +171,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "with proxy-servers that take them up (servercount's), answer the server's heartbeats on a stream idle for half this long and send one on a stream idle for 1.5 times this long, and drop a server that sent nothing for 2.5 of its own intervals; 0 sends and expects none")
 	fs.DurationVar(&o.SyncInterval, "sync-interval", o.SyncInterval, "time between attempts to connect to missing proxy-servers")
 	fs.DurationVar(&o.SyncIntervalCap, "sync-interval-cap", o.SyncIntervalCap, "longest time between attempts after failures")
-	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "time between health checks of server connections")
+	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "time between health checks of server connections (with heartbeats on, at most a quarter of --heartbeat-interval)")
 	fs.BoolVar(&o.SyncForever, "sync-forever", o.SyncForever, "keep opening connections even when connected to every server")
 	o.Count.AddFlags(fs)
 	fs.DurationVar(&o.ServerCountHoldDown, "server-count-hold-down", o.ServerCountHoldDown, "how long a lower server count must persist before the agent aims for it (increases apply at once; 0: none, a lower count applies at once)")
