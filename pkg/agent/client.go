@@ -322,7 +322,7 @@ func (c *client) handle(ctx context.Context, logger klog.Logger, p *pb.Packet) {
 			c.cs.wakeSync()
 		}
 	case wire.PacketHeartbeat:
-		c.answerHeartbeat()
+		c.heartbeatIfIdle(time.Now(), c.cs.cfg.Heartbeat/2)
 	case pb.PacketType_DIAL_CLS:
 		// A frontend gave up on a pending dial. Our dial answers within
 		// DialTimeout anyway and the server drops the unmatched reply.

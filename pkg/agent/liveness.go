@@ -6,15 +6,6 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// The agent's heartbeats answer the server's (wire.HeaderHeartbeat says
-// why): it answers one at once when it has sent nothing for half its
-// interval, and sends one unprompted only after unpromptedHeartbeat
-// halves of it, which leaves a server of the same interval the time to
-// send its next one first. Either way the agent sends something within
-// 1.5 intervals and a probe period (probePeriod), within the
-// wire.SilenceLimit the server waits.
-const unpromptedHeartbeat = 3
-
 // probePeriod is how often the probe loop runs: ProbeInterval, but at
 // least four times per heartbeat interval, so that an agent sends its
 // unprompted heartbeat within 1.75 of its intervals, inside the
@@ -26,13 +17,18 @@ func (cfg Config) probePeriod() time.Duration {
 	return cfg.ProbeInterval
 }
 
-// answerHeartbeat answers a HEARTBEAT from the server when the agent has
-// sent nothing for half its interval, on a stream whose handshake turned
-// heartbeats on (a server that did not gets none, whatever it sends).
-// Called by the receive loop: the control queue takes it without
-// waiting, and drops a second one still queued.
-func (c *client) answerHeartbeat() {
-	if hb := c.cs.cfg.Heartbeat; hb > 0 && c.peerHeartbeat > 0 && time.Since(time.Unix(0, c.sent.Load())) >= hb/2 {
+// heartbeatIfIdle queues a HEARTBEAT when the stream's handshake turned
+// heartbeats on (a server that did not gets none, whatever it sends) and
+// the agent has sent nothing for idle. The agent's heartbeats answer the
+// server's (wire.HeaderHeartbeat says why): the receive loop calls it
+// with half the interval when a HEARTBEAT arrives, checkLiveness with
+// one and a half, which leaves a server of the same interval the time to
+// send its next one first. Either way the agent sends something within
+// 1.5 intervals and a probe period, within the wire.SilenceLimit the
+// server waits. The control queue takes it without waiting, and drops a
+// second one still queued.
+func (c *client) heartbeatIfIdle(now time.Time, idle time.Duration) {
+	if c.cs.cfg.Heartbeat > 0 && c.peerHeartbeat > 0 && now.Sub(time.Unix(0, c.sent.Load())) >= idle {
 		c.sendControl(wire.Heartbeat(), 0)
 	}
 }
@@ -79,7 +75,7 @@ func (c *client) giveUp() bool {
 
 // checkLiveness does the periodic checks of a stream at now: a
 // HEARTBEAT if the agent sent nothing for 1.5 of its intervals (between,
-// it answers the server's: answerHeartbeat), and the end of a
+// it answers the server's: heartbeatIfIdle), and the end of a
 // stream whose server sent nothing for wire.SilenceLimit of its interval
 // while the receive loop waited (the server is dead, or the path to it),
 // or whose receive loop has been inside one packet for the stall timeout
@@ -88,9 +84,7 @@ func (c *client) checkLiveness(now time.Time) {
 	if c.dropped.Load() {
 		return
 	}
-	if hb := c.cs.cfg.Heartbeat; hb > 0 && c.peerHeartbeat > 0 && now.Sub(time.Unix(0, c.sent.Load())) >= hb*unpromptedHeartbeat/2 {
-		c.sendControl(wire.Heartbeat(), 0)
-	}
+	c.heartbeatIfIdle(now, c.cs.cfg.Heartbeat*3/2)
 	if c.peerHeartbeat > 0 {
 		silence := wire.Silence(c.peerHeartbeat)
 		if w := c.waiting.Load(); w != 0 && now.Sub(time.Unix(0, w)) >= silence {
