@@ -111,27 +111,13 @@ func floorCost(b *testing.B, n int) processCost {
 	require.Eventually(b, func() bool { return tunnels() == 0 }, time.Minute, 50*time.Millisecond, "grpc-floor never served its metrics")
 	settle(b)
 	before := sampleProcess(b, p.Process.Pid, admin)
-	dial := churn.GRPCOverUnix(socket)
-	// The tunnels live as long as ctx: not errgroup's, which ends with
-	// Wait.
+	// The tunnels live as long as ctx.
 	ctx, closeTunnels := context.WithCancel(b.Context())
 	defer closeTunnels()
-	var g errgroup.Group
-	g.SetLimit(64)
-	conns := make([]net.Conn, n)
-	for i := range conns {
-		g.Go(func() error {
-			c, err := dial(ctx, "nowhere:1")
-			conns[i] = c
-			return err
-		})
-	}
-	err := g.Wait()
+	conns, err := openTunnels(ctx, dialFunc(churn.GRPCOverUnix(socket)), "nowhere:1", n)
 	defer func() {
 		for _, c := range conns {
-			if c != nil {
-				_ = c.Close()
-			}
+			_ = c.Close()
 		}
 	}()
 	if err != nil {
@@ -142,11 +128,7 @@ func floorCost(b *testing.B, n int) processCost {
 	if got := tunnels(); got != float64(n) {
 		b.Fatalf("grpc-floor holds %v tunnels, want %d", got, n)
 	}
-	return processCost{
-		rssKiB:     (after.rssKiB - before.rssKiB) / float64(n),
-		heapKiB:    (after.heap - before.heap) / 1024 / float64(n),
-		goroutines: (after.goroutines - before.goroutines) / float64(n),
-	}
+	return perTunnel(before, after, n)
 }
 
 // idleTable is the markdown table of costs: per idle tunnel, for each
@@ -189,24 +171,8 @@ func idleCost(b *testing.B, p *pair, target *heldTarget, n int) tunnelCost {
 	settle(b)
 	s0, a0 := sampleProcess(b, p.serverPID, p.serverAdmin), sampleProcess(b, p.agentPID, p.agentAdmin)
 	ctx, closeTunnels := context.WithCancel(b.Context())
-	dial := p.dial()
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(64)
-	var mu sync.Mutex
-	var conns []net.Conn
-	for range n {
-		g.Go(func() error {
-			c, err := dial(ctx, target.addr)
-			if err != nil {
-				return err
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			return gctx.Err()
-		})
-	}
-	if err := g.Wait(); err != nil {
+	conns, err := openTunnels(ctx, p.dial(), target.addr, n)
+	if err != nil {
 		closeTunnels()
 		b.Fatalf("%s %s: open %d tunnels: %v", p.impl, p.mode, n, err)
 	}
@@ -223,14 +189,40 @@ func idleCost(b *testing.B, p *pair, target *heldTarget, n int) tunnelCost {
 	if err := target.waitHeld(b.Context(), 0); err != nil {
 		b.Fatalf("%s %s: closing the tunnels: %v", p.impl, p.mode, err)
 	}
-	per := func(before, after processSample) processCost {
-		return processCost{
-			rssKiB:     (after.rssKiB - before.rssKiB) / float64(n),
-			heapKiB:    (after.heap - before.heap) / 1024 / float64(n),
-			goroutines: (after.goroutines - before.goroutines) / float64(n),
-		}
+	return tunnelCost{server: perTunnel(s0, s1, n), agent: perTunnel(a0, a1, n)}
+}
+
+// openTunnels opens n tunnels to addr with dial, 64 at a time; they live
+// as long as ctx. On an error it returns those it opened, to be closed.
+func openTunnels(ctx context.Context, dial dialFunc, addr string, n int) ([]net.Conn, error) {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(64)
+	var mu sync.Mutex
+	var conns []net.Conn
+	for range n {
+		g.Go(func() error {
+			c, err := dial(ctx, addr)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			return gctx.Err()
+		})
 	}
-	return tunnelCost{server: per(s0, s1), agent: per(a0, a1)}
+	err := g.Wait()
+	return conns, err
+}
+
+// perTunnel is what each of n tunnels added to a process between two
+// samples.
+func perTunnel(before, after processSample, n int) processCost {
+	return processCost{
+		rssKiB:     (after.rssKiB - before.rssKiB) / float64(n),
+		heapKiB:    (after.heap - before.heap) / 1024 / float64(n),
+		goroutines: (after.goroutines - before.goroutines) / float64(n),
+	}
 }
 
 // settle idles for idleSettle, or until b ends.

@@ -19,8 +19,6 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,8 +34,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/tlsfiles"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -87,32 +87,18 @@ func run(agentPort, adminPort int, certFile, keyFile, caFile, uds string) error 
 	return <-errs
 }
 
-// agentPortServer returns the agent port's gRPC server, with mutual TLS,
-// and its listener.
+// agentPortServer returns the agent port's gRPC server, with mutual TLS
+// as the proxy-server sets it up (tlsfiles), and its listener.
 func agentPortServer(port int, certFile, keyFile, caFile string) (*grpc.Server, net.Listener, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	w, err := tlsfiles.New("agent port", tlsfiles.Files{Cert: certFile, Key: keyFile, CA: caFile}, nil, klog.Background())
 	if err != nil {
 		return nil, nil, err
 	}
-	caPEM, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, nil, fmt.Errorf("%s: no PEM certificate", caFile)
-	}
-	creds := credentials.NewTLS(&tls.Config{
-		Certificates: []tls.Certificate{cert},
-		ClientCAs:    pool,
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		MinVersion:   tls.VersionTLS12,
-	})
 	lis, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	if err != nil {
 		return nil, nil, err
 	}
-	return grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(creds))...), lis, nil
+	return grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(w.ServerConfig())))...), lis, nil
 }
 
 // agentFloor is the Connect handler: the handshake's headers, then reads.
