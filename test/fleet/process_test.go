@@ -220,18 +220,25 @@ func serverProcess(b *testing.B, f *Fleet, bin string) func(id string, extra ...
 
 // floorProcess returns what starts test/cmd/grpc-floor, the least
 // an agent port built on grpc-go and crypto/tls can be, as serverProcess
-// does a server; it takes no extra flags, and only the agent and admin
-// ports are its own.
+// does a server. Of the extra flags it passes on only
+// --heartbeat-interval, the one grpc-floor shares with the
+// proxy-server; only the agent and admin ports are its own.
 func floorProcess(b *testing.B, f *Fleet) func(id string, extra ...string) (*proctest.Process, []int) {
 	bin := proctest.Build(b, "test/cmd/grpc-floor")
 	raiseFileLimit(b)
 	pair, err := f.env.CA.Server("grpc-floor-process")
 	require.NoError(b, err)
 	_, cert, key, ca := writeTLSFiles(b, f, pair)
-	return func(string, ...string) (*proctest.Process, []int) {
+	return func(_ string, extra ...string) (*proctest.Process, []int) {
 		ports := nettest.FreePorts(b, 4)
-		return proctest.Start(b, bin, "--agent-port="+strconv.Itoa(ports[1]), "--admin-port="+strconv.Itoa(ports[3]),
-			"--cert="+cert, "--key="+key, "--ca="+ca), ports
+		args := []string{"--agent-port=" + strconv.Itoa(ports[1]), "--admin-port=" + strconv.Itoa(ports[3]),
+			"--cert=" + cert, "--key=" + key, "--ca=" + ca}
+		for _, x := range extra {
+			if strings.HasPrefix(x, "--heartbeat-interval=") {
+				args = append(args, x)
+			}
+		}
+		return proctest.Start(b, bin, args...), ports
 	}
 }
 
@@ -263,25 +270,33 @@ func writeTLSFiles(b *testing.B, f *Fleet, pair *pkitest.Pair) (dir, cert, key, 
 // (--heartbeat-interval=0: the agents' offers go unanswered, so neither
 // end sends any, as between upstream's binaries), then with
 // -fleet.heartbeat (default 5 s, the binary's), in the same run; the
-// agents offer -fleet.agent-heartbeat (default theirs, 5 s). The agents
-// move from the first server to the second through DNS, as in a rollout.
+// agents offer -fleet.agent-heartbeat (default theirs, 5 s). Then the
+// same for grpc-floor (test/cmd), grpc-go that sends the heartbeats and
+// does nothing else: what of the heartbeats' cost is grpc-go's. The
+// agents move from each server to the next through DNS, as in a rollout.
 func BenchmarkIdleCost(b *testing.B) {
 	n := *flagAgents
 	f := New(b, Config{Agents: n, Servers: 1, EditAgent: func(cfg *agent.Config) {
 		cfg.Heartbeat = cmp.Or(*flagAgentHeartbeat, cfg.Heartbeat)
 	}})
-	start := serverProcess(b, f, proctest.Build(b, "cmd/proxy-server"))
+	ours := serverProcess(b, f, proctest.Build(b, "cmd/proxy-server"))
+	floor := floorProcess(b, f)
 	// phase is what the server process and the agents spent in one idle
 	// phase, and the HEARTBEAT packets the server received and sent.
 	type phase struct {
 		server, agents time.Duration
 		in, out        float64
 	}
-	// measure starts a server with heartbeat, publishes it in place of
-	// previous, which it then stops, and measures the idle fleet.
-	measure := func(heartbeat string, previous *proctest.Process) (phase, *proctest.Process) {
+	// measure starts a server with heartbeat (ours, or else the floor),
+	// publishes it in place of previous, which it then stops, and
+	// measures the idle fleet. The floor takes no profiling flag.
+	measure := func(isOurs bool, heartbeat string, previous *proctest.Process) (phase, *proctest.Process) {
+		start := floor
+		if isOurs {
+			start = ours
+		}
 		flags := []string{"--heartbeat-interval=" + heartbeat}
-		if *flagCPUProfile != "" {
+		if *flagCPUProfile != "" && isOurs {
 			flags = append(flags, "--enable-profiling")
 		}
 		p, ports := start("server-"+heartbeat, flags...)
@@ -318,7 +333,7 @@ func BenchmarkIdleCost(b *testing.B) {
 		}
 		in0, out0 := heartbeats()
 		server0, agents0 := processCPU(b, p.Process.Pid), cpuTime()
-		if *flagCPUProfile != "" {
+		if *flagCPUProfile != "" && isOurs {
 			// The profile spans the idle phase: the handler returns after
 			// it.
 			saveURL(b, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", ports[3], int(flagIdle.Seconds())), *flagCPUProfile+"-"+heartbeat)
@@ -335,8 +350,10 @@ func BenchmarkIdleCost(b *testing.B) {
 		require.Equal(b, float64(n), streams(), "agent streams dropped while idle with heartbeats %s", heartbeat)
 		return got, p
 	}
-	off, first := measure("0", nil)
-	on, _ := measure(flagHeartbeat.String(), first)
+	off, p := measure(true, "0", nil)
+	on, p := measure(true, flagHeartbeat.String(), p)
+	floorOff, p := measure(false, "0", p)
+	floorOn, _ := measure(false, flagHeartbeat.String(), p)
 	secs := flagIdle.Seconds()
 	perStream := func(d time.Duration) float64 { return float64(d.Microseconds()) / secs / float64(n) }
 	b.ReportMetric(float64(n), "agents")
@@ -351,6 +368,12 @@ func BenchmarkIdleCost(b *testing.B) {
 	if off.server > 0 {
 		b.ReportMetric(float64(on.server)/float64(off.server), "server-cpu-ratio")
 	}
+	b.ReportMetric(float64(floorOff.server.Milliseconds())/secs, "floor-cpu-ms/s-off")
+	b.ReportMetric(float64(floorOn.server.Milliseconds())/secs, "floor-cpu-ms/s-heartbeats")
+	b.ReportMetric(perStream(floorOn.server-floorOff.server), "floor-cpu-us/s-per-stream-for-heartbeats")
+	b.ReportMetric(perStream(floorOn.agents-floorOff.agents), "floor-agents-cpu-us/s-per-stream-for-heartbeats")
+	b.ReportMetric(floorOn.in/secs/float64(n), "floor-heartbeats-in/s/stream")
+	b.ReportMetric(floorOn.out/secs/float64(n), "floor-heartbeats-out/s/stream")
 	b.ReportMetric(0, "ns/op")
 }
 

@@ -1,12 +1,16 @@
 // Command grpc-floor is the least a Go proxy-server's gRPC ports can be:
 // grpc-go with the transport options of servercount's proxy-server
-// ([server.GRPCServerOptions]) and nothing else. It routes nothing and
-// has no liveness of its own.
+// ([server.GRPCServerOptions]) and nothing else. It routes nothing.
 //
 // Its agent port (with --cert) takes agents over mutual TLS: the Connect
 // handler answers the handshake's headers and then only reads.
 // BenchmarkServerProcess runs it after the real servers, with the same
-// agents. Its frontend (with --frontend-uds) takes gRPC tunnels on a
+// agents. With --heartbeat-interval it also takes up an agent's offer of
+// heartbeats, and one goroutine sends a HEARTBEAT, once a second, on
+// every stream on which it sent none for the interval, straight from that
+// goroutine: the least a server can do to keep the agents' heartbeats
+// going, with no check of what arrives. BenchmarkIdleCost runs it after
+// the real server to show what heartbeats cost grpc-go alone. Its frontend (with --frontend-uds) takes gRPC tunnels on a
 // Unix socket, as kube-apiserver opens them: the Proxy handler answers a
 // DIAL_REQ with a DIAL_RSP, reads, and answers the CLOSE_REQ.
 // BenchmarkUpstreamIdleTunnels holds tunnels open through it. Each shows
@@ -14,8 +18,9 @@
 // no server built on them can shed.
 //
 // Its admin port serves what the benchmarks sample: /metrics (the Go
-// runtime's, and the streams open, under upstream's metric name and
-// service_method label) and /debug/pprof/.
+// runtime's, the streams open, under upstream's metric name and
+// service_method label, and the HEARTBEATs sent and received, under the
+// proxy-server's) and /debug/pprof/.
 package main
 
 import (
@@ -27,6 +32,8 @@ import (
 	"net/http/pprof"
 	"os"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -49,14 +56,15 @@ func main() {
 	key := flag.String("key", "", "its key (PEM)")
 	ca := flag.String("ca", "", "the CA that signs agents' client certificates (PEM)")
 	uds := flag.String("frontend-uds", "", "serve gRPC tunnels on this Unix socket")
+	heartbeat := flag.Duration("heartbeat-interval", 0, "send agents a HEARTBEAT after this long with nothing sent; 0 for none")
 	flag.Parse()
-	if err := run(*agentPort, *adminPort, *cert, *key, *ca, *uds); err != nil {
+	if err := run(*agentPort, *adminPort, *cert, *key, *ca, *uds, *heartbeat); err != nil {
 		fmt.Fprintln(os.Stderr, "grpc-floor:", err)
 		os.Exit(1)
 	}
 }
 
-func run(agentPort, adminPort int, certFile, keyFile, caFile, uds string) error {
+func run(agentPort, adminPort int, certFile, keyFile, caFile, uds string, heartbeat time.Duration) error {
 	open := promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "konnectivity_network_proxy_server_grpc_connections",
 		Help: "Streams open, by service method.",
@@ -67,7 +75,21 @@ func run(agentPort, adminPort int, certFile, keyFile, caFile, uds string) error 
 		if err != nil {
 			return err
 		}
-		wire.RegisterAgentServiceServer(gs, agentFloor{open: open.WithLabelValues("Connect")})
+		packets := promauto.NewCounterVec(prometheus.CounterOpts{
+			Name: "konnectivity_network_proxy_server_stream_packets_total",
+			Help: "HEARTBEAT packets, by segment (from_agent or to_agent) and packet_type.",
+		}, []string{"segment", "packet_type"})
+		f := &agentFloor{
+			open:      open.WithLabelValues("Connect"),
+			heartbeat: heartbeat,
+			streams:   map[wire.AgentConnectServer]*time.Time{},
+			in:        packets.WithLabelValues("from_agent", "HEARTBEAT"),
+			out:       packets.WithLabelValues("to_agent", "HEARTBEAT"),
+		}
+		if heartbeat > 0 {
+			go f.heartbeats()
+		}
+		wire.RegisterAgentServiceServer(gs, f)
 		go func() { errs <- gs.Serve(lis) }()
 	}
 	if uds != "" {
@@ -102,23 +124,71 @@ func agentPortServer(port int, certFile, keyFile, caFile string) (*grpc.Server, 
 }
 
 // agentFloor is the Connect handler: the handshake's headers, then reads.
-type agentFloor struct{ open prometheus.Gauge }
+type agentFloor struct {
+	open      prometheus.Gauge
+	heartbeat time.Duration
+	// in and out count the HEARTBEATs received and sent.
+	in, out prometheus.Counter
+
+	mu sync.Mutex
+	// streams holds each open stream that takes heartbeats, with when
+	// heartbeats last sent on it.
+	streams map[wire.AgentConnectServer]*time.Time
+}
 
 // Connect answers the agent's handshake as a server of one and reads
 // what the agent sends until the stream ends.
-func (f agentFloor) Connect(stream wire.AgentConnectServer) error {
+func (f *agentFloor) Connect(stream wire.AgentConnectServer) error {
 	f.open.Inc()
 	defer f.open.Dec()
-	if err := stream.SendHeader(metadata.Pairs(wire.HeaderServerID, "grpc-floor", wire.HeaderServerCount, "1")); err != nil {
+	hdr := metadata.Pairs(wire.HeaderServerID, "grpc-floor", wire.HeaderServerCount, "1")
+	md, _ := metadata.FromIncomingContext(stream.Context())
+	if _, ok := wire.ParseHeartbeat(md.Get(wire.HeaderHeartbeat)); ok && f.heartbeat > 0 {
+		hdr.Set(wire.HeaderHeartbeat, wire.FormatHeartbeat(f.heartbeat))
+		sent := time.Now()
+		f.mu.Lock()
+		f.streams[stream] = &sent
+		f.mu.Unlock()
+		defer func() {
+			f.mu.Lock()
+			delete(f.streams, stream)
+			f.mu.Unlock()
+		}()
+	}
+	if err := stream.SendHeader(hdr); err != nil {
 		return err
 	}
 	for {
-		if _, err := stream.Recv(); err != nil {
+		pkt, err := stream.Recv()
+		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
 			return err
 		}
+		if pkt.GetType() == wire.PacketHeartbeat {
+			f.in.Inc()
+		}
+	}
+}
+
+// heartbeats sends, once a second, a HEARTBEAT on each stream on which
+// it sent none for the interval. It alone sends on the streams, after
+// their handlers sent the headers, and under mu, so that a handler
+// returns only between its sends.
+func (f *agentFloor) heartbeats() {
+	for now := range time.Tick(time.Second) {
+		f.mu.Lock()
+		for stream, sent := range f.streams {
+			if now.Sub(*sent) >= f.heartbeat {
+				_ = stream.Send(wire.Heartbeat()) // a failed stream ends its handler
+				f.out.Inc()
+				// After the send, as the proxy-server times its own: one
+				// every 6 s at 5 s.
+				*sent = time.Now()
+			}
+		}
+		f.mu.Unlock()
 	}
 }
 
