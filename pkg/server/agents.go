@@ -32,6 +32,9 @@ type backend struct {
 	seq      uint64 // connection order: lower is older
 	// gone is set when the stream is unregistered. Guarded by Server.mu.
 	gone bool
+	// sweepIndex is the stream's place in Server.swept while it is
+	// registered. Guarded by Server.mu.
+	sweepIndex int
 	// route is the stream's agent in Server.routes and routeTier its
 	// tier there, from draining and routeUnresponsive (unresponsive as
 	// routes knows it, since that field is Server.mu's). All guarded by
@@ -263,6 +266,7 @@ func (s *Server) addBackend(be *backend) (contested map[string]*backend, err err
 	}
 	a.streams = append(a.streams, be)
 	contested = s.routes.add(be)
+	s.swept.add(be)
 	s.nBackends++
 	s.metrics.addBackends(1)
 	s.metrics.addGRPCConns(methodAgentConnect, 1)
@@ -310,6 +314,7 @@ func (s *Server) removeBackendLocked(be *backend) {
 		}
 		be.gone = true
 		s.routes.remove(be)
+		s.swept.remove(be)
 		s.nBackends--
 		s.metrics.addBackends(-1)
 		s.metrics.addGRPCConns(methodAgentConnect, -1)

@@ -326,7 +326,8 @@ func since(now time.Time, t int64) time.Duration {
 // starts, so that packets queued on a stream long idle are given d from
 // then.
 func (p *peer) stalled(now time.Time, d time.Duration) bool {
-	return now.Sub(time.Unix(0, p.moved.Load())) >= d && p.writing.Load()
+	// writing first: see kick.
+	return p.writing.Load() && now.Sub(time.Unix(0, p.moved.Load())) >= d
 }
 
 // queuedBytes counts the bytes of one queue in the server's queued_bytes

@@ -54,6 +54,9 @@ type Server struct {
 	rejectLog rejectLog
 	// nBackends counts the agent streams in agents. Guarded by mu.
 	nBackends int
+	// swept holds the agent streams in agents for the liveness sweep,
+	// with when each is next due for its checks. Guarded by mu.
+	swept sweepList
 	// nextSeq orders agent streams by age. Guarded by mu.
 	nextSeq uint64
 	// nUnresponsive counts the agent streams taken for unresponsive.

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"cmp"
 	"errors"
+	"math"
 	"slices"
 	"time"
 
@@ -13,7 +15,9 @@ import (
 // then costs one wake-up per period, not one per stream; and each round
 // touches only the streams its checks may act on, since at 5,000 agents
 // visiting every stream twice a second cost more than all their
-// heartbeats together.
+// heartbeats together, and visiting each once a second still cost about
+// a microsecond a stream (a cache miss or more for each of its
+// structures), heartbeats or not.
 //
 // What it checks, and what it does:
 //   - a stream on which nothing moved while packets waited
@@ -32,9 +36,12 @@ import (
 //     else can take them (pickLocked), and after StreamStallTimeout so,
 //     its stream is ended, within the bounds of mayEndLocked.
 //
-// The first three are checked on every stream each streamPeriod; the
-// last, which needs a shorter period, each answerPeriod, and only on the
-// streams with a pending dial (or on all while one is unresponsive).
+// The first three are checked each streamPeriod, on the streams that are
+// due: each check gives the earliest time at which it could next act
+// (checkStream), and Server.swept keeps those times in one array, so that
+// a round reads a few bytes a stream and visits only the streams due. The
+// last needs a shorter period: it runs each answerPeriod, on the streams
+// with a pending dial (or on all while one is unresponsive).
 
 // sweepLoop runs the sweep until the Server closes.
 func (s *Server) sweepLoop() {
@@ -59,24 +66,68 @@ func (s *Server) sweepLoop() {
 	}
 }
 
+// sweepList is every registered agent stream, in no order, with when its
+// checks are next due (unix nanoseconds; 0 for the next round). The
+// times are an array of their own, apart from the streams, so that
+// finding the streams due reads no stream.
+type sweepList struct {
+	streams []*backend
+	due     []int64
+}
+
+// add appends be, due at the next round.
+func (l *sweepList) add(be *backend) {
+	be.sweepIndex = len(l.streams)
+	l.streams = append(l.streams, be)
+	l.due = append(l.due, 0)
+}
+
+// remove takes be out, moving the last stream into its place.
+func (l *sweepList) remove(be *backend) {
+	i, last := be.sweepIndex, len(l.streams)-1
+	l.streams[i], l.due[i] = l.streams[last], l.due[last]
+	l.streams[i].sweepIndex = i
+	l.streams[last] = nil
+	l.streams, l.due = l.streams[:last], l.due[:last]
+}
+
+// appendDue appends to streams those due at now, and returns it.
+func (l *sweepList) appendDue(streams []*backend, now int64) []*backend {
+	for i, t := range l.due {
+		if t <= now {
+			streams = append(streams, l.streams[i])
+		}
+	}
+	return streams
+}
+
+// setDue sets when be is next due, unless it has been removed.
+func (l *sweepList) setDue(be *backend, t int64) {
+	if !be.gone {
+		l.due[be.sweepIndex] = t
+	}
+}
+
 // sweeper is what the sweep keeps from one round to the next: arrays to
-// reuse, and when it last checked every stream.
+// reuse, when it last checked the streams due, and how many it checked
+// then.
 type sweeper struct {
 	streams []*backend
+	due     []*backend
+	next    []int64
 	seen    map[*backend]struct{}
 	lastAll time.Time
+	checked int
 }
 
 // sweep does one round at now: the answer checks of the streams that may
-// need them, and, when all is set, the checks of every stream.
+// need them, and, when all is set, the checks of the streams due.
 func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 	s.mu.Lock()
 	streams := sw.streams[:0]
 	switch {
-	case all || s.nUnresponsive > 0:
-		for _, a := range s.agents {
-			streams = append(streams, a.streams...)
-		}
+	case s.nUnresponsive > 0:
+		streams = append(streams, s.swept.streams...)
 	case len(s.pending) > 0:
 		if sw.seen == nil {
 			sw.seen = map[*backend]struct{}{}
@@ -93,46 +144,84 @@ func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 	for _, be := range streams {
 		actions = append(actions, s.checkAnswersLocked(be, now)...)
 	}
+	due := sw.due[:0]
+	if all {
+		due = s.swept.appendDue(due, now.UnixNano())
+	}
 	s.mu.Unlock()
 	for _, act := range actions {
 		act()
 	}
 	if all {
-		for _, be := range streams {
-			s.checkStream(be, now)
+		next := sw.next[:0]
+		for _, be := range due {
+			next = append(next, s.checkStream(be, now))
 		}
+		s.mu.Lock()
+		for i, be := range due {
+			s.swept.setDue(be, next[i])
+		}
+		s.mu.Unlock()
+		sw.next = next
+		sw.checked = len(due)
 	}
-	clear(streams) // no stream kept alive until the next round
-	sw.streams = streams
+	// No stream kept alive until the next round.
+	clear(streams)
+	clear(due)
+	sw.streams, sw.due = streams, due
 }
 
+// never is the due time of a stream that no check will act on.
+const never = math.MaxInt64
+
 // checkStream does the checks of one agent stream that need no lock:
-// the stall backstop, a stuck receive loop, heartbeats and silence.
-func (s *Server) checkStream(be *backend, now time.Time) {
+// the stall backstop, a stuck receive loop, heartbeats and silence. It
+// returns the earliest time (unix nanoseconds) at which one of them could
+// act next: none can act sooner, whatever happens on the stream
+// meanwhile, since what moves on a stream only moves these times later.
+func (s *Server) checkStream(be *backend, now time.Time) (next int64) {
 	p := be.peer
 	if p.ended.Load() {
-		return
+		return never
+	}
+	nowNs := now.UnixNano()
+	next = never
+	// after is when d has passed since t, a time that a check reads from
+	// the stream, or, when t is 0 (not set yet), since now.
+	after := func(t int64, d time.Duration) int64 {
+		return cmp.Or(t, nowNs) + int64(d)
 	}
 	if d := s.cfg.StreamStallTimeout; d > 0 {
 		if p.stalled(now, d) {
 			s.endStream(be, StreamEndedStalled, errStalled, "Ended an agent stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", d)
-			return
+			return never
 		}
 		if p.busy(now) >= d {
 			s.endStream(be, StreamEndedReceiveStuck, errReceiveStuck, "Ended an agent stream whose receive loop was stuck inside one packet; the agent will connect again", "stallTimeout", d)
-			return
+			return never
 		}
+		// A writer that starts later sets moved when it starts (kick).
+		moved := int64(0)
+		if p.writing.Load() {
+			moved = p.moved.Load()
+		}
+		next = min(after(moved, d), after(p.handling.Load(), d))
 	}
 	if be.peerHeartbeat == 0 {
-		return
+		return next
 	}
-	if silence := wire.Silence(be.peerHeartbeat); p.idle(now) >= silence {
+	silence := wire.Silence(be.peerHeartbeat)
+	if p.idle(now) >= silence {
 		s.endStream(be, StreamEndedSilent, errSilent, "Ended the stream of an agent that sent nothing, not even a heartbeat, for too long: its process is stopped or the path to it is broken", "silence", silence, "agentHeartbeat", be.peerHeartbeat)
-		return
+		return never
 	}
-	if since(now, p.sent.Load()) >= s.cfg.Heartbeat {
+	next = min(next, after(p.waiting.Load(), silence))
+	sent := p.sent.Load()
+	if since(now, sent) >= s.cfg.Heartbeat {
 		p.sendControl(wire.Heartbeat(), 0)
+		sent = nowNs // the writer sets sent once it has sent it
 	}
+	return min(next, after(sent, s.cfg.Heartbeat))
 }
 
 // endStream ends be for reason (err, the stream's status), logged at

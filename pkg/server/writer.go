@@ -41,8 +41,10 @@ func (p *peer) kick() {
 	if p.writing.Load() || p.stopped || p.ended.Load() {
 		return
 	}
+	// moved first: stalled, which reads writing first, then reads the
+	// moved of this start, not of the stream's last packet.
+	p.moved.Store(time.Now().UnixNano())
 	p.writing.Store(true)
-	p.moved.Store(time.Now().UnixNano()) // see stalled
 	p.writers.Add(1)
 	go p.writeLoop()
 }
