@@ -108,7 +108,8 @@
 // agent whose transport lives but which answers no dial is taken for
 // unresponsive ([Config.UnansweredDialTimeout]): its dials go to other
 // agents and it gets new ones only when nobody else can take them. One
-// goroutine (sweep.go) checks every agent stream, whatever their number.
+// goroutine (sweep.go) checks every agent stream, whatever their number,
+// each when one of its checks could act.
 //
 // # Flow control
 //

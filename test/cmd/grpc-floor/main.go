@@ -6,16 +6,14 @@
 // handler answers the handshake's headers and then only reads.
 // BenchmarkServerProcess runs it after the real servers, with the same
 // agents. With --heartbeat-interval it also takes up an agent's offer of
-// heartbeats, and one goroutine sends a HEARTBEAT, once a second, on
-// every stream on which it sent none for the interval, straight from that
-// goroutine: the least a server can do to keep the agents' heartbeats
-// going, with no check of what arrives. BenchmarkIdleCost runs it after
-// the real server to show what heartbeats cost grpc-go alone. Its frontend (with --frontend-uds) takes gRPC tunnels on a
-// Unix socket, as kube-apiserver opens them: the Proxy handler answers a
-// DIAL_REQ with a DIAL_RSP, reads, and answers the CLOSE_REQ.
-// BenchmarkUpstreamIdleTunnels holds tunnels open through it. Each shows
-// what of an idle stream's cost is grpc-go's (and crypto/tls's), which
-// no server built on them can shed.
+// heartbeats, and one goroutine sends them once a second, straight from
+// that goroutine, to the streams of that second: each stream has its
+// second in a round of the interval plus one (6 s at 5 s, the cadence of
+// the proxy-server's sweep), so that a second visits only the streams it
+// sends to. It is the least a server can do to keep the agents'
+// heartbeats going, with no check of what arrives. BenchmarkIdleCost
+// runs it after the real server to show what heartbeats cost grpc-go
+// alone.
 //
 // Its admin port serves what the benchmarks sample: /metrics (the Go
 // runtime's, the streams open, under upstream's metric name and
@@ -82,11 +80,14 @@ func run(agentPort, adminPort int, certFile, keyFile, caFile, uds string, heartb
 		f := &agentFloor{
 			open:      open.WithLabelValues("Connect"),
 			heartbeat: heartbeat,
-			streams:   map[wire.AgentConnectServer]*time.Time{},
 			in:        packets.WithLabelValues("from_agent", "HEARTBEAT"),
 			out:       packets.WithLabelValues("to_agent", "HEARTBEAT"),
 		}
 		if heartbeat > 0 {
+			f.seconds = make([]map[wire.AgentConnectServer]struct{}, int(heartbeat/time.Second)+1)
+			for i := range f.seconds {
+				f.seconds[i] = map[wire.AgentConnectServer]struct{}{}
+			}
 			go f.heartbeats()
 		}
 		wire.RegisterAgentServiceServer(gs, f)
@@ -131,9 +132,11 @@ type agentFloor struct {
 	in, out prometheus.Counter
 
 	mu sync.Mutex
-	// streams holds each open stream that takes heartbeats, with when
-	// heartbeats last sent on it.
-	streams map[wire.AgentConnectServer]*time.Time
+	// seconds holds the streams that take heartbeats, each in the second
+	// of the round in which it gets its heartbeat; next is the second
+	// that comes next.
+	seconds []map[wire.AgentConnectServer]struct{}
+	next    int
 }
 
 // Connect answers the agent's handshake as a server of one and reads
@@ -143,20 +146,25 @@ func (f *agentFloor) Connect(stream wire.AgentConnectServer) error {
 	defer f.open.Dec()
 	hdr := metadata.Pairs(wire.HeaderServerID, "grpc-floor", wire.HeaderServerCount, "1")
 	md, _ := metadata.FromIncomingContext(stream.Context())
-	if _, ok := wire.ParseHeartbeat(md.Get(wire.HeaderHeartbeat)); ok && f.heartbeat > 0 {
+	_, offered := wire.ParseHeartbeat(md.Get(wire.HeaderHeartbeat))
+	beats := offered && f.heartbeat > 0
+	if beats {
 		hdr.Set(wire.HeaderHeartbeat, wire.FormatHeartbeat(f.heartbeat))
-		sent := time.Now()
-		f.mu.Lock()
-		f.streams[stream] = &sent
-		f.mu.Unlock()
-		defer func() {
-			f.mu.Lock()
-			delete(f.streams, stream)
-			f.mu.Unlock()
-		}()
 	}
 	if err := stream.SendHeader(hdr); err != nil {
 		return err
+	}
+	if beats {
+		f.mu.Lock()
+		// The second that comes last: a round after the handshake.
+		second := f.seconds[(f.next+len(f.seconds)-1)%len(f.seconds)]
+		second[stream] = struct{}{}
+		f.mu.Unlock()
+		defer func() {
+			f.mu.Lock()
+			delete(second, stream)
+			f.mu.Unlock()
+		}()
 	}
 	for {
 		pkt, err := stream.Recv()
@@ -172,22 +180,17 @@ func (f *agentFloor) Connect(stream wire.AgentConnectServer) error {
 	}
 }
 
-// heartbeats sends, once a second, a HEARTBEAT on each stream on which
-// it sent none for the interval. It alone sends on the streams, after
-// their handlers sent the headers, and under mu, so that a handler
-// returns only between its sends.
+// heartbeats sends, each second, a HEARTBEAT on each stream of that
+// second. It alone sends on the streams, after their handlers sent the
+// headers, and under mu, so that a handler returns only between its sends.
 func (f *agentFloor) heartbeats() {
-	for now := range time.Tick(time.Second) {
+	for range time.Tick(time.Second) {
 		f.mu.Lock()
-		for stream, sent := range f.streams {
-			if now.Sub(*sent) >= f.heartbeat {
-				_ = stream.Send(wire.Heartbeat()) // a failed stream ends its handler
-				f.out.Inc()
-				// After the send, as the proxy-server times its own: one
-				// every 6 s at 5 s.
-				*sent = time.Now()
-			}
+		for stream := range f.seconds[f.next] {
+			_ = stream.Send(wire.Heartbeat()) // a failed stream ends its handler
+			f.out.Inc()
 		}
+		f.next = (f.next + 1) % len(f.seconds)
 		f.mu.Unlock()
 	}
 }
