@@ -93,7 +93,7 @@ type peer struct {
 	// loop finds both queues empty (after the stream ends it stays set);
 	// once stopped is set, none starts, and writers counts the one that
 	// may still run. Both are written under writerMu; writing is read
-	// without it too (stalled).
+	// without it too (stalled, Server.checkStream).
 	writerMu sync.Mutex
 	writing  atomic.Bool
 	stopped  bool

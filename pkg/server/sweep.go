@@ -67,9 +67,9 @@ func (s *Server) sweepLoop() {
 }
 
 // sweepList is every registered agent stream, in no order, with when its
-// checks are next due (unix nanoseconds; 0 for the next round). The
-// times are an array of their own, apart from the streams, so that
-// finding the streams due reads no stream.
+// checks are next due (on the sweep's monotonic clock, see sweeper; 0 for
+// the next round). The times are an array of their own, apart from the
+// streams, so that finding the streams due reads no stream.
 type sweepList struct {
 	streams []*backend
 	due     []int64
@@ -109,8 +109,14 @@ func (l *sweepList) setDue(be *backend, t int64) {
 }
 
 // sweeper is what the sweep keeps from one round to the next: arrays to
-// reuse, when it last checked the streams due, and how many it checked
-// then.
+// reuse, when it last checked the streams due, how many it checked then,
+// and the start of its clock.
+//
+// Due times are nanoseconds of the monotonic clock since epoch, though
+// the streams' own times are the wall clock's (unix nanoseconds): a
+// check turns what it reads into a wait from its round, and only the
+// wait is kept. A wall clock set back by an hour (NTP, a VM restored)
+// would otherwise leave every stream unvisited for that hour.
 type sweeper struct {
 	streams []*backend
 	due     []*backend
@@ -118,6 +124,7 @@ type sweeper struct {
 	seen    map[*backend]struct{}
 	lastAll time.Time
 	checked int
+	epoch   time.Time
 }
 
 // sweep does one round at now: the answer checks of the streams that may
@@ -144,9 +151,13 @@ func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 	for _, be := range streams {
 		actions = append(actions, s.checkAnswersLocked(be, now)...)
 	}
+	if sw.epoch.IsZero() {
+		sw.epoch = now
+	}
+	mono := int64(now.Sub(sw.epoch))
 	due := sw.due[:0]
 	if all {
-		due = s.swept.appendDue(due, now.UnixNano())
+		due = s.swept.appendDue(due, mono)
 	}
 	s.mu.Unlock()
 	for _, act := range actions {
@@ -155,7 +166,11 @@ func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 	if all {
 		next := sw.next[:0]
 		for _, be := range due {
-			next = append(next, s.checkStream(be, now))
+			t := int64(math.MaxInt64)
+			if wait := s.checkStream(be, now); wait != never {
+				t = mono + int64(wait)
+			}
+			next = append(next, t)
 		}
 		s.mu.Lock()
 		for i, be := range due {
@@ -171,25 +186,27 @@ func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 	sw.streams, sw.due = streams, due
 }
 
-// never is the due time of a stream that no check will act on.
-const never = math.MaxInt64
+// never is the wait of a stream that no check will act on.
+const never = time.Duration(math.MaxInt64)
 
 // checkStream does the checks of one agent stream that need no lock:
 // the stall backstop, a stuck receive loop, heartbeats and silence. It
-// returns the earliest time (unix nanoseconds) at which one of them could
-// act next: none can act sooner, whatever happens on the stream
-// meanwhile, since what moves on a stream only moves these times later.
-func (s *Server) checkStream(be *backend, now time.Time) (next int64) {
+// returns how long after now one of them could act next: none can act
+// sooner, whatever happens on the stream meanwhile, since what moves on
+// a stream moves these times later (but for a moment's preemption
+// between reading the clock and storing a time).
+func (s *Server) checkStream(be *backend, now time.Time) (wait time.Duration) {
 	p := be.peer
 	if p.ended.Load() {
 		return never
 	}
 	nowNs := now.UnixNano()
-	next = never
-	// after is when d has passed since t, a time that a check reads from
-	// the stream, or, when t is 0 (not set yet), since now.
-	after := func(t int64, d time.Duration) int64 {
-		return cmp.Or(t, nowNs) + int64(d)
+	wait = never
+	// after is how long after now d will have passed since t, a time
+	// that a check reads from the stream, or, when t is 0 (not set yet),
+	// since now.
+	after := func(t int64, d time.Duration) time.Duration {
+		return time.Duration(cmp.Or(t, nowNs)-nowNs) + d
 	}
 	if d := s.cfg.StreamStallTimeout; d > 0 {
 		if p.stalled(now, d) {
@@ -205,23 +222,23 @@ func (s *Server) checkStream(be *backend, now time.Time) (next int64) {
 		if p.writing.Load() {
 			moved = p.moved.Load()
 		}
-		next = min(after(moved, d), after(p.handling.Load(), d))
+		wait = min(after(moved, d), after(p.handling.Load(), d))
 	}
 	if be.peerHeartbeat == 0 {
-		return next
+		return wait
 	}
 	silence := wire.Silence(be.peerHeartbeat)
 	if p.idle(now) >= silence {
 		s.endStream(be, StreamEndedSilent, errSilent, "Ended the stream of an agent that sent nothing, not even a heartbeat, for too long: its process is stopped or the path to it is broken", "silence", silence, "agentHeartbeat", be.peerHeartbeat)
 		return never
 	}
-	next = min(next, after(p.waiting.Load(), silence))
+	wait = min(wait, after(p.waiting.Load(), silence))
 	sent := p.sent.Load()
 	if since(now, sent) >= s.cfg.Heartbeat {
 		p.sendControl(wire.Heartbeat(), 0)
 		sent = nowNs // the writer sets sent once it has sent it
 	}
-	return min(next, after(sent, s.cfg.Heartbeat))
+	return min(wait, after(sent, s.cfg.Heartbeat))
 }
 
 // endStream ends be for reason (err, the stream's status), logged at

@@ -118,3 +118,24 @@ func TestSweepListKeepsEachStreamsPlace(t *testing.T) {
 	l.remove(bes[2])
 	check()
 }
+
+// TestSweepEndsAStalledWriterWhenDue holds a stream's writer inside one
+// Send: the stream is due a stall timeout after the writer started, not
+// after the round that first saw it, and is ended then.
+func TestSweepEndsAStalledWriterWhenDue(t *testing.T) {
+	p, _, m := heldPeer(t, segmentToAgent)
+	t0 := time.Now() // after the writer started
+	s := &Server{cfg: Config{StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background()}
+	be := &backend{peer: p}
+	s.swept.add(be)
+	var sw sweeper
+	round := func(d time.Duration) int {
+		s.sweep(t0.Add(d), &sw, true)
+		return sw.checked
+	}
+	require.Equal(t, 1, round(10*time.Second))
+	require.False(t, p.ended.Load(), "a writer inside one Send for 10 s was taken for stalled")
+	require.Equal(t, 0, round(29*time.Second))
+	require.Equal(t, 1, round(30*time.Second), "the stream is due a stall timeout after its writer started")
+	require.True(t, p.ended.Load(), "a writer stalled for the stall timeout was not ended")
+}
