@@ -3,7 +3,6 @@ package server
 import (
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
@@ -15,8 +14,7 @@ import (
 // of thousands of unknown ones, as a hostile peer may send: each lands in
 // its series, and the cache of series holds only the known types.
 func TestPacketCountsAreCachedBounded(t *testing.T) {
-	m, err := newMetrics(prometheus.NewRegistry())
-	require.NoError(t, err)
+	m := testMetrics(t)
 	known := []client.PacketType{client.PacketType_DIAL_REQ, client.PacketType_DATA, wire.PacketHeartbeat}
 	for range 3 {
 		for _, typ := range known {

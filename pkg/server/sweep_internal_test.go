@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
 
@@ -20,8 +19,7 @@ import (
 // limit, and the end of a receive loop stuck in one packet after the
 // stall timeout, though the rounds before visited nothing.
 func TestSweepChecksEachStreamWhenDue(t *testing.T) {
-	m, err := newMetrics(prometheus.NewRegistry())
-	require.NoError(t, err)
+	m := testMetrics(t)
 	s := &Server{cfg: Config{Heartbeat: 5 * time.Second, StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background()}
 	stream := func() (*peer, *heldStream) {
 		hs := &heldStream{release: make(chan struct{})}

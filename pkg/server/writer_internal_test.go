@@ -38,13 +38,20 @@ func (s *heldStream) got() []client.PacketType {
 	return append([]client.PacketType(nil), s.sent...)
 }
 
+// testMetrics returns the server's metrics on a registry of their own.
+func testMetrics(t *testing.T) *metrics {
+	t.Helper()
+	m, err := newMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	return m
+}
+
 // heldPeer returns a peer on a heldStream, with its metrics, whose writer
 // has taken one DATA packet and waits inside Send until the test
 // releases it. The test's end releases it and ends the peer.
 func heldPeer(t *testing.T, segment string) (*peer, *heldStream, *metrics) {
 	t.Helper()
-	m, err := newMetrics(prometheus.NewRegistry())
-	require.NoError(t, err)
+	m := testMetrics(t)
 	s := &heldStream{release: make(chan struct{})}
 	p := newPeer(s, m, segment)
 	t.Cleanup(func() {
