@@ -77,11 +77,13 @@ type client struct {
 	// control holds the replies the receive loop and the tunnels queue
 	// without waiting (CLOSE_RSP, refused DIAL_RSP), oldest first, for
 	// controlLoop to send; controlKeys has one key per queued packet, so
-	// that the same answer is not queued twice. Guarded by controlMu.
+	// that the same answer is not queued twice; sending is 1 while
+	// controlLoop sends one it has taken. Guarded by controlMu.
 	control     []*pb.Packet
 	controlKeys map[controlKey]bool // true for a packet maxControl counts
-	// untied counts the keys that maxControl counts. Guarded by
-	// controlMu.
+	sending     int
+	// untied counts the packets queued or being sent that maxControl
+	// counts. Guarded by controlMu.
 	untied int
 	// controlOver is set when controlLoop has ended: nothing is queued
 	// after. Guarded by controlMu.

@@ -36,8 +36,7 @@ func (c *client) queueControl(p *pb.Packet, id int64, untied bool) {
 		return
 	}
 	limit := maxControl + c.cs.cfg.MaxTunnelsPerServer
-	if untied && c.untied >= maxControl || len(c.controlKeys) >= limit { // the one being sent included
-		queued := len(c.controlKeys)
+	if queued := len(c.controlKeys) + c.sending; untied && c.untied >= maxControl || queued >= limit {
 		c.controlMu.Unlock()
 		c.drop(streamEndedControlBacklog, "Ended a proxy-server stream whose server left too many answers unread; the agent will connect again",
 			"queued", queued, "unrelatedLimit", maxControl, "limit", limit)
@@ -93,16 +92,20 @@ func (c *client) controlLoop(ctx context.Context) {
 				if len(c.control) == 0 {
 					c.control = nil // let the array go
 				}
+				// Its key goes once it is taken: the peer may have it and
+				// ask again before send returns, and the answer to that
+				// (a CLOSE_RSP with an error, say) is not this one.
+				key := controlKey{p.GetType(), controlID(p)}
+				untied := c.controlKeys[key]
+				delete(c.controlKeys, key)
+				c.sending = 1
 				c.controlMu.Unlock()
-				// Its key stays until it is sent: a second answer queued
-				// meanwhile would say the same.
 				err := c.send(p)
 				c.controlMu.Lock()
-				key := controlKey{p.GetType(), controlID(p)}
-				if c.controlKeys[key] {
+				c.sending = 0
+				if untied {
 					c.untied--
 				}
-				delete(c.controlKeys, key)
 				c.controlMu.Unlock()
 				c.cs.metrics.addControlQueued(-1)
 				if err != nil {

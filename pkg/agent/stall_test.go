@@ -79,8 +79,9 @@ func (a *testAgent) stuck(d time.Duration) bool {
 
 // The agent answers without waiting, so a server that stops
 // reading can make it queue answers; the queue is bounded. Answers to the
-// same connectID are queued once, and past the bound the stream is ended
-// (and counted), freeing the queue.
+// same connectID wait in the queue once (besides the one being sent),
+// and past the bound the stream is ended (and counted), freeing the
+// queue.
 func TestControlQueueIsBounded(t *testing.T) {
 	tt := newTestTLS(t)
 	srv := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "1", Deaf: true})
@@ -94,13 +95,15 @@ func TestControlQueueIsBounded(t *testing.T) {
 	// bound (on a loaded machine the stream takes a while to fill).
 	require.Eventually(t, func() bool { return a.stuck(200 * time.Millisecond) }, waitFor, tick, "the stream did not get stuck")
 	// DATA for unknown connections: each is answered with CLOSE_RSP,
-	// which waits in the queue. The same ID a thousand times is one
-	// answer.
+	// which waits in the queue. The first answer is taken and its send
+	// waits; the same ID a thousand times more is one answer more.
+	ss.Send(t, wire.Data(1<<40, []byte("x")))
+	waitSending(t, onlyClient(t, a))
 	for range 1000 {
 		ss.Send(t, wire.Data(1<<40, []byte("x")))
 	}
-	require.Eventually(t, func() bool { return queued() >= 1 }, waitFor, tick)
-	for id := int64(1); id < maxControl; id++ {
+	require.Eventually(t, func() bool { return queued() == 2 }, waitFor, tick)
+	for id := int64(1); id < maxControl-1; id++ {
 		ss.Send(t, wire.Data(1<<40+id, []byte("x")))
 	}
 	require.Eventually(t, func() bool { return queued() == maxControl }, waitFor, tick)
