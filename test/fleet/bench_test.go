@@ -22,7 +22,7 @@ var (
 	flagHeapProfile = flag.String("fleet.server-heap-profile", "",
 		"BenchmarkServerProcess writes the server process's heap profile, with every agent connected, to this file (an absolute path)")
 	flagCPUProfile = flag.String("fleet.server-cpu-profile", "",
-		"BenchmarkIdleCost writes the server process's CPU profile of each idle phase to this path with the phase appended (an absolute path)")
+		"BenchmarkIdleCost writes the CPU profile of each server process (ours, then grpc-floor) in each idle phase to this path with the server and the phase appended, e.g. -ours-5s (an absolute path)")
 	flagHeartbeat      = flag.Duration("fleet.heartbeat", 5*time.Second, "the server's --heartbeat-interval in BenchmarkIdleCost's second phase")
 	flagAgentHeartbeat = flag.Duration("fleet.agent-heartbeat", 0, "the agents' heartbeat interval in BenchmarkIdleCost (0: the agent's default)")
 	flagSteady         = flag.Duration("fleet.steady", 60*time.Second, "how long BenchmarkSteady watches a converged fleet")

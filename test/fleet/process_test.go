@@ -287,16 +287,12 @@ func BenchmarkIdleCost(b *testing.B) {
 		server, agents time.Duration
 		in, out        float64
 	}
-	// measure starts a server with heartbeat (ours, or else the floor),
-	// publishes it in place of previous, which it then stops, and
-	// measures the idle fleet. The floor takes no profiling flag.
-	measure := func(isOurs bool, heartbeat string, previous *proctest.Process) (phase, *proctest.Process) {
-		start := floor
-		if isOurs {
-			start = ours
-		}
+	// measure starts a server (ours or the floor, by name) with
+	// heartbeat, publishes it in place of previous, which it then stops,
+	// and measures the idle fleet.
+	measure := func(name string, start func(string, ...string) (*proctest.Process, []int), heartbeat string, previous *proctest.Process) (phase, *proctest.Process) {
 		flags := []string{"--heartbeat-interval=" + heartbeat}
-		if *flagCPUProfile != "" && isOurs {
+		if *flagCPUProfile != "" {
 			flags = append(flags, "--enable-profiling")
 		}
 		p, ports := start("server-"+heartbeat, flags...)
@@ -333,10 +329,10 @@ func BenchmarkIdleCost(b *testing.B) {
 		}
 		in0, out0 := heartbeats()
 		server0, agents0 := processCPU(b, p.Process.Pid), cpuTime()
-		if *flagCPUProfile != "" && isOurs {
+		if *flagCPUProfile != "" {
 			// The profile spans the idle phase: the handler returns after
 			// it.
-			saveURL(b, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", ports[3], int(flagIdle.Seconds())), *flagCPUProfile+"-"+heartbeat)
+			saveURL(b, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", ports[3], int(flagIdle.Seconds())), *flagCPUProfile+"-"+name+"-"+heartbeat)
 		} else {
 			idle := time.NewTimer(*flagIdle)
 			select {
@@ -350,10 +346,10 @@ func BenchmarkIdleCost(b *testing.B) {
 		require.Equal(b, float64(n), streams(), "agent streams dropped while idle with heartbeats %s", heartbeat)
 		return got, p
 	}
-	off, p := measure(true, "0", nil)
-	on, p := measure(true, flagHeartbeat.String(), p)
-	floorOff, p := measure(false, "0", p)
-	floorOn, _ := measure(false, flagHeartbeat.String(), p)
+	off, p := measure("ours", ours, "0", nil)
+	on, p := measure("ours", ours, flagHeartbeat.String(), p)
+	floorOff, p := measure("floor", floor, "0", p)
+	floorOn, _ := measure("floor", floor, flagHeartbeat.String(), p)
 	secs := flagIdle.Seconds()
 	perStream := func(d time.Duration) float64 { return float64(d.Microseconds()) / secs / float64(n) }
 	b.ReportMetric(float64(n), "agents")

@@ -105,6 +105,7 @@ func run(agentPort, adminPort int, certFile, keyFile, caFile, uds string, heartb
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.Handler())
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	admin := &http.Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(adminPort)), Handler: mux}
 	go func() { errs <- admin.ListenAndServe() }()
 	return <-errs
