@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: help ci docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn faults upstream upstream-suite parity cross images push image-test rules-test
+.PHONY: help ci ci-checks deps docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn faults upstream upstream-suite parity cross images push image-test rules-test
 
 all: lint test build
 
@@ -19,10 +19,17 @@ all: lint test build
 help:
 	@awk '/^## /{sub(/^## /, ""); if ($$0 ~ /^[a-z-]+:/) print ""; print "  " $$0}' $(MAKEFILE_LIST)
 
-## ci: every check CI runs, in order (.ci/run installs what they need, then
-## runs this): lint, test (the README's test command), churn, soak, the fault
-## matrix, upstream's suite, parity, the rules, the images, e2e
-ci:
+## ci: every check CI runs: `make deps` (the one step that uses the
+## network), then, in a network namespace with loopback only (.ci/offline),
+## ci-checks
+ci: deps
+	.ci/offline $(MAKE) ci-checks
+
+## ci-checks: the checks, in order: lint, test (the README's test command),
+## churn, soak, the fault matrix, upstream's suite, parity, the rules, the
+## images, e2e; refuses to run outside the namespace that `make ci` makes
+ci-checks:
+	.ci/offline --check
 	$(MAKE) lint
 	$(MAKE) test
 	$(MAKE) churn CHURN_DURATION=20s
@@ -33,6 +40,19 @@ ci:
 	$(MAKE) rules-test
 	$(MAKE) image-test
 	$(MAKE) e2e
+
+## deps: fetch and build everything the checks need, so that they run
+## without a network: the Go modules of the three modules, staticcheck,
+## upstream's binaries (make upstream), and e2e's etcd (from Debian),
+## kube-apiserver, kubectl and CoreDNS (e2e/hack/binaries.sh; about 15
+## minutes the first time, cached after)
+deps: $(STATICCHECK)
+	$(GO) mod download
+	cd e2e && $(GO) mod download
+	cd examples/grafana && $(GO) mod download
+	@rc=0; $(GO) run ./test/upstream/cmd/upstream-bin >/dev/null || rc=$$?; \
+	if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
+	bash e2e/hack/binaries.sh >/dev/null
 
 ## build: the binaries, into ./bin
 build:
