@@ -325,8 +325,8 @@ func (s *Server) sendToAgent(be *backend, pkt *client.Packet, feDone <-chan stru
 	s.metrics.addWaitingForAgent(1)
 	defer s.metrics.addWaitingForAgent(-1)
 	select {
-	case be.peer.out <- pkt:
-		be.peer.put(pkt)
+	case be.peer.room <- struct{}{}:
+		be.peer.push(pkt)
 		return true
 	case <-be.peer.done:
 	case <-feDone:

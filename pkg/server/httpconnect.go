@@ -115,12 +115,12 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 // dial alone would leave an established tunnel open forever.
 func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunnel, t *tunnel, be *backend) (rsp *client.DialResponse, ok bool) {
 	req := wire.DialReq("tcp", r.Host, t.random)
-	out, peerDone := be.peer.out, be.peer.done
+	room, peerDone := be.peer.room, be.peer.done
 	for {
 		select {
-		case out <- req:
-			be.peer.put(req)
-			out, peerDone = nil, nil // sent: the answer is all that is left
+		case room <- struct{}{}:
+			be.peer.push(req)
+			room, peerDone = nil, nil // sent: the answer is all that is left
 		case rsp := <-ht.dialed:
 			return rsp, true
 		case <-peerDone:

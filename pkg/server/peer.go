@@ -70,45 +70,59 @@ var (
 // peer is one gRPC stream, agent or frontend, seen from the server. Its
 // writer goroutine is the only caller of stream.Send, so sends are
 // serialised without a lock held while sending. The writer runs only
-// while something is queued: whoever queues kicks it, and it ends once
-// both queues are empty, so that an idle stream (most of a fleet's, most
-// of the time) holds no goroutine and no stack for it.
+// while something is queued: whoever queues starts it if none runs, and
+// it ends once both queues are empty, so that an idle stream (most of a
+// fleet's, most of the time) holds no goroutine and no stack for it.
 //
-// It has two queues. out carries packets that may wait for room: a
+// It has two queues, under one lock, mu, which also decides the order
+// between them. The data queue carries packets that may wait for room: a
 // frontend's DATA waits there for its agent (back-pressure). The control
 // queue carries what a receive loop answers (CLOSE_REQ, CLOSE_RSP,
 // DIAL_RSP errors): queueing there never waits, so that a receive loop
-// never waits on its own peer's send path (see the package doc).
+// never waits on its own peer's send path (see the package doc). A
+// control packet goes after exactly the data packets queued before it:
+// its place is the count of data packets put, read under the same lock
+// as each put, so no packet can be in the queue without being counted
+// (see queueControl).
 type peer struct {
 	stream packetStream
-	out    chan *client.Packet // the send queue, read by writeLoop
-	done   chan struct{}       // closed by end, once
+	done   chan struct{} // closed by end, once
 	once   sync.Once
 	reason error // why the stream ended; written in once before done closes, read after
 
-	// enqueued counts the packets put on out, each after its put, and
-	// dequeued those writeLoop has taken from it: see queueControl.
-	enqueued, dequeued atomic.Uint64
-	// writing is set from the kick that starts a writeLoop until that
-	// loop finds both queues empty (after the stream ends it stays set);
-	// once stopped is set, none starts, and writers counts the one that
-	// may still run. Both are written under writerMu; writing is read
-	// without it too (stalled, Server.checkStream).
-	writerMu sync.Mutex
-	writing  atomic.Bool
-	stopped  bool
-	writers  sync.WaitGroup
+	// room holds a token for each packet in the data queue and each
+	// sender about to put one: a sender takes a token before it puts,
+	// waiting while the queue is full, and the writer gives one back as
+	// it takes a packet. It makes the wait for room a channel send, which
+	// a sender can select on with its other ends, and wakes one waiter
+	// per packet taken.
+	room chan struct{}
 
-	controlMu sync.Mutex
+	mu sync.Mutex
+	// data is the data queue, a ring: n packets from head. room keeps n
+	// at most queueSize. put counts the data packets ever queued and taken
+	// those the writer has taken, so put - taken == n. Guarded by mu.
+	data    [queueSize]*client.Packet
+	head, n int
+	put     uint64
+	taken   uint64
 	// control is the control queue, oldest first, each packet with the
-	// value of dequeued after which it may go; controlKeys holds a key
-	// per queued packet, so that a packet already queued for the same
-	// connection is not queued twice. Guarded by controlMu.
+	// value of put when it was queued: it goes once taken reaches it.
+	// controlKeys holds a key per queued packet, so that a packet already
+	// queued for the same connection is not queued twice. untied counts
+	// the queued packets that no tunnel accounts for, which maxControl
+	// bounds. Guarded by mu.
 	control     []controlPacket
 	controlKeys map[controlKey]struct{}
-	// untied counts the queued packets that no tunnel accounts for, which
-	// maxControl bounds. Guarded by controlMu.
-	untied int
+	untied      int
+	// writing is set when a writeLoop starts and cleared when it finds
+	// both queues empty (after the stream ends it stays set); once stopped
+	// is set, none starts, and writers counts the one that may still run.
+	// Both are written under mu; writing is read without it too (stalled,
+	// Server.checkStream).
+	writing atomic.Bool
+	stopped bool
+	writers sync.WaitGroup
 
 	// moved is when a packet last moved on the stream, in or out (unix
 	// nanoseconds): see stalled.
@@ -132,12 +146,12 @@ type peer struct {
 	// to_client).
 	metrics *metrics
 	segment string
-	// queued counts the DATA bytes in out and the packet being sent.
+	// queued counts the DATA bytes in the data queue and the packet being sent.
 	queued queuedBytes
 }
 
-// controlPacket is a packet of the control queue, due once dequeued
-// reaches due.
+// controlPacket is a packet of the control queue, due once the writer
+// has taken due data packets.
 type controlPacket struct {
 	pkt *client.Packet
 	key controlKey
@@ -156,7 +170,7 @@ type controlKey struct {
 
 // newPeer returns the peer of stream, whose sends m counts under segment.
 func newPeer(stream packetStream, m *metrics, segment string) *peer {
-	p := &peer{stream: stream, out: make(chan *client.Packet, queueSize), done: make(chan struct{}), metrics: m, segment: segment, queued: queuedBytes{m: m}}
+	p := &peer{stream: stream, room: make(chan struct{}, queueSize), done: make(chan struct{}), metrics: m, segment: segment, queued: queuedBytes{m: m}}
 	now := time.Now().UnixNano()
 	p.moved.Store(now)
 	p.sent.Store(now)
@@ -171,10 +185,10 @@ func (p *peer) end(reason error) {
 		p.ended.Store(true)
 		close(p.done)
 		p.queued.stop()
-		p.controlMu.Lock()
+		p.mu.Lock()
 		p.metrics.addControlQueued(-len(p.control))
 		p.control, p.controlKeys, p.untied = nil, nil, 0
-		p.controlMu.Unlock()
+		p.mu.Unlock()
 	})
 }
 
@@ -198,8 +212,8 @@ func (p *peer) send(pkt *client.Packet, d time.Duration, quit, abort <-chan stru
 		timeout = timer.C
 	}
 	select {
-	case p.out <- pkt:
-		p.put(pkt)
+	case p.room <- struct{}{}:
+		p.push(pkt)
 		return nil
 	case <-p.done:
 		return errPeerGone
@@ -215,7 +229,7 @@ func (p *peer) send(pkt *client.Packet, d time.Duration, quit, abort <-chan stru
 // sendControl queues pkt, a packet without data that no tunnel of the
 // stream accounts for (an answer to an unknown connection, a dial error,
 // a heartbeat), on the control queue without waiting. It goes after every
-// packet queued on out before the call, so it never overtakes them (a
+// data packet queued before the call, so it never overtakes them (a
 // CLOSE_REQ never overtakes the connection's last DATA), but it waits for
 // no room. A packet with the same type and ID as one still queued is
 // dropped: the queued one says the same. A peer that leaves maxControl
@@ -234,27 +248,19 @@ func (p *peer) sendTunnelControl(pkt *client.Packet, id int64) bool {
 
 func (p *peer) queueControl(pkt *client.Packet, id int64, untied bool) bool {
 	key := controlKey{pkt.GetType(), id}
-	// The packets ahead are those put on out and counted before this
-	// call: a sender counts its packet after the put, so every packet its
-	// own goroutine queued before goes first. Counting the queue from the
-	// writer's side instead (dequeued plus len(out)) must allow for a
-	// packet taken but not yet counted, and then lets one packet put after
-	// this call go first: the tunnel's first DATA ahead of its DIAL_RSP,
-	// which the frontend then drops.
-	due := p.enqueued.Load()
-	p.controlMu.Lock()
+	p.mu.Lock()
 	select {
 	case <-p.done:
-		p.controlMu.Unlock()
+		p.mu.Unlock()
 		return false
 	default:
 	}
 	if _, dup := p.controlKeys[key]; dup {
-		p.controlMu.Unlock()
+		p.mu.Unlock()
 		return true
 	}
 	if untied && p.untied >= maxControl || len(p.control) >= maxControl+maxTunnelControl {
-		p.controlMu.Unlock()
+		p.mu.Unlock()
 		p.metrics.observeStreamEnded(StreamEndedControlBacklog)
 		p.end(errControlBacklog)
 		return false
@@ -263,13 +269,17 @@ func (p *peer) queueControl(pkt *client.Packet, id int64, untied bool) bool {
 		p.controlKeys = map[controlKey]struct{}{}
 	}
 	p.controlKeys[key] = struct{}{}
-	p.control = append(p.control, controlPacket{pkt: pkt, key: key, due: due, untied: untied})
+	// Its place: after every data packet put so far, each counted under
+	// this lock as it was put, and so after every packet of this tunnel
+	// that its own goroutines queued before this call, whatever other
+	// tunnels' senders do meanwhile.
+	p.control = append(p.control, controlPacket{pkt: pkt, key: key, due: p.put, untied: untied})
 	if untied {
 		p.untied++
 	}
-	p.controlMu.Unlock()
+	p.startWriterLocked()
+	p.mu.Unlock()
 	p.metrics.addControlQueued(1)
-	p.kick()
 	return true
 }
 
@@ -321,22 +331,21 @@ func since(now time.Time, t int64) time.Duration {
 // stalled reports whether packets have waited to be sent while nothing
 // moved on the stream, in or out, for d: the stream is stuck, whatever
 // the cause, and only ending it frees what waits on it. Packets wait
-// while the writer runs (but for a moment after each kick, and once the
-// stream has ended, when nobody asks), and moved is reset when one
-// starts, so that packets queued on a stream long idle are given d from
-// then.
+// while the writer runs (and once the stream has ended, when nobody
+// asks), and moved is reset when one starts, so that packets queued on a
+// stream long idle are given d from then.
 func (p *peer) stalled(now time.Time, d time.Duration) bool {
-	// writing first: see kick.
+	// writing first: see startWriterLocked.
 	return p.writing.Load() && now.Sub(time.Unix(0, p.moved.Load())) >= d
 }
 
 // queuedBytes counts the bytes of one queue in the server's queued_bytes
 // gauge. A byte is added once it is in the queue and subtracted once it
-// has been sent; the two may come in either order (the writer can take a
-// packet before its sender has counted it), so the count may dip below
-// zero for a moment but adds up. stop takes what is left out of the gauge
-// and counts nothing after it, so that data left in a queue whose stream
-// has ended is not counted for ever.
+// has been sent; where the queue is a channel the two may come in either
+// order (the writer can take a packet before its sender has counted it),
+// so the count may dip below zero for a moment but adds up. stop takes
+// what is left out of the gauge and counts nothing after it, so that
+// data left in a queue whose stream has ended is not counted for ever.
 type queuedBytes struct {
 	m    *metrics
 	mu   sync.Mutex

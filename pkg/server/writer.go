@@ -11,33 +11,37 @@ import (
 // A peer's writer: the one goroutine that calls stream.Send, started by
 // whoever queues a packet and gone once both queues are empty.
 
-// offer queues pkt on out if there is room now, and reports whether it
-// did.
+// offer queues pkt on the data queue if there is room now, and reports
+// whether it did.
 func (p *peer) offer(pkt *client.Packet) bool {
 	select {
-	case p.out <- pkt:
-		p.put(pkt)
+	case p.room <- struct{}{}:
+		p.push(pkt)
 		return true
 	default:
 		return false
 	}
 }
 
-// put accounts for pkt, just put on out, and kicks the writer. Whoever
-// puts a packet on out calls it next.
-func (p *peer) put(pkt *client.Packet) {
+// push puts pkt on the data queue, for a sender that holds a token of
+// room, and starts the writer if none runs. Counting the packet (put)
+// under the same lock as the put is what keeps a control packet queued
+// after it behind it (queueControl).
+func (p *peer) push(pkt *client.Packet) {
 	p.queued.add(dataLen(pkt))
-	p.enqueued.Add(1)
-	p.kick()
+	p.mu.Lock()
+	p.data[(p.head+p.n)%queueSize] = pkt
+	p.n++
+	p.put++
+	p.startWriterLocked()
+	p.mu.Unlock()
 }
 
-// kick starts writeLoop unless one runs or the stream is done with
-// writers. Whoever queues a packet calls it after queueing: a writer that
-// finds both queues empty ends under writerMu, so that either it sees the
-// packet or the kick that follows sees it gone.
-func (p *peer) kick() {
-	p.writerMu.Lock()
-	defer p.writerMu.Unlock()
+// startWriterLocked starts writeLoop unless one runs or the stream is
+// done with writers. Whoever queues a packet calls it, with mu held: a
+// writer that finds both queues empty ends under mu too, so that either
+// it sees the packet or this sees it gone.
+func (p *peer) startWriterLocked() {
 	if p.writing.Load() || p.stopped || p.ended.Load() {
 		return
 	}
@@ -54,82 +58,60 @@ func (p *peer) kick() {
 // the Server, which waits for that goroutine, waits for the writer too.
 func (p *peer) stopWriter() {
 	<-p.done
-	p.writerMu.Lock()
+	p.mu.Lock()
 	p.stopped = true
-	p.writerMu.Unlock()
+	p.mu.Unlock()
 	p.writers.Wait()
 }
 
-// idleWriter ends writeLoop if nothing is queued, and reports whether it
-// did.
-func (p *peer) idleWriter() bool {
-	p.writerMu.Lock()
-	defer p.writerMu.Unlock()
-	if len(p.out) > 0 {
-		return false
+// next removes and returns the next packet to send: the oldest control
+// packet once every data packet queued before it has been taken, else
+// the oldest data packet. With both queues empty it returns nil and
+// marks the writer stopped, under mu, so that the next queueing starts
+// another. Only writeLoop calls it.
+func (p *peer) next() *client.Packet {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// With the data queue empty taken == put, so the first control
+	// packet is due.
+	if len(p.control) > 0 && p.control[0].due <= p.taken {
+		first := p.control[0]
+		p.control[0] = controlPacket{}
+		p.control = p.control[1:]
+		if len(p.control) == 0 {
+			p.control = nil // let the array go
+		}
+		delete(p.controlKeys, first.key)
+		if first.untied {
+			p.untied--
+		}
+		p.metrics.addControlQueued(-1)
+		return first.pkt
 	}
-	p.controlMu.Lock()
-	queued := len(p.control) > 0
-	p.controlMu.Unlock()
-	if queued {
-		return false
-	}
-	p.writing.Store(false)
-	return true
-}
-
-// nextControl removes and returns the oldest control packet if it is due,
-// or nil. Only writeLoop calls it, between sends: an empty out then means
-// that every packet queued before any control packet has been sent. The
-// queue is served in order: a packet behind one not yet due waits with
-// it, late by a few packets at most.
-func (p *peer) nextControl() *client.Packet {
-	p.controlMu.Lock()
-	defer p.controlMu.Unlock()
-	if len(p.control) == 0 {
+	if p.n == 0 {
+		p.writing.Store(false)
 		return nil
 	}
-	first := p.control[0]
-	if first.due > p.dequeued.Load() && len(p.out) > 0 {
-		return nil
-	}
-	p.control[0] = controlPacket{}
-	p.control = p.control[1:]
-	if len(p.control) == 0 {
-		p.control = nil // let the array go
-	}
-	delete(p.controlKeys, first.key)
-	if first.untied {
-		p.untied--
-	}
-	p.metrics.addControlQueued(-1)
-	return first.pkt
+	pkt := p.data[p.head]
+	p.data[p.head] = nil
+	p.head = (p.head + 1) % queueSize
+	p.n--
+	p.taken++
+	<-p.room // its token: a waiting sender may put one more
+	return pkt
 }
 
 // writeLoop sends queued packets until both queues are empty, the
-// stream ends or a send fails. One runs at a time (kick).
+// stream ends or a send fails. One runs at a time (startWriterLocked).
 func (p *peer) writeLoop() {
 	defer p.writers.Done()
 	for {
-		pkt := p.nextControl()
+		pkt := p.next()
 		if pkt == nil {
-			// A control packet not yet due waits for out to drain to
-			// it: out is not empty then.
-			select {
-			case <-p.done:
-				return
-			case pkt = <-p.out:
-				p.dequeued.Add(1)
-			default:
-				if p.idleWriter() {
-					return
-				}
-				continue
-			}
+			return
 		}
 		if p.ended.Load() {
-			// The select may take a packet though done is closed too;
-			// the handler may have returned: Send nothing.
+			// The handler may have returned: Send nothing.
 			wire.Recycle(pkt.GetData().GetData())
 			return
 		}

@@ -60,7 +60,7 @@ func heldPeer(t *testing.T, segment string) (*peer, *heldStream, *metrics) {
 		p.stopWriter()
 	})
 	require.True(t, p.offer(wire.Data(1, []byte("held"))))
-	require.Eventually(t, func() bool { return p.dequeued.Load() == 1 }, 10*time.Second, time.Millisecond, "the writer never took the first packet")
+	require.Eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.taken == 1 }, 10*time.Second, time.Millisecond, "the writer never took the first packet")
 	return p, s, m
 }
 
