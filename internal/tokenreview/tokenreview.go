@@ -167,13 +167,17 @@ type Authenticator struct {
 
 // review is one TokenReview that callers wait for.
 type review struct {
-	done   chan struct{} // closed once node and err are set
-	node   string        // the node the token is bound to, "" for none
-	err    error
-	cancel context.CancelFunc
+	done chan struct{} // closed once node and err are set
+	node string        // the node the token is bound to, "" for none
+	err  error
+	// cancelWait ends the review's wait for the rate limit and a slot,
+	// not the request once sent, and cancel the whole review.
+	cancelWait, cancel context.CancelFunc
 	// waiters counts the callers waiting for it; the last to leave
-	// cancels it. Guarded by Authenticator.mu.
+	// cancels its wait, unless sent is set: it has its slot and is
+	// asking. Both guarded by Authenticator.mu.
 	waiters int
+	sent    bool
 }
 
 // verdict is a cached review: err is nil for an accepted token, which
@@ -290,8 +294,13 @@ func (a *Authenticator) verdict(ctx context.Context, token string) (string, erro
 
 // join returns the review of key that is under way, or starts one, and
 // counts the caller as waiting for it. Callers that share a review do not
-// share a context: the review runs on its own, bounded by ReviewTimeout,
-// for as long as any of them waits.
+// share a context: the review runs on its own, bounded by ReviewTimeout.
+// It waits for the rate limit and a slot for as long as any of them
+// waits; once sent, it runs to the answer, and holds its slot until then,
+// whoever still waits: the API server goes on with a request whose
+// client hung up, so a slot freed at once would let more than
+// MaxInFlight run there at once. Its verdict is cached for a caller who
+// comes back.
 func (a *Authenticator) join(key [sha256.Size]byte, token string) (*review, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -302,32 +311,35 @@ func (a *Authenticator) join(key [sha256.Size]byte, token string) (*review, erro
 			return nil, ErrOverloaded
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ReviewTimeout)
-		r = &review{done: make(chan struct{}), cancel: cancel}
+		waitCtx, cancelWait := context.WithCancel(ctx)
+		r = &review{done: make(chan struct{}), cancelWait: cancelWait, cancel: cancel}
 		a.reviews[key] = r
 		a.pending++
 		a.metrics.pending.Set(float64(a.pending))
-		go a.run(ctx, key, token, r)
+		go a.run(waitCtx, ctx, key, token, r)
 	}
 	r.waiters++
 	return r, nil
 }
 
-// leave counts a caller that stopped waiting for r. The last one cancels
-// it, wherever it is: waiting for a slot, or sent.
+// leave counts a caller that stopped waiting for r. The last one ends its
+// wait for the rate limit and a slot; a review already sent goes on, and
+// a caller who comes back joins it.
 func (a *Authenticator) leave(key [sha256.Size]byte, r *review) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if r.waiters--; r.waiters == 0 {
-		r.cancel()
+	if r.waiters--; r.waiters == 0 && !r.sent {
+		r.cancelWait()
 		if a.reviews[key] == r {
 			delete(a.reviews, key) // a new caller starts afresh
 		}
 	}
 }
 
-// run carries out review r of token and remembers its verdict.
-func (a *Authenticator) run(ctx context.Context, key [sha256.Size]byte, token string, r *review) {
-	r.node, r.err = a.review(ctx, token)
+// run carries out review r of token, waiting for the rate limit and a
+// slot under waitCtx and asking under ctx, and remembers its verdict.
+func (a *Authenticator) run(waitCtx, ctx context.Context, key [sha256.Size]byte, token string, r *review) {
+	r.node, r.err = a.review(waitCtx, ctx, token, r)
 	if ctx.Err() == nil || r.err == nil {
 		a.remember(key, token, r.node, r.err)
 	}
@@ -388,22 +400,27 @@ func (a *Authenticator) remember(key [sha256.Size]byte, token, node string, err 
 	a.metrics.entries.Set(float64(len(a.cache)))
 }
 
-// review asks the API server about token, at most MaxInFlight at once
-// and QPS a second, and returns the node it is bound to.
-func (a *Authenticator) review(ctx context.Context, token string) (string, error) {
+// review asks the API server about token for r, at most MaxInFlight at
+// once and QPS a second, and returns the node it is bound to. It waits
+// for both under waitCtx, and asks under ctx.
+func (a *Authenticator) review(waitCtx, ctx context.Context, token string, r *review) (string, error) {
 	a.metrics.throttled.Inc()
-	err := a.limiter.Wait(ctx)
+	err := a.limiter.Wait(waitCtx)
 	a.metrics.throttled.Dec()
 	if err != nil {
 		return "", fmt.Errorf("wait to review agent token (at most %v a second): %w", a.cfg.QPS, err)
 	}
 	select {
 	case a.inFlight <- struct{}{}:
-	case <-ctx.Done():
-		return "", fmt.Errorf("wait to review agent token: %w", ctx.Err())
+	case <-waitCtx.Done():
+		return "", fmt.Errorf("wait to review agent token: %w", waitCtx.Err())
 	}
 	defer func() { <-a.inFlight }()
-	if err := ctx.Err(); err != nil {
+	a.mu.Lock()
+	err = waitCtx.Err()
+	r.sent = err == nil
+	a.mu.Unlock()
+	if err != nil {
 		// The slot and the end came together: select chose the slot.
 		return "", fmt.Errorf("wait to review agent token: %w", err)
 	}

@@ -309,22 +309,25 @@ func TestCacheIsBoundedAndSkipsErrors(t *testing.T) {
 	assert.Equal(t, 2.0, errors)
 }
 
-// A flood of distinct bogus tokens, from callers that leave at
-// once, ends with them. Each caller's review waits for a slot, and runs,
-// only while a caller waits: once the callers have left, the goroutines
-// and the heap are back where they were and the API server has no review
-// left, long before the reviews' own timeout (an hour here: before the
-// fix they ran, under context.WithoutCancel, until it). On the project's
-// machine everything was freed within 0.05-0.5 s of the callers leaving,
-// 2.7 s with both cores busy.
+// A flood of distinct bogus tokens, from callers that leave at once,
+// ends with them but for the reviews already sent: the reviews that wait
+// for a slot end at once, and the MaxInFlight sent hold their slots
+// until the API server answers, however long it takes (up to
+// ReviewTimeout), so that the API server never has more than MaxInFlight
+// at once from us, whatever it does with a request whose client went
+// away. (An outside checker whose API server answered after 5 s whether
+// or not the client was still there saw up to 218 at once while slots
+// were freed when the last caller left.) Once the API server answers,
+// the goroutines and the heap are back where they were.
 func TestFloodEndsWithItsCallers(t *testing.T) {
 	const (
 		callers = 2000
 		size    = 32 << 10
 	)
 	rs := newReviewServer(t, nil)
-	rs.gate = make(chan struct{}) // the API server is slow: it answers nothing
-	defer close(rs.gate)
+	rs.gate = make(chan struct{}) // the API server is slow: it answers nothing until the test opens it
+	gateOpen := sync.OnceFunc(func() { close(rs.gate) })
+	defer gateOpen()
 	a, _, reg := newCached(t, rs, unthrottled(t, rs, func(c *tokenreview.Config) { c.ReviewTimeout = time.Hour }))
 	// Reviews first, as many at once as may be sent, so that client-go's
 	// pool of idle connections is full in the baseline.
@@ -357,16 +360,23 @@ func TestFloodEndsWithItsCallers(t *testing.T) {
 	require.Eventually(t, func() bool { return rs.inFlight.Load() == tokenreview.DefaultMaxInFlight }, 30*time.Second, time.Millisecond)
 	cancel()
 	wg.Wait()
-	left := time.Now()
+	// What waited for a slot is gone; what was sent stays, at the API
+	// server and here, until it answers.
+	require.Eventually(t, func() bool { return pending(reg) == tokenreview.DefaultMaxInFlight }, 30*time.Second, 10*time.Millisecond,
+		"reviews waiting for a slot outlived their callers: %v pending", pending(reg))
+	assert.Equal(t, int32(tokenreview.DefaultMaxInFlight), rs.inFlight.Load(), "reviews at the API server once the callers left")
+	gateOpen()
+	answered := time.Now()
 	require.Eventually(t, func() bool {
 		return runtime.NumGoroutine() <= goroutines+2 && pending(reg) == 0 && rs.inFlight.Load() == 0
-	}, 30*time.Second, 10*time.Millisecond, "the flood's reviews outlived their callers: %d goroutines (baseline %d), %v pending, %d at the API server",
+	}, 30*time.Second, 10*time.Millisecond, "the flood's reviews outlived the API server's answers: %d goroutines (baseline %d), %v pending, %d at the API server",
 		runtime.NumGoroutine(), goroutines, pending(reg), rs.inFlight.Load())
-	t.Logf("freed %v after the callers left", time.Since(left))
+	t.Logf("freed %v after the API server answered", time.Since(answered))
 	assert.Less(t, metricstest.HeapInUse(), heap+16<<20, "the flood's tokens are still held")
+	assert.LessOrEqual(t, rs.maxFlight.Load(), int32(tokenreview.DefaultMaxInFlight), "reviews at the API server at once")
 	// Only reviews whose callers were still there were sent: the first
-	// MaxInFlight, and a few more that took the slots they freed before
-	// their own callers had gone (before the fix, every one was sent).
+	// MaxInFlight, and a few more that took the slots of the ungated
+	// ones before their own callers had gone.
 	assert.Less(t, rs.reviews.Load()-reviewed, int32(callers/2), "reviews were sent for callers that had gone")
 }
 
