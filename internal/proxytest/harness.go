@@ -207,7 +207,7 @@ func StartServer(tb testing.TB, env *Env, opts ServerOptions) *Server {
 	s.healthHTTP = &http.Server{Handler: health, ReadHeaderTimeout: StopTimeout}
 
 	s.wg.Add(4)
-	go func() { defer s.wg.Done(); _ = s.agentGRPC.Serve(al) }()
+	go func() { defer s.wg.Done(); _ = s.agentGRPC.Serve(core.AgentListener(al)) }()
 	go func() { defer s.wg.Done(); _ = s.frontendGRPC.Serve(gl) }()
 	go func() { defer s.wg.Done(); _ = s.connectHTTP.Serve(tls.NewListener(cl, serverTLS)) }()
 	go func() { defer s.wg.Done(); _ = s.healthHTTP.Serve(hl) }()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -144,11 +145,19 @@ func (h *handshakes) refusedLocked(addr netip.Prefix) {
 // Unix socket).
 func peerPrefix(ctx context.Context) netip.Prefix {
 	p, ok := grpcpeer.FromContext(ctx)
-	if !ok || p.Addr == nil {
+	if !ok {
+		return netip.Prefix{}
+	}
+	return addrPrefix(p.Addr)
+}
+
+// addrPrefix is peerPrefix for a connection's remote address.
+func addrPrefix(remote net.Addr) netip.Prefix {
+	if remote == nil {
 		return netip.Prefix{}
 	}
 	var a netip.Addr
-	if ap, err := netip.ParseAddrPort(p.Addr.String()); err == nil {
+	if ap, err := netip.ParseAddrPort(remote.String()); err == nil {
 		a = ap.Addr().Unmap()
 	} else {
 		return netip.Prefix{}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"strings"
@@ -22,6 +24,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/metricstest"
@@ -279,4 +282,127 @@ func TestAddressWithRefusedTokensIsNotChecked(t *testing.T) {
 
 	require.NoError(t, from("127.0.0.2", "real", "good"))
 	waitBackends(t, e, 1)
+}
+
+// sendBeforeAuth opens a TLS connection to e's agent port from ip and
+// writes, on one Connect stream whose token is "bogus", up to 4 MiB of
+// DATA without reading, and returns how the server ended it: the error of
+// reading to the end (nil: EOF) and of the writes. A server that keeps
+// the connection open makes the read time out.
+func sendBeforeAuth(t *testing.T, e *env, ip string) (readErr, writeErr error) {
+	t.Helper()
+	cfg := e.agentTLS.Clone()
+	cfg.NextProtos = []string{"h2"}
+	d := &net.Dialer{Timeout: waitFor, LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	c, err := tls.DialWithDialer(d, "tcp", e.agentAddr, cfg)
+	if err != nil {
+		return err, err
+	}
+	defer c.Close()
+	fr := http2.NewFramer(c, c)
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, hf := range []hpack.HeaderField{
+		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"},
+		{Name: ":path", Value: wire.ConnectMethod}, {Name: ":authority", Value: "localhost"},
+		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
+		{Name: "authorization", Value: "Bearer bogus"}, {Name: strings.ToLower(wire.HeaderAgentID), Value: "hostile"},
+	} {
+		require.NoError(t, enc.WriteField(hf))
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		_ = c.SetWriteDeadline(time.Now().Add(waitFor))
+		if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+			wrote <- err
+			return
+		}
+		if err := fr.WriteSettings(); err != nil {
+			wrote <- err
+			return
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true}); err != nil {
+			wrote <- err
+			return
+		}
+		chunk := make([]byte, 16<<10)
+		for range 4 * wire.StreamWindow / len(chunk) {
+			if err := fr.WriteData(1, false, chunk); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(waitFor))
+	_, readErr = io.Copy(io.Discard, c)
+	return readErr, <-wrote
+}
+
+// A connection that sends more than MaxPreAuthBytes before any of its
+// streams is admitted is closed, all its streams with it: however long
+// its tokens wait for review, and however many streams it opens after
+// refused ones, it makes the server read at most MaxPreAuthBytes (each
+// stream in review could otherwise hold a stream window, 1 MiB, and each
+// refused stream be followed by another). Each such connection counts
+// against its address as a refused token does: past refusedBurst (10),
+// the address's new connections are closed before their TLS handshake.
+// A connection whose stream was admitted sends what it likes.
+func TestConnectionsSendLittleBeforeTheyAuthenticate(t *testing.T) {
+	reviews := newHeldReviews(t)
+	reg := prometheus.NewRegistry()
+	e := startEnv(t, server.Config{Authenticator: reviews, Registerer: reg})
+	rejections := func(reason string) float64 {
+		v, _ := metricstest.Value(reg, "servercount_server_agent_rejections_total", "reason", reason)
+		return v
+	}
+	unauthenticated := func() float64 {
+		v, _ := metricstest.Value(reg, "servercount_server_agent_connections_unauthenticated")
+		return v
+	}
+
+	// A stream window's worth on one stream, whose token stays in
+	// review: the server stops reading at MaxPreAuthBytes and closes the
+	// connection (its GOAWAY or settings first, then EOF or a reset), and
+	// the writes fail.
+	readErr, writeErr := sendBeforeAuth(t, e, "127.0.0.1")
+	var ne net.Error
+	require.False(t, errors.As(readErr, &ne) && ne.Timeout(), "the server kept the connection open: %v", readErr)
+	require.Error(t, writeErr, "4 MiB written to a connection that proved nothing")
+	require.Equal(t, 1.0, rejections("too_many_bytes_before_auth"))
+	require.Eventually(t, func() bool { return unauthenticated() == 0 }, waitFor, time.Millisecond)
+
+	// Nine more from the same address spend its burst (these count apart
+	// from refused tokens); the next is closed at once, before its TLS
+	// handshake, and another address is not.
+	for range 9 {
+		_, writeErr := sendBeforeAuth(t, e, "127.0.0.1")
+		require.Error(t, writeErr)
+	}
+	require.Equal(t, 10.0, rejections("too_many_bytes_before_auth"))
+	readErr, writeErr = sendBeforeAuth(t, e, "127.0.0.1")
+	require.Error(t, readErr, "a TLS handshake with an address past its burst")
+	require.Equal(t, readErr, writeErr, "the dial itself failed")
+	require.Equal(t, 1.0, rejections("too_many_cut_connections"), "connections closed at accept")
+	require.Equal(t, 10.0, rejections("too_many_bytes_before_auth"), "a connection closed at accept is not read")
+	_, writeErr = sendBeforeAuth(t, e, "127.0.0.2")
+	require.Error(t, writeErr)
+	require.Equal(t, 11.0, rejections("too_many_bytes_before_auth"), "another address is cut, not refused")
+
+	// An admitted stream's connection is not bound: 4 MiB of DATA (for a
+	// connection the server does not know, which it answers once). From
+	// an address of its own: 127.0.0.1 is refused for a while.
+	reviews.open()
+	a, err := adversarytest.DialDeafAgent(t.Context(), adversarytest.AgentConfig{Conn: connFrom(t, e, "127.0.0.3"), ID: "good", Token: "good"})
+	require.NoError(t, err)
+	t.Cleanup(a.Close)
+	data := make([]byte, 32<<10)
+	for range 4 * wire.StreamWindow / len(data) {
+		require.NoError(t, a.Send(wire.Data(1, data)))
+	}
+	pkt, err := a.Recv()
+	require.NoError(t, err, "the admitted stream was ended")
+	require.Equal(t, client.PacketType_CLOSE_REQ, pkt.GetType())
+	require.Equal(t, 11.0, rejections("too_many_bytes_before_auth"))
+	require.Zero(t, unauthenticated())
 }

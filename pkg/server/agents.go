@@ -179,6 +179,8 @@ func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error
 	} else {
 		id, _ = certIdentity(ctx) // none proves nothing
 	}
+	// Proven: the connection may send what agents send.
+	s.preAuth.open(remoteAddr(ctx))
 	invalid := func(err error) (string, wire.Identifiers, error) {
 		s.rejected(ctx, md, RejectInvalidMetadata, err)
 		return "", wire.Identifiers{}, status.Error(codes.InvalidArgument, capPeer(err.Error()))

@@ -100,7 +100,7 @@ func startEnv(t testing.TB, cfg server.Config) *env {
 
 	var wg sync.WaitGroup
 	wg.Add(4)
-	go func() { defer wg.Done(); _ = agentGRPC.Serve(agentLis) }()
+	go func() { defer wg.Done(); _ = agentGRPC.Serve(srv.AgentListener(agentLis)) }()
 	go func() { defer wg.Done(); _ = frontGRPC.Serve(frontLis) }()
 	go func() { defer wg.Done(); _ = connectHTTP.Serve(connectLis) }()
 	go func() { defer wg.Done(); _ = hzHTTP.Serve(hzLis) }()

@@ -71,9 +71,17 @@ const (
 	// RejectTooManyRefused: the peer's address had too many tokens
 	// refused of late; its token was not checked.
 	RejectTooManyRefused RejectReason = "too_many_refused_tokens"
+	// RejectTooManyBytes: a connection sent more than MaxPreAuthBytes
+	// before any of its streams was admitted, and was closed with all
+	// its streams (counted once per connection).
+	RejectTooManyBytes RejectReason = "too_many_bytes_before_auth"
+	// RejectTooManyCut: a connection from an address that had too many
+	// connections closed for RejectTooManyBytes of late was closed at
+	// once, before its TLS handshake (counted once per connection).
+	RejectTooManyCut RejectReason = "too_many_cut_connections"
 )
 
-var rejectReasons = []RejectReason{RejectInvalidMetadata, RejectUnauthenticated, RejectShuttingDown, RejectTooManyHandshakes, RejectTooManyStreams, RejectTooManyRefused}
+var rejectReasons = []RejectReason{RejectInvalidMetadata, RejectUnauthenticated, RejectShuttingDown, RejectTooManyHandshakes, RejectTooManyStreams, RejectTooManyRefused, RejectTooManyBytes, RejectTooManyCut}
 
 // String returns the label value.
 func (r RejectReason) String() string { return string(r) }
@@ -150,6 +158,7 @@ type metrics struct {
 	dialFailures    *prometheus.CounterVec
 	reportedCount   prometheus.Gauge
 	agentRejection  *prometheus.CounterVec
+	preAuthConns    prometheus.Gauge
 	waitingForAgent prometheus.Gauge
 	waitingForFe    prometheus.Gauge
 	duplicateDials  prometheus.Counter
@@ -214,7 +223,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reportedCount: ours.Gauge("reported_server_count",
 			"The server count last sent to an agent in the serverCount header."),
 		agentRejection: ours.CounterVec("agent_rejections_total",
-			"Number of agent streams refused at the handshake, by reason.", "reason"),
+			"Number of agent streams refused at the handshake, by reason; too_many_bytes_before_auth counts agent connections closed for sending more than 64 KiB before any of their streams was admitted, and too_many_cut_connections connections closed before their TLS handshake because their address had too many of those of late.", "reason"),
+		preAuthConns: ours.Gauge("agent_connections_unauthenticated",
+			"Agent connections none of whose streams has been admitted yet: each may make the server read at most 64 KiB until one is."),
 		waitingForAgent: ours.Gauge("frontends_waiting_for_agent",
 			"Number of frontends (gRPC streams and HTTP CONNECT tunnels) whose next packet waits for room in an agent stream's send queue: an agent that does not read holds them."),
 		waitingForFe: ours.Gauge("deliveries_waiting_for_frontend",
@@ -268,7 +279,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.dialRetries.WithLabelValues(string(r))
 	}
 	if err := metric.Register(reg, "proxy-server metrics (is another Server registered on the same registry?)",
-		m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.waitingForAgent, m.waitingForFe, m.duplicateDials, m.queuedBytes,
+		m.backends, m.grpcConns, m.httpConns, m.pendingDials, m.established, m.dialFailures, m.reportedCount, m.agentRejection, m.preAuthConns, m.waitingForAgent, m.waitingForFe, m.duplicateDials, m.queuedBytes,
 		m.controlQueued, m.streamsEnded, m.tunnelsEnded, m.unresponsive, m.dialRetries, m.contested, m.unbound,
 		m.readyBackends, m.dialDuration, m.feWrite, m.connDuration, m.fullReceive, m.streamPackets, m.streamErrors); err != nil {
 		return nil, err
@@ -291,6 +302,7 @@ func (m *metrics) setReportedServerCount(n int) { m.reportedCount.Set(float64(n)
 func (m *metrics) observeAgentRejection(r RejectReason) {
 	m.agentRejection.WithLabelValues(string(r)).Inc()
 }
+func (m *metrics) addPreAuthConns(n int) { m.preAuthConns.Add(float64(n)) }
 func (m *metrics) addWaitingForAgent(n int) {
 	m.waitingForAgent.Add(float64(n))
 	m.fullReceive.WithLabelValues(string(methodProxy)).Add(float64(n))

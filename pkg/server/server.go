@@ -50,6 +50,9 @@ type Server struct {
 	routes *routes
 	// handshakes counts the agent handshakes being authenticated.
 	handshakes handshakes
+	// preAuth holds the agent connections that AgentListener accepted
+	// and no stream of which has been admitted yet; it has its own lock.
+	preAuth preAuthConns
 	// rejectLog bounds the log lines of rejected agent streams.
 	rejectLog rejectLog
 	// nBackends counts the agent streams in agents. Guarded by mu.
@@ -87,7 +90,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{
+	s := &Server{
 		cfg:         cfg,
 		log:         cfg.Logger.WithName("proxy-server"),
 		metrics:     m,
@@ -96,9 +99,11 @@ func New(cfg Config) (*Server, error) {
 		agents:      map[string]*agent{},
 		routes:      newRoutes(),
 		handshakes:  handshakes{perAddress: cfg.MaxHandshakesPerAddress},
+		preAuth:     preAuthConns{m: m, byAddr: cfg.MaxHandshakesPerAddress >= 0},
 		pending:     map[int64]*tunnel{},
 		httpTunnels: map[*httpTunnel]struct{}{},
-	}, nil
+	}
+	return s, nil
 }
 
 // Config returns the configuration the Server runs with: cfg as New

@@ -305,7 +305,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	agentGRPC := grpc.NewServer(agentOpts...)
 	wire.RegisterAgentServiceServer(agentGRPC, srv)
-	g.GRPC("agent server", s.agents, agentGRPC)
+	g.GRPC("agent server", srv.AgentListener(s.agents), agentGRPC)
 
 	// Frontends.
 	stopFrontends := s.serveFrontends(g)
