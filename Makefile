@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: help ci ci-checks deps docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn faults upstream upstream-suite parity cross images push image-test rules-test
+.PHONY: help ci ci-checks deps integrity flood docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn faults upstream upstream-suite parity cross images push image-test rules-test
 
 all: lint test build
 
@@ -26,13 +26,16 @@ ci: deps
 	.ci/offline $(MAKE) ci-checks
 
 ## ci-checks: the checks, in order: lint, test (the README's test command),
-## churn, soak, the fault matrix, upstream's suite, parity, the rules, the
-## images, e2e; refuses to run outside the namespace that `make ci` makes
+## churn, integrity, flood, soak, the fault matrix, upstream's suite,
+## parity, the rules, the images, e2e; refuses to run outside the
+## namespace that `make ci` makes
 ci-checks:
 	.ci/offline --check
 	$(MAKE) lint
 	$(MAKE) test
 	$(MAKE) churn CHURN_DURATION=20s
+	$(MAKE) integrity
+	$(MAKE) flood
 	$(MAKE) soak
 	$(MAKE) faults
 	$(MAKE) upstream-suite
@@ -192,6 +195,21 @@ soak:
 CHURN_DURATION ?= 60s
 churn:
 	$(GO) test -count=1 -v -timeout 40m -run TestChurnProcesses ./test/churn -churn.process-duration=$(CHURN_DURATION)
+
+## integrity: every byte of every tunnel, both ways, checked at both ends,
+## through the binaries as processes in all four pairings with upstream's,
+## over HTTP CONNECT, a gRPC connection per tunnel and one shared gRPC
+## connection; our pair must deliver every tunnel; writes the table to
+## integrity.md
+integrity:
+	$(GO) test -count=1 -v -timeout 30m -run TestIntegrityProcesses ./test/churn -integrity -integrity.out=$(CURDIR)/integrity.md
+
+## flood: a proxy-server process under a flood of bogus agent handshakes,
+## each stream followed by a stream window of data, from one address and
+## from 50, with TokenReviews that take 5 s: heap bounded, the API server
+## never past 32 reviews, and 16 of 20 real agents in within 17 s
+flood:
+	$(GO) test -count=1 -v -timeout 15m -run TestFloodProcesses ./test/fleet -flood.processes
 
 ## faults: the fault matrix: servers frozen, black-holed, cut off
 ## and stopped, agents stopped and deaf, through our binaries (held to the

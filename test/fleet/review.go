@@ -1,8 +1,12 @@
 package fleet
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
+	"os"
+	"path/filepath"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -46,6 +50,12 @@ const reviewPath = "/apis/authentication.k8s.io/v1/tokenreviews"
 type reviewEndpoint struct {
 	srv   *httptest.Server
 	count atomic.Int64
+	// delay is how long each review takes, whether or not its client is
+	// still there, as an API server slow to answer; set before the first
+	// review. inFlight counts the reviews being answered, and mostInFlight
+	// the most at once.
+	delay                  time.Duration
+	inFlight, mostInFlight atomic.Int64
 
 	mu    sync.Mutex
 	times []time.Time // when each review came; guarded by mu
@@ -79,6 +89,13 @@ func (e *reviewEndpoint) serve(w http.ResponseWriter, r *http.Request) {
 	e.mu.Lock()
 	e.times = append(e.times, time.Now())
 	e.mu.Unlock()
+	n := e.inFlight.Add(1)
+	defer e.inFlight.Add(-1)
+	for m := e.mostInFlight.Load(); n > m && !e.mostInFlight.CompareAndSwap(m, n); m = e.mostInFlight.Load() {
+	}
+	if e.delay > 0 {
+		time.Sleep(e.delay) // the API server's work, which a client that leaves does not stop
+	}
 	tr.APIVersion, tr.Kind = "authentication.k8s.io/v1", "TokenReview"
 	tr.Status = authenticationv1.TokenReviewStatus{
 		Authenticated: strings.HasPrefix(jwttest.Name(tr.Spec.Token), tokenPrefix),
@@ -88,6 +105,30 @@ func (e *reviewEndpoint) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	_ = json.NewEncoder(w).Encode(&tr) // the client has gone: nothing to do
+}
+
+// kubeconfig writes a kubeconfig for the endpoint into dir, for a
+// proxy-server process (with --kube-api-content-type=application/json:
+// the endpoint decodes JSON only), and returns its path.
+func (e *reviewEndpoint) kubeconfig(tb testing.TB, dir string) string {
+	tb.Helper()
+	ca := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: e.srv.Certificate().Raw}))
+	cfg := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: review
+  cluster: {server: %q, certificate-authority-data: %s}
+users:
+- name: proxy-server
+  user: {token: proxy-server}
+contexts:
+- name: review
+  context: {cluster: review, user: proxy-server}
+current-context: review
+`, e.srv.URL, ca)
+	path := filepath.Join(dir, "kubeconfig")
+	require.NoError(tb, os.WriteFile(path, []byte(cfg), 0o600))
+	return path
 }
 
 // client returns an API client for the endpoint, limited to qps and
