@@ -208,55 +208,10 @@ func (s *Server) admit(ctx context.Context, md metadata.MD) (Identity, error) {
 }
 
 // rejected logs and counts a refused agent stream. err may quote what the
-// agent sent: it is cut as a whole.
+// agent sent: it is cut as a whole. The lines of each reason are bounded
+// (logLimiter); the metric counts every rejection.
 func (s *Server) rejected(ctx context.Context, md metadata.MD, reason RejectReason, err error) {
 	s.metrics.observeAgentRejection(reason)
-	ok, left := s.rejectLog.allow(reason)
-	if !ok {
-		return
-	}
-	kv := []any{"agentID", capPeer(strings.Join(md.Get(wire.HeaderAgentID), ",")), "reason", reason, "remote", remoteAddr(ctx)}
-	if left > 0 {
-		kv = append(kv, "notLoggedBefore", left)
-	}
-	s.log.Error(errors.New(capPeer(err.Error())), "Rejected agent stream", kv...)
-}
-
-// Bounds on the "Rejected agent stream" lines of each reason: a flood of
-// bogus handshakes must not become a flood of log lines. The metric
-// counts every rejection.
-const (
-	rejectLogBurst     = 20
-	rejectLogPerSecond = 2
-)
-
-// rejectLog says which rejections to log: at most rejectLogBurst at once
-// and rejectLogPerSecond after, of each reason. A line logged after some
-// were left out says how many.
-type rejectLog struct {
-	mu   sync.Mutex
-	lim  map[RejectReason]*rate.Limiter
-	left map[RejectReason]int
-}
-
-// allow reports whether to log a rejection for reason, and how many were
-// left out since the last one logged.
-func (l *rejectLog) allow(reason RejectReason) (ok bool, left int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.lim == nil {
-		l.lim, l.left = map[RejectReason]*rate.Limiter{}, map[RejectReason]int{}
-	}
-	lim := l.lim[reason]
-	if lim == nil {
-		lim = rate.NewLimiter(rejectLogPerSecond, rejectLogBurst)
-		l.lim[reason] = lim
-	}
-	if !lim.Allow() {
-		l.left[reason]++
-		return false, 0
-	}
-	left = l.left[reason]
-	l.left[reason] = 0
-	return true, left
+	s.logs.error(s.log, "reject/"+string(reason), errors.New(capPeer(err.Error())), "Rejected agent stream",
+		"agentID", capPeer(strings.Join(md.Get(wire.HeaderAgentID), ",")), "reason", reason, "remote", remoteAddr(ctx))
 }

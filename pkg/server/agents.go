@@ -207,7 +207,7 @@ func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error
 		var dropped []string
 		if ids, dropped = id.bind(ids); len(dropped) > 0 {
 			s.metrics.observeUnboundClaims(len(dropped))
-			s.log.Info("Dropped agent identifiers that its credential does not prove: it gets none of their dials", "agentID", capPeer(agentID), "dropped", capPeer(strings.Join(dropped, "&")), "proven", capPeer(id.String()), "remote", remoteAddr(ctx))
+			s.logs.info(s.log, "unbound", "Dropped agent identifiers that its credential does not prove: it gets none of their dials", "agentID", capPeer(agentID), "dropped", capPeer(strings.Join(dropped, "&")), "proven", capPeer(id.String()), "remote", remoteAddr(ctx))
 		}
 	}
 	return agentID, ids, nil
@@ -297,7 +297,7 @@ func (s *Server) logContested(be *backend, contested map[string]*backend, remote
 		holders = append(holders, k+" by "+holder.logID)
 	}
 	slices.Sort(holders)
-	s.log.Info("Agent claims hosts that other agents hold: it gets none of their dials while those are connected", "agentID", be.logID, "heldBy", capPeer(strings.Join(holders, ",")), "remote", remote)
+	s.logs.info(s.log, "contested", "Agent claims hosts that other agents hold: it gets none of their dials while those are connected", "agentID", be.logID, "heldBy", capPeer(strings.Join(holders, ",")), "remote", remote)
 }
 
 // removeBackendLocked unregisters be, once.

@@ -258,7 +258,7 @@ func (s *Server) endStuckTunnel(t *tunnel, reason TunnelEndedReason) {
 		return
 	}
 	s.metrics.observeTunnelEnded(reason)
-	s.log.Info("Ended a tunnel whose agent granted no flow-control credit for too long", "agentID", t.be.logID, "connectionID", t.connectID, "timeout", s.cfg.FrontendWriteTimeout)
+	s.logs.info(s.log, "no-credit", "Ended a tunnel whose agent granted no flow-control credit for too long", "agentID", t.be.logID, "connectionID", t.connectID, "timeout", s.cfg.FrontendWriteTimeout)
 	if direct {
 		t.fe.deliver(wire.CloseRsp(t.connectID, errTextNoCredit), nil)
 	}

@@ -245,7 +245,7 @@ func (f *grpcFrontend) gone() {
 
 func (f *grpcFrontend) deliver(pkt *client.Packet, abort <-chan struct{}) {
 	if err := f.peer.send(pkt, f.s.cfg.FrontendWriteTimeout, f.s.quit, abort); errors.Is(err, errSlowFrontend) {
-		f.s.log.Info("Ended a frontend stream that did not read for too long", "timeout", f.s.cfg.FrontendWriteTimeout)
+		f.s.logs.info(f.s.log, "slow-frontend", "Ended a frontend stream that did not read for too long", "timeout", f.s.cfg.FrontendWriteTimeout)
 		f.peer.end(errSlowFrontend)
 	}
 }

@@ -402,7 +402,7 @@ func (ht *httpTunnel) deliver(pkt *client.Packet, abort <-chan struct{}) {
 		case <-ht.s.quit:
 		case <-abort:
 		case <-timer.C:
-			ht.s.log.Info("Closed an HTTP CONNECT client that did not read for too long", "timeout", ht.s.cfg.FrontendWriteTimeout)
+			ht.s.logs.info(ht.s.log, "slow-client", "Closed an HTTP CONNECT client that did not read for too long", "timeout", ht.s.cfg.FrontendWriteTimeout)
 			ht.shutdown()
 			ht.closeConn()
 		}

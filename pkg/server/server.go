@@ -53,8 +53,9 @@ type Server struct {
 	// preAuth holds the agent connections that AgentListener accepted
 	// and no stream of which has been admitted yet; it has its own lock.
 	preAuth preAuthConns
-	// rejectLog bounds the log lines of rejected agent streams.
-	rejectLog rejectLog
+	// logs bounds the level-0 lines that many peers can cause at once:
+	// rejected agent streams, streams ended, refused claims.
+	logs logLimiter
 	// nBackends counts the agent streams in agents. Guarded by mu.
 	nBackends int
 	// swept holds the agent streams in agents for the liveness sweep,

@@ -242,10 +242,11 @@ func (s *Server) checkStream(be *backend, now time.Time) (wait time.Duration) {
 }
 
 // endStream ends be for reason (err, the stream's status), logged at
-// level 0 with msg and kv and counted.
+// level 0 with msg and kv (the lines of each reason bounded: a broken
+// network can end thousands at once) and counted.
 func (s *Server) endStream(be *backend, reason StreamEndedReason, err error, msg string, kv ...any) {
 	s.metrics.observeStreamEnded(reason)
-	s.log.Info(msg, append([]any{"agentID", be.logID}, kv...)...)
+	s.logs.info(s.log, "ended/"+string(reason), msg, append([]any{"agentID", be.logID}, kv...)...)
 	be.peer.end(err)
 }
 

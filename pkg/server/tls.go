@@ -19,13 +19,16 @@ import (
 // closes before a handshake, as a TCP health check does, is logged only
 // at -v=2. logger is the server's ([Config.Logger]).
 func TLSCredentials(cfg *tls.Config, port string, logger klog.Logger) credentials.TransportCredentials {
-	return loggedCredentials{TransportCredentials: credentials.NewTLS(cfg), port: port, log: logger}
+	return loggedCredentials{TransportCredentials: credentials.NewTLS(cfg), port: port, log: logger, logs: new(logLimiter)}
 }
 
 type loggedCredentials struct {
 	credentials.TransportCredentials
 	port string
 	log  klog.Logger
+	// logs bounds the lines of refused handshakes: anyone can cause them,
+	// thousands a second.
+	logs *logLimiter
 }
 
 func (c loggedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -40,14 +43,14 @@ func (c loggedCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials
 		// the peer refused us, most often because it does not trust our
 		// certificate, and the fix is on its side (its CA file), not
 		// ours.
-		c.log.Error(errors.New(capPeer(err.Error())), "Peer refused the TLS handshake (does it trust this server's certificate?)", "port", c.port, "remote", conn.RemoteAddr().String())
+		c.logs.error(c.log, "peer-refused", errors.New(capPeer(err.Error())), "Peer refused the TLS handshake (does it trust this server's certificate?)", "port", c.port, "remote", conn.RemoteAddr().String())
 	default:
 		// A certificate's names can be long, and the peer chose them.
-		c.log.Error(errors.New(capPeer(err.Error())), "Refused TLS connection", "port", c.port, "remote", conn.RemoteAddr().String())
+		c.logs.error(c.log, "refused", errors.New(capPeer(err.Error())), "Refused TLS connection", "port", c.port, "remote", conn.RemoteAddr().String())
 	}
 	return nc, info, err
 }
 
 func (c loggedCredentials) Clone() credentials.TransportCredentials {
-	return loggedCredentials{TransportCredentials: c.TransportCredentials.Clone(), port: c.port, log: c.log}
+	return loggedCredentials{TransportCredentials: c.TransportCredentials.Clone(), port: c.port, log: c.log, logs: c.logs}
 }
