@@ -5,6 +5,8 @@ import (
 	"time"
 
 	pb "sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
+
+	"github.com/servercount/servercount/pkg/wire"
 )
 
 // controlKey names what a control packet answers: its type and its
@@ -117,9 +119,11 @@ func (c *client) controlLoop(ctx context.Context) {
 	}
 }
 
-// controlID is the ID a control packet is keyed by.
+// controlID is the ID a control packet is keyed by: a DIAL_RSP's random
+// (and a dial-progress HEARTBEAT's: 0 for a plain one), else a
+// CLOSE_RSP's connectID.
 func controlID(p *pb.Packet) int64 {
-	if p.GetType() == pb.PacketType_DIAL_RSP {
+	if p.GetType() == pb.PacketType_DIAL_RSP || p.GetType() == wire.PacketHeartbeat {
 		return p.GetDialResponse().GetRandom()
 	}
 	return p.GetCloseResponse().GetConnectID()

@@ -316,3 +316,23 @@ func TestLostServerIsReResolved(t *testing.T) {
 	// (here, a tenth of that: one MinExpiry and a sync round).
 	assert.Less(t, time.Since(lost), 2*time.Second, "the replacement was dialled late")
 }
+
+// A dial to an endpoint that does not answer shows the server, within
+// wire.DialProgress, that the agent read it: a HEARTBEAT that carries
+// the dial's random, which the server counts where it does not count a
+// plain one (a deaf agent still sends those).
+func TestSlowDialShowsItsProgress(t *testing.T) {
+	tt := newTestTLS(t)
+	// An interval far above DialProgress: the heartbeat that comes is the
+	// dial's, not the idle stream's.
+	srv := heartbeatServer(t, tt, "s1", time.Minute)
+	cfg := testConfig(tt, srv.Addr())
+	cfg.Heartbeat = time.Minute
+	startAgent(t, cfg)
+	ss := srv.NextStream(t)
+	ss.Send(t, wire.DialReq("tcp", nettest.Blackhole(t), 42))
+	p := ss.NextOf(t, wire.PacketHeartbeat)
+	random, ok := wire.DialProgressOf(p)
+	require.True(t, ok, "a plain HEARTBEAT, not the dial's progress")
+	require.Equal(t, int64(42), random)
+}

@@ -105,7 +105,7 @@ func (c *client) dial(ctx context.Context, req *pb.DialRequest) {
 	if c.peerHeartbeat > 0 {
 		// A slow endpoint must not make the agent look deaf: the server
 		// hears from it within wire.DialProgress of the DIAL_REQ.
-		progress := time.AfterFunc(wire.DialProgress, func() { c.sendControl(wire.Heartbeat(), 0) })
+		progress := time.AfterFunc(wire.DialProgress, func() { c.sendControl(wire.DialProgressHeartbeat(req.GetRandom()), req.GetRandom()) })
 		defer progress.Stop()
 	}
 	conn, err := c.dialEndpoint(ctx, req.GetProtocol(), req.GetAddress())

@@ -338,7 +338,7 @@ func (s *Server) serveAgent(be *backend) {
 			s.backendGone(be)
 			return
 		}
-		be.peer.arrived()
+		be.peer.arrived(pkt)
 		s.log.V(4).Info("Received packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_RSP:

@@ -89,8 +89,8 @@ const DefaultBackendDialTimeout = 10 * time.Second
 // DefaultUnansweredDialTimeout is how long a dial may wait with nothing
 // from its agent since before the agent is taken for unresponsive. A
 // healthy agent answers a dial within milliseconds, or sends something
-// else meanwhile: ours sends HEARTBEAT when a dial is not answered within
-// wire.DialProgress. An idle upstream agent dialing a slow endpoint can
+// else meanwhile: ours sends a HEARTBEAT with the dial's random when a
+// dial is not answered within wire.DialProgress. An idle upstream agent dialing a slow endpoint can
 // be taken for unresponsive for a while; that costs the dial a second
 // agent, and nothing more.
 const DefaultUnansweredDialTimeout = 2 * time.Second
@@ -137,10 +137,12 @@ type Config struct {
 	// backend dial"}. Zero means [DefaultBackendDialTimeout]; a negative
 	// value means no limit (upstream's default).
 	BackendDialTimeout time.Duration
-	// UnansweredDialTimeout is how long a dial may wait with nothing at
-	// all received from its agent since it was sent before the agent is
-	// taken for unresponsive: a stopped process, a lock-up, a path that
-	// delivers nothing. Its pending dials are sent to other agents (once
+	// UnansweredDialTimeout is how long a dial may wait with nothing
+	// received from its agent since it was sent but plain HEARTBEATs
+	// (which an agent that reads nothing still sends; our agent's
+	// dial-progress HEARTBEAT, wire.DialProgressHeartbeat, counts) before
+	// the agent is taken for unresponsive: a stopped process, a lock-up, a
+	// path that delivers nothing, a deaf agent. Its pending dials are sent to other agents (once
 	// each, by the strategy that chose it), it gets new dials only when
 	// no other agent can take them, and if it stays so for
 	// StreamStallTimeout its stream is ended. At most half the agent

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -336,4 +337,78 @@ func TestStuckReceiveLoopIsEnded(t *testing.T) {
 	fillFrontend(t, a, f)
 	waitBackends(t, e, 0)
 	assert.Equal(t, 1.0, gaugeOf(reg, "servercount_server_streams_ended_total", map[string]string{"reason": "receive_stuck"})())
+}
+
+// An agent that sends HEARTBEATs but reads nothing (a receive loop
+// stuck, a process half frozen) is taken for unresponsive within
+// UnansweredDialTimeout of a dial, as one that sends nothing is: its
+// heartbeats say it lives, not that it reads. Before, heartbeats counted
+// as an answer, and it kept its dials until three BackendDialTimeouts
+// (30 s) had passed. An agent that answers a slow dial's progress with
+// the dial's random (wire.DialProgressHeartbeat) is not.
+func TestHeartbeatingDeafAgentIsTakenForUnresponsive(t *testing.T) {
+	t.Parallel()
+	const heartbeat = 100 * time.Millisecond
+	reg := prometheus.NewPedanticRegistry()
+	// No backend dial timeout within the test: only the unanswered-dial
+	// check can take a dial from the deaf agent before httpDial gives up.
+	e := startEnv(t, server.Config{Registerer: reg, Heartbeat: heartbeat, UnansweredDialTimeout: time.Second, BackendDialTimeout: time.Hour})
+	good := startAgent(t, e, agentOpts{id: "good"})
+	deaf, err := connectAgent(t, e, agentOpts{id: "deaf", extraMD: heartbeatMD(heartbeat)})
+	require.NoError(t, err)
+	slow, err := connectAgent(t, e, agentOpts{id: "slow", extraMD: heartbeatMD(heartbeat)})
+	require.NoError(t, err)
+	waitBackends(t, e, 3)
+	// The deaf agent heartbeats and reads nothing.
+	ctx, stop := context.WithCancel(t.Context())
+	beating := make(chan struct{})
+	go func() {
+		defer close(beating)
+		tick := time.NewTicker(heartbeat / 2)
+		defer tick.Stop()
+		for deaf.Send(wire.Heartbeat()) == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	defer func() { stop(); <-beating }()
+	// The slow agent reads, answers each dial with its progress at once
+	// and with DIAL_RSP only after twice the UnansweredDialTimeout, and
+	// answers the server's heartbeats.
+	go func() {
+		for {
+			p, err := slow.Recv()
+			if err != nil {
+				return
+			}
+			switch p.GetType() {
+			case client.PacketType_DIAL_REQ:
+				r := p.GetDialRequest().GetRandom()
+				if slow.Send(wire.DialProgressHeartbeat(r)) != nil {
+					return
+				}
+				time.AfterFunc(2*time.Second, func() { _ = slow.Send(wire.DialRsp(r, r, "")) })
+			case wire.PacketHeartbeat:
+				_ = slow.Send(wire.Heartbeat())
+			}
+		}
+	}()
+	unresponsive := gaugeOf(reg, "servercount_server_unresponsive_agent_streams", nil)
+	retried := gaugeOf(reg, "servercount_server_dial_retries_total", map[string]string{"reason": "unresponsive"})
+	target := echoServer(t)
+
+	// Rounds of dials, a third of which go to the deaf agent by chance,
+	// until it has had one: every dial succeeds, the deaf agent's retried
+	// on another agent within the UnansweredDialTimeout (before httpDial
+	// gives up, after 20 s).
+	for round := 0; unresponsive() == 0; round++ {
+		require.Less(t, round, 10, "ten rounds of dials and the heartbeating deaf agent was never taken for unresponsive")
+		require.Equal(t, 9, dialAll(t, e, target, 9), "dials failed beside a heartbeating deaf agent")
+	}
+	require.Positive(t, retried())
+	require.Eventually(t, func() bool { return good.dials.Load() > 0 }, waitFor, 5*time.Millisecond)
+	assert.Equal(t, 1.0, unresponsive(), "only the deaf agent: the slow one showed its progress")
 }

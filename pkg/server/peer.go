@@ -128,9 +128,11 @@ type peer struct {
 	// nanoseconds): see stalled.
 	moved atomic.Int64
 	// sent is when writeLoop last sent a packet, and received when the
-	// receive loop last took one (unix nanoseconds): an agent stream on
-	// which nothing was sent for the heartbeat interval gets a HEARTBEAT,
-	// and a dial is unanswered while nothing was received since.
+	// receive loop last took one that shows the agent reads its stream:
+	// anything but a plain HEARTBEAT, which an agent that reads nothing
+	// can still send (unix nanoseconds). An agent stream on which nothing
+	// was sent for the heartbeat interval gets a HEARTBEAT, and a dial is
+	// unanswered while nothing was received since.
 	sent, received atomic.Int64
 	// waiting is when the receive loop began to wait for the next
 	// packet, 0 while it handles one; handling is when it began to
@@ -303,12 +305,14 @@ func (p *peer) recv(from string) (*client.Packet, error) {
 	return pkt, nil
 }
 
-// arrived records that a packet arrived on an agent stream, and that
-// the receive loop handles it from now.
-func (p *peer) arrived() {
+// arrived records that pkt arrived on an agent stream, and that the
+// receive loop handles it from now.
+func (p *peer) arrived(pkt *client.Packet) {
 	now := time.Now().UnixNano()
 	p.moved.Store(now)
-	p.received.Store(now)
+	if _, progress := wire.DialProgressOf(pkt); progress || pkt.GetType() != wire.PacketHeartbeat {
+		p.received.Store(now)
+	}
 	p.handling.Store(now)
 }
 

@@ -31,7 +31,8 @@ import (
 //     the receive loop waited: a stopped process, a black hole or a
 //     frozen relay, found in seconds rather than by TCP in minutes;
 //   - an agent that leaves a dial unanswered for UnansweredDialTimeout
-//     with nothing received since is taken for unresponsive: its dials go
+//     with nothing received since but plain HEARTBEATs (a deaf agent
+//     still sends them) is taken for unresponsive: its dials go
 //     to other agents (retryLocked), it gets new ones only when nobody
 //     else can take them (pickLocked), and after StreamStallTimeout so,
 //     its stream is ended, within the bounds of mayEndLocked.
@@ -251,7 +252,8 @@ func (s *Server) endStream(be *backend, reason StreamEndedReason, err error, msg
 }
 
 // checkAnswersLocked takes be for unresponsive when a dial of its has
-// waited UnansweredDialTimeout with nothing received from it since, and
+// waited UnansweredDialTimeout with nothing received from it since (but
+// plain HEARTBEATs: see peer.received), and
 // ends the stream of one that has been unresponsive for
 // StreamStallTimeout. It returns what to do once Server.mu is unlocked.
 // Called with Server.mu held.

@@ -87,9 +87,12 @@ func ParseHeartbeat(values []string) (interval time.Duration, ok bool) {
 }
 
 // DialProgress is how long an agent with heartbeats on lets a dial go
-// unanswered before it sends HEARTBEAT, so that a server waiting for the
-// DIAL_RSP of a slow endpoint knows the agent is alive and reading (see
-// the server's UnansweredDialTimeout, four times as long by default).
+// unanswered before it sends HEARTBEAT with the dial's random
+// ([DialProgressHeartbeat]), so that a server waiting for the DIAL_RSP of
+// a slow endpoint knows the agent is alive and has read the DIAL_REQ (see
+// the server's UnansweredDialTimeout, four times as long by default). A
+// plain HEARTBEAT says only that the agent is alive: an agent that sends
+// them but reads nothing is still unresponsive.
 const DialProgress = 500 * time.Millisecond
 
 // PacketHeartbeat is the type of servercount's HEARTBEAT packet, sent
@@ -100,3 +103,17 @@ const PacketHeartbeat client.PacketType = 1001
 
 // Heartbeat returns HEARTBEAT.
 func Heartbeat() *client.Packet { return &client.Packet{Type: PacketHeartbeat} }
+
+// DialProgressHeartbeat returns HEARTBEAT that answers the dial random
+// for now: it carries a DIAL_RSP payload with the random and nothing
+// else. A server that does not know it takes it for a plain HEARTBEAT.
+func DialProgressHeartbeat(random int64) *client.Packet {
+	return &client.Packet{Type: PacketHeartbeat, Payload: &client.Packet_DialResponse{DialResponse: &client.DialResponse{Random: random}}}
+}
+
+// DialProgressOf returns the random of a HEARTBEAT made by
+// DialProgressHeartbeat, and false for a plain one.
+func DialProgressOf(pkt *client.Packet) (random int64, ok bool) {
+	r := pkt.GetDialResponse().GetRandom()
+	return r, pkt.GetType() == PacketHeartbeat && r != 0
+}
