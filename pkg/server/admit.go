@@ -68,6 +68,10 @@ type handshakes struct {
 // told.
 var errTooManyRefused = errors.New("too many refused agent tokens from this address: try again later")
 
+// errCutOfLate is what a peer whose address had a connection closed of
+// late for what it sent before it authenticated is told.
+var errCutOfLate = errors.New("a connection from this address sent too much before it authenticated: try again later")
+
 // errTooManyHandshakes is what a peer beyond a handshake bound is told;
 // it says nothing of the token.
 var errTooManyHandshakes = errors.New("too many agent handshakes in progress: try again")
@@ -189,6 +193,10 @@ func AgentGRPCServerOptions() []grpc.ServerOption {
 // is a gRPC status for the peer; why the token was refused is logged and
 // counted, not sent.
 func (s *Server) admit(ctx context.Context, md metadata.MD) (Identity, error) {
+	if s.preAuth.suspect(peerPrefix(ctx)) {
+		s.rejected(ctx, md, RejectTooManyCut, errCutOfLate)
+		return Identity{}, status.Error(codes.ResourceExhausted, errCutOfLate.Error())
+	}
 	leave, err := s.handshakes.enter(ctx)
 	switch {
 	case errors.Is(err, errTooManyRefused):

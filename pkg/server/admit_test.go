@@ -344,10 +344,11 @@ func sendBeforeAuth(t *testing.T, e *env, ip string) (readErr, writeErr error) {
 // its tokens wait for review, and however many streams it opens after
 // refused ones, it makes the server read at most MaxPreAuthBytes (each
 // stream in review could otherwise hold a stream window, 1 MiB, and each
-// refused stream be followed by another). Each such connection counts
-// against its address as a refused token does: past refusedBurst (10),
-// the address's new connections are closed before their TLS handshake.
-// A connection whose stream was admitted sends what it likes.
+// refused stream be followed by another). An address that had a
+// connection cut has its handshakes refused without a check for a while,
+// and past refusedBurst (10) cuts its new connections are closed before
+// their TLS handshake. A connection whose stream was admitted sends what
+// it likes.
 func TestConnectionsSendLittleBeforeTheyAuthenticate(t *testing.T) {
 	reviews := newHeldReviews(t)
 	reg := prometheus.NewRegistry()
@@ -372,18 +373,24 @@ func TestConnectionsSendLittleBeforeTheyAuthenticate(t *testing.T) {
 	require.Equal(t, 1.0, rejections("too_many_bytes_before_auth"))
 	require.Eventually(t, func() bool { return unauthenticated() == 0 }, waitFor, time.Millisecond)
 
-	// Nine more from the same address spend its burst (these count apart
-	// from refused tokens); the next is closed at once, before its TLS
-	// handshake, and another address is not.
+	// Until its bucket is full again, the address's handshakes are
+	// refused without a check: its next connections' streams never reach
+	// a review. Nine more cuts spend its burst (they count apart from
+	// refused tokens); the next connection is closed at once, before its
+	// TLS handshake, and another address is not.
+	calls := reviews.calls.Load()
 	for range 9 {
 		_, writeErr := sendBeforeAuth(t, e, "127.0.0.1")
 		require.Error(t, writeErr)
 	}
+	require.Equal(t, calls, reviews.calls.Load(), "tokens checked from an address whose connections were cut")
 	require.Equal(t, 10.0, rejections("too_many_bytes_before_auth"))
+	refused := rejections("too_many_cut_connections")
+	require.GreaterOrEqual(t, refused, 9.0, "handshakes refused without a check")
 	readErr, writeErr = sendBeforeAuth(t, e, "127.0.0.1")
 	require.Error(t, readErr, "a TLS handshake with an address past its burst")
 	require.Equal(t, readErr, writeErr, "the dial itself failed")
-	require.Equal(t, 1.0, rejections("too_many_cut_connections"), "connections closed at accept")
+	require.Equal(t, refused+1, rejections("too_many_cut_connections"), "a connection closed at accept")
 	require.Equal(t, 10.0, rejections("too_many_bytes_before_auth"), "a connection closed at accept is not read")
 	_, writeErr = sendBeforeAuth(t, e, "127.0.0.2")
 	require.Error(t, writeErr)

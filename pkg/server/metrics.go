@@ -75,9 +75,10 @@ const (
 	// before any of its streams was admitted, and was closed with all
 	// its streams (counted once per connection).
 	RejectTooManyBytes RejectReason = "too_many_bytes_before_auth"
-	// RejectTooManyCut: a connection from an address that had too many
-	// connections closed for RejectTooManyBytes of late was closed at
-	// once, before its TLS handshake (counted once per connection).
+	// RejectTooManyCut: the peer's address had a connection closed for
+	// RejectTooManyBytes of late; its token was not checked. Also a
+	// connection from an address that had too many closed so, closed at
+	// once before its TLS handshake (counted once per connection).
 	RejectTooManyCut RejectReason = "too_many_cut_connections"
 )
 
@@ -223,7 +224,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reportedCount: ours.Gauge("reported_server_count",
 			"The server count last sent to an agent in the serverCount header."),
 		agentRejection: ours.CounterVec("agent_rejections_total",
-			"Number of agent streams refused at the handshake, by reason; too_many_bytes_before_auth counts agent connections closed for sending more than 64 KiB before any of their streams was admitted, and too_many_cut_connections connections closed before their TLS handshake because their address had too many of those of late.", "reason"),
+			"Number of agent streams refused at the handshake, by reason; too_many_bytes_before_auth counts agent connections closed for sending more than 64 KiB before any of their streams was admitted, and too_many_cut_connections handshakes refused without a check, and connections closed before their TLS handshake, because their address had such connections of late.", "reason"),
 		preAuthConns: ours.Gauge("agent_connections_unauthenticated",
 			"Agent connections none of whose streams has been admitted yet: each may make the server read at most 64 KiB until one is."),
 		waitingForAgent: ours.Gauge("frontends_waiting_for_agent",

@@ -28,11 +28,13 @@ var errPreAuthBytes = errors.New("agent connection sent too much before it authe
 // AgentListener returns l with the agent port's pre-authentication
 // bounds: the server reads at most [MaxPreAuthBytes] from each connection
 // until one of its streams is admitted, and closes a connection that
-// sends more; an address whose connections were closed so more than
-// refusedBurst times, past one a second, has its new connections closed
-// at once, before their TLS handshake, until it is back within that
-// bound (with Config.MaxHandshakesPerAddress negative, no address is).
-// Serve the agent gRPC server on it.
+// sends more. An address that had a connection closed so in the last 10
+// seconds has its handshakes refused without a check, and one whose
+// connections were closed so more than refusedBurst times, past one a
+// second, has its new connections closed at once, before their TLS
+// handshake, until it is back within that bound (with
+// Config.MaxHandshakesPerAddress negative, addresses are not told
+// apart: neither applies). Serve the agent gRPC server on it.
 func (s *Server) AgentListener(l net.Listener) net.Listener {
 	return &preAuthListener{Listener: l, conns: &s.preAuth}
 }
@@ -76,12 +78,25 @@ func (p *preAuthConns) strike(addr netip.Prefix) {
 	lim.Allow() // takes one if there is one; the bucket stays empty else
 }
 
-// refusing reports whether addr's bucket is empty.
+// refusing reports whether addr's bucket is empty: its connections are
+// closed at accept.
 func (p *preAuthConns) refusing(addr netip.Prefix) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	lim := p.cut[addr]
 	return lim != nil && lim.Tokens() < 1
+}
+
+// suspect reports whether addr had a connection cut of late, its bucket
+// not yet full again (within refusedBurst / refusedPerSecond of the
+// last): its handshakes are refused without a check. An agent never
+// sends what gets a connection cut, and an address that did must not
+// spend the reviews that every agent shares while it is still at it.
+func (p *preAuthConns) suspect(addr netip.Prefix) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lim := p.cut[addr]
+	return lim != nil && lim.Tokens() < refusedBurst
 }
 
 // open lifts the bound of the connection from remote, if it has one.

@@ -78,9 +78,9 @@ func TestFloodProcesses(t *testing.T) {
 			fl.stop()
 			grown := peak - before
 			cut := srv.value(t, "servercount_server_agent_rejections_total", "reason", "too_many_bytes_before_auth")
-			t.Logf("%s: heap in use %.1f MiB before, %.1f MiB at most during 20 s of flood (+%.1f MiB); %d connections: %.0f cut at %d KiB read, %.0f closed at accept; the server's CPU %.1f s; the API server had at most %d reviews at once",
+			t.Logf("%s: heap in use %.1f MiB before, %.1f MiB at most during 20 s of flood (+%.1f MiB); %d connections: %.0f cut at %d KiB read, %.0f closed at accept or refused without a check for it; the server's CPU %.1f s; the API server had at most %d reviews at once",
 				sc.name, mib(before), mib(peak), mib(grown), fl.conns.Load(), cut, server.MaxPreAuthBytes>>10,
-				srv.value(t, "servercount_server_agent_rejections_total", "reason", "too_many_refused_tokens"), srv.value(t, "process_cpu_seconds_total")-cpu, api.mostInFlight.Load())
+				srv.value(t, "servercount_server_agent_rejections_total", "reason", "too_many_cut_connections"), srv.value(t, "process_cpu_seconds_total")-cpu, api.mostInFlight.Load())
 			assert.Less(t, grown, sc.maxHeap, "heap grown under the flood")
 			assert.LessOrEqual(t, api.mostInFlight.Load(), int64(32), "reviews at the API server at once")
 		})
@@ -114,10 +114,10 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 // floodServer is a proxy-server process that checks tokens against a
 // review endpoint.
 type floodServer struct {
-	proc                 *proctest.Process
-	agentAddr, health    string
-	ca                   string // the CA file of the server's certificate
-	dir                  string
+	proc                  *proctest.Process
+	agentAddr, health     string
+	ca                    string // the CA file of the server's certificate
+	dir                   string
 	metricsURL, healthURL string
 }
 
@@ -144,7 +144,9 @@ func startFloodServer(t *testing.T, bin string, api *reviewEndpoint, perAddress 
 }
 
 // heap is the server's heap in use, from its metrics.
-func (s *floodServer) heap(t *testing.T) int64 { return int64(s.value(t, "go_memstats_heap_inuse_bytes")) }
+func (s *floodServer) heap(t *testing.T) int64 {
+	return int64(s.value(t, "go_memstats_heap_inuse_bytes"))
+}
 
 // value is a sample of the server's metrics, 0 for a labelled series not
 // yet seen.
