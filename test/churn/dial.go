@@ -113,3 +113,29 @@ func OverUnix(mode, socket string) Dialer {
 	}
 	return ConnectOverUnix(socket)
 }
+
+// GRPCSharedOverUnix returns a Dialer through a proxy-server's gRPC
+// frontend on a Unix socket whose tunnels all share one gRPC connection:
+// konnectivity-client's reusable tunnel (CreateGRPCTunnel), one Proxy
+// stream per dial, as kube-apiserver may multiplex its egress. The
+// connection closes when ctx ends; a tunnel's when its dial's ctx does.
+func GRPCSharedOverUnix(ctx context.Context, socket string) (Dialer, error) {
+	tunnel, err := konnectivity.CreateGRPCTunnel(ctx, socket,
+		grpc.WithContextDialer(func(ctx context.Context, socket string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("create a reusable gRPC tunnel to %s: %w", socket, err)
+	}
+	context.AfterFunc(ctx, func() { _ = tunnel.Close() })
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		conn, err := tunnel.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s through the shared gRPC connection: %w", addr, err)
+		}
+		context.AfterFunc(ctx, func() { _ = conn.Close() })
+		return conn, nil
+	}, nil
+}

@@ -56,8 +56,7 @@ func TestChurnProcesses(t *testing.T) {
 		for _, ag := range []binaries{ours, theirs} {
 			for _, mode := range []string{"http-connect", "grpc"} {
 				t.Run(fmt.Sprintf("server=%s/agent=%s/mode=%s", srv.name, ag.name, mode), func(t *testing.T) {
-					socket := startPair(t, srv.server, ag.agent, mode, certs)
-					dial := churn.OverUnix(mode, socket)
+					dial := churn.OverUnix(mode, startPair(t, srv.server, ag.agent, mode, certs).socket)
 					gentle := srv.name != "ours" || ag.name != "ours"
 					res, err := churn.Run(t.Context(), churn.Config{Dial: dial, Targets: targets, Duration: *processDuration, Gentle: gentle})
 					t.Logf("%v; first tunnel error: %v", res, res.FirstError)
@@ -79,10 +78,17 @@ func writeCerts(t *testing.T) pkitest.Files {
 	return f
 }
 
+// pair is a proxy-server with its frontend on a Unix socket, and a
+// proxy-agent connected to it.
+type pair struct {
+	socket        string
+	server, agent *proctest.Process
+}
+
 // startPair starts a proxy-server in mode with its frontend on a Unix
-// socket, and a proxy-agent connected to it over mTLS, waits until both
-// are ready, and returns the socket. Both are killed when t ends.
-func startPair(t *testing.T, serverBin, agentBin, mode string, c pkitest.Files) string {
+// socket, and a proxy-agent connected to it over mTLS, and waits until
+// both are ready. Both are killed when t ends.
+func startPair(t *testing.T, serverBin, agentBin, mode string, c pkitest.Files) pair {
 	t.Helper()
 	socket := filepath.Join(t.TempDir(), "proxy.sock")
 	ports := nettest.FreePorts(t, 5)
@@ -103,7 +109,7 @@ func startPair(t *testing.T, serverBin, agentBin, mode string, c pkitest.Files) 
 			t.Fatalf("%s not ready within 30s, or a process exited\nproxy-server:\n%s\nproxy-agent:\n%s", url, server.Output(), agent.Output())
 		}
 	}
-	return socket
+	return pair{socket: socket, server: server, agent: agent}
 }
 
 // waitOK polls url until it answers 200, for at most d, or until one of
