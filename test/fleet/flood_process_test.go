@@ -115,7 +115,7 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 // review endpoint.
 type floodServer struct {
 	proc                  *proctest.Process
-	agentAddr, health     string
+	agentAddr             string
 	ca                    string // the CA file of the server's certificate
 	dir                   string
 	metricsURL, healthURL string
