@@ -11,7 +11,7 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS  := -s -w -X github.com/servercount/servercount/internal/version.version=$(VERSION) \
 	-X github.com/servercount/servercount/internal/version.revision=$(REVISION)
 
-.PHONY: help ci ci-checks deps integrity flood docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn faults upstream upstream-suite parity cross images push image-test rules-test
+.PHONY: help ci ci-checks deps integrity flood clock-step docs dashboard bench-upstream all build test lint bench bench-fleet bench-tunnel demo demo-probe clean certs e2e fuzz soak churn faults upstream upstream-suite parity cross images push image-test rules-test
 
 all: lint test build
 
@@ -26,7 +26,7 @@ ci: deps
 	.ci/offline $(MAKE) ci-checks
 
 ## ci-checks: the checks, in order: lint, test (the README's test command),
-## churn, integrity, flood, soak, the fault matrix, upstream's suite,
+## churn, integrity, flood, clock-step, soak, the fault matrix, upstream's suite,
 ## parity, the rules, the images, e2e; refuses to run outside the
 ## namespace that `make ci` makes
 ci-checks:
@@ -36,6 +36,7 @@ ci-checks:
 	$(MAKE) churn CHURN_DURATION=20s
 	$(MAKE) integrity
 	$(MAKE) flood
+	$(MAKE) clock-step
 	$(MAKE) soak
 	$(MAKE) faults
 	$(MAKE) upstream-suite
@@ -210,6 +211,12 @@ integrity:
 ## never past 32 reviews, and 16 of 20 real agents in within 17 s
 flood:
 	$(GO) test -count=1 -v -timeout 15m -run TestFloodProcesses ./test/fleet -flood.processes
+
+## clock-step: steps this machine's wall clock an hour forward and back
+## under a running proxy-server and proxy-agent (as root): no stream ends,
+## and each half still drops a stopped peer in seconds; runs alone
+clock-step:
+	$(GO) test -count=1 -v -timeout 5m -run TestWallClockSteps ./test/clockstep -clock.step
 
 ## faults: the fault matrix: servers frozen, black-holed, cut off
 ## and stopped, agents stopped and deaf, through our binaries (held to the

@@ -164,9 +164,10 @@ type metrics struct {
 	backoff, retryAt prometheus.GaugeFunc
 	// cache is the cache the metrics are of; nil until Build made it.
 	cache atomic.Pointer[servercounter.CachedServerCounter]
-	// learnt is when the last good answer was learnt, in Unix
-	// nanoseconds; 0 before the first.
-	learnt atomic.Int64
+	// learnt is when the last good answer was learnt: a time that keeps
+	// its monotonic reading, so that a step of the wall clock does not
+	// make the count look an hour old, or younger than it is.
+	learnt atomic.Pointer[time.Time]
 	// outage logs failed refreshes at level 0, once when they start and
 	// once when they end: an agent that cannot reach DNS keeps its last
 	// count and would otherwise say nothing. Set before the first
@@ -235,16 +236,17 @@ func (m *metrics) observe(res servercounter.Result, err error) {
 	default:
 		m.lookups.WithLabelValues(res.Outcome.String()).Inc()
 		m.count.Set(float64(res.Count))
-		m.learnt.Store(res.At.UnixNano())
+		at := res.At
+		m.learnt.Store(&at)
 	}
 }
 
 func (m *metrics) ageSeconds() float64 {
 	at := m.learnt.Load()
-	if at == 0 {
+	if at == nil {
 		return 0
 	}
-	return time.Since(time.Unix(0, at)).Seconds()
+	return time.Since(*at).Seconds()
 }
 
 // backoffNow is the cache's back-off: zero before Build made the cache.

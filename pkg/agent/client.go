@@ -51,17 +51,18 @@ type client struct {
 	// the receive loop never takes it (see the package doc).
 	sendMu sync.Mutex
 	// senders counts the goroutines in send, waiting for sendMu or in
-	// Send; moved is when a packet last moved on the stream, in or out
-	// (unix nanoseconds). Both for the liveness backstop, see stalled.
+	// Send; moved is when a packet last moved on the stream, in or out.
+	// Both for the liveness backstop, see stalled. These times, and those
+	// below, are readings of ClientSet.mono: the monotonic clock.
 	senders atomic.Int32
 	moved   atomic.Int64
-	// sent is when a packet was last sent (unix nanoseconds): a stream
+	// sent is when a packet was last sent: a stream
 	// on which nothing was sent for half the heartbeat interval answers
 	// the server's, and one idle for 1.5 intervals gets one unprompted.
 	sent atomic.Int64
 	// waiting is when the receive loop began to wait for the next
 	// packet, 0 while it handles one; handling is when it began to
-	// handle one, 0 while it waits (unix nanoseconds). A server is
+	// handle one, 0 while it waits. A server is
 	// silent only while the loop waits, and the loop is stuck only while
 	// it handles: see checkLiveness.
 	waiting, handling atomic.Int64
@@ -159,7 +160,7 @@ func (c *client) send(p *pb.Packet) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	err := c.stream.Send(p)
-	now := time.Now().UnixNano()
+	now := c.cs.mono.Now()
 	c.moved.Store(now)
 	c.sent.Store(now)
 	if err != nil {
@@ -199,7 +200,7 @@ func (c *client) run(ctx context.Context, drain bool) {
 	}
 	// The stream's context ends with the stream: dials, blocked writes
 	// and controlLoop stop with it.
-	now := time.Now().UnixNano()
+	now := c.cs.mono.Now()
 	c.moved.Store(now)
 	c.sent.Store(now)
 	c.wg.Go(func() { c.controlLoop(c.stream.Context()) })
@@ -240,9 +241,9 @@ func (c *client) receive(ctx context.Context) error {
 	defer c.handling.Store(0) // a loop that has ended is not stuck
 	for {
 		c.handling.Store(0)
-		c.waiting.Store(time.Now().UnixNano())
+		c.waiting.Store(c.cs.mono.Now())
 		p, err := c.stream.Recv()
-		now := time.Now().UnixNano()
+		now := c.cs.mono.Now()
 		c.waiting.Store(0)
 		c.handling.Store(now)
 		if err != nil {
@@ -324,7 +325,7 @@ func (c *client) handle(ctx context.Context, logger klog.Logger, p *pb.Packet) {
 			c.cs.wakeSync()
 		}
 	case wire.PacketHeartbeat:
-		c.heartbeatIfIdle(time.Now(), c.cs.cfg.Heartbeat/2)
+		c.heartbeatIfIdle(c.cs.mono.Now(), c.cs.cfg.Heartbeat/2)
 	case pb.PacketType_DIAL_CLS:
 		// A frontend gave up on a pending dial. Our dial answers within
 		// DialTimeout anyway and the server drops the unmatched reply.

@@ -29,6 +29,9 @@ type ClientSet struct {
 	policy  *targetPolicy
 	// now is the time of Config.Clock.
 	now func() time.Time
+	// mono reads the times of the streams' liveness checks: the
+	// monotonic clock, which no step of the wall clock moves.
+	mono clock.Monotonic
 	// serverOutage logs failed server dials at level 0, once per outage.
 	serverOutage *outage.Outage
 	// serverPort is ServerAddress's port: the port of an address that the
@@ -96,8 +99,9 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 	clk := clock.Or(cfg.Clock)
 	_, port, _ := net.SplitHostPort(cfg.ServerAddress) // checked by validate
 	cs := &ClientSet{
-		cfg: cfg,
-		now: clk.Now,
+		cfg:  cfg,
+		now:  clk.Now,
+		mono: clock.NewMonotonic(nil),
 		policy: &targetPolicy{
 			policy: cfg.TargetPolicy, window: cfg.ReceivedWindow, holdDown: cfg.HoldDown,
 			maxCount: cfg.ServerCountMax, now: clk.Now,
@@ -366,7 +370,7 @@ func (cs *ClientSet) probe(ctx context.Context) {
 		clients = append(clients, c)
 	}
 	cs.mu.Unlock()
-	now := time.Now()
+	now := cs.mono.Now()
 	for _, c := range clients {
 		switch state := c.cc.GetState(); state {
 		case connectivity.TransientFailure, connectivity.Shutdown:

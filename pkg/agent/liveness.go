@@ -27,8 +27,8 @@ func (cfg Config) probePeriod() time.Duration {
 // 1.5 intervals and a probe period, within the wire.SilenceLimit the
 // server waits. The control queue takes it without waiting, and drops a
 // second one still queued.
-func (c *client) heartbeatIfIdle(now time.Time, idle time.Duration) {
-	if c.cs.cfg.Heartbeat > 0 && c.peerHeartbeat > 0 && now.Sub(time.Unix(0, c.sent.Load())) >= idle {
+func (c *client) heartbeatIfIdle(now int64, idle time.Duration) {
+	if c.cs.cfg.Heartbeat > 0 && c.peerHeartbeat > 0 && time.Duration(now-c.sent.Load()) >= idle {
 		c.sendControl(wire.Heartbeat(), 0)
 	}
 }
@@ -36,7 +36,7 @@ func (c *client) heartbeatIfIdle(now time.Time, idle time.Duration) {
 // stalled reports whether packets have waited to be sent while nothing
 // moved on the stream for d.
 func (c *client) stalled(d time.Duration) bool {
-	if time.Since(time.Unix(0, c.moved.Load())) < d {
+	if time.Duration(c.cs.mono.Now()-c.moved.Load()) < d {
 		return false
 	}
 	if c.senders.Load() > 0 {
@@ -73,27 +73,28 @@ func (c *client) giveUp() bool {
 	return first
 }
 
-// checkLiveness does the periodic checks of a stream at now: a
+// checkLiveness does the periodic checks of a stream at now, a reading
+// of ClientSet.mono: a
 // HEARTBEAT if the agent sent nothing for 1.5 of its intervals (between,
 // it answers the server's: heartbeatIfIdle), and the end of a
 // stream whose server sent nothing for wire.SilenceLimit of its interval
 // while the receive loop waited (the server is dead, or the path to it),
 // or whose receive loop has been inside one packet for the stall timeout
 // (the loop waits on something it should not: the backstop ends it).
-func (c *client) checkLiveness(now time.Time) {
+func (c *client) checkLiveness(now int64) {
 	if c.dropped.Load() {
 		return
 	}
 	c.heartbeatIfIdle(now, c.cs.cfg.Heartbeat*3/2)
 	if c.peerHeartbeat > 0 {
 		silence := wire.Silence(c.peerHeartbeat)
-		if w := c.waiting.Load(); w != 0 && now.Sub(time.Unix(0, w)) >= silence {
+		if w := c.waiting.Load(); w != 0 && time.Duration(now-w) >= silence {
 			c.drop(streamEndedSilent, "Dropped a proxy-server that sent nothing, not even a heartbeat, for too long; the agent will connect again", "silence", silence, "serverHeartbeat", c.peerHeartbeat, "address", c.addr)
 			return
 		}
 	}
 	if d := c.cs.cfg.StreamStallTimeout; d > 0 {
-		if h := c.handling.Load(); h != 0 && now.Sub(time.Unix(0, h)) >= d {
+		if h := c.handling.Load(); h != 0 && time.Duration(now-h) >= d {
 			c.drop(streamEndedReceiveStuck, "Ended a proxy-server stream whose receive loop was stuck inside one packet; the agent will connect again", "stallTimeout", d)
 		}
 	}

@@ -40,3 +40,28 @@ func Or(c Clock) Clock {
 	}
 	return c
 }
+
+// Monotonic turns a Clock's times into int64 readings that an
+// atomic.Int64 can hold: nanoseconds since the Monotonic was made. Go
+// subtracts two times of the real clock on its monotonic reading, so a
+// step of the wall clock (NTP after a VM resumes, a clock set by hand)
+// moves no reading: liveness checks that compare readings are neither
+// fooled nor blinded by one. A reading is never 0, which callers keep
+// for "not set". The zero Monotonic is not ready: use [NewMonotonic].
+type Monotonic struct {
+	c     Clock
+	start time.Time
+}
+
+// NewMonotonic returns a Monotonic on c (nil: [Real]) that starts now.
+func NewMonotonic(c Clock) Monotonic {
+	c = Or(c)
+	// A moment before now, so that no reading of a later Now is 0.
+	return Monotonic{c: c, start: c.Now().Add(-time.Nanosecond)}
+}
+
+// Now returns the reading of now.
+func (m Monotonic) Now() int64 { return m.Of(m.c.Now()) }
+
+// Of returns the reading of t, a time of the same Clock.
+func (m Monotonic) Of(t time.Time) int64 { return int64(t.Sub(m.start)) }

@@ -118,7 +118,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	}
 	s.metrics.setReportedServerCount(count)
 
-	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, hostKeys: hostKeys(ids), peer: newPeer(stream, s.metrics, segmentToAgent), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
+	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, hostKeys: hostKeys(ids), peer: newPeer(stream, s.metrics, segmentToAgent, s.mono), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
 		answering: outage.New("have dials answered by agent "+capPeer(agentID), nil)}
 	contested, err := s.addBackend(be)
 	switch {

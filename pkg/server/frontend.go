@@ -29,7 +29,7 @@ type grpcFrontend struct {
 // stream until it ends or the Server closes. Register it with
 // client.RegisterProxyServiceServer.
 func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
-	f := &grpcFrontend{s: s, peer: newPeer(stream, s.metrics, segmentToClient), pending: map[int64]*tunnel{}, conns: map[int64]*tunnel{}}
+	f := &grpcFrontend{s: s, peer: newPeer(stream, s.metrics, segmentToClient, s.mono), pending: map[int64]*tunnel{}, conns: map[int64]*tunnel{}}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -124,19 +125,23 @@ type peer struct {
 	stopped bool
 	writers sync.WaitGroup
 
-	// moved is when a packet last moved on the stream, in or out (unix
-	// nanoseconds): see stalled.
+	// mono reads the times below: nanoseconds of the monotonic clock, so
+	// that a step of the wall clock neither ends a stream nor blinds a
+	// check. 0 means not set.
+	mono clock.Monotonic
+	// moved is when a packet last moved on the stream, in or out: see
+	// stalled.
 	moved atomic.Int64
 	// sent is when writeLoop last sent a packet, and received when the
 	// receive loop last took one that shows the agent reads its stream:
 	// anything but a plain HEARTBEAT, which an agent that reads nothing
-	// can still send (unix nanoseconds). An agent stream on which nothing
-	// was sent for the heartbeat interval gets a HEARTBEAT, and a dial is
-	// unanswered while nothing was received since.
+	// can still send. An agent stream on which nothing was sent for the
+	// heartbeat interval gets a HEARTBEAT, and a dial is unanswered while
+	// nothing was received since.
 	sent, received atomic.Int64
 	// waiting is when the receive loop began to wait for the next
 	// packet, 0 while it handles one; handling is when it began to
-	// handle one, 0 while it waits (unix nanoseconds). A peer is silent
+	// handle one, 0 while it waits. A peer is silent
 	// only while the loop waits, and the loop is stuck only while it
 	// handles: see Server.checkStream.
 	waiting, handling atomic.Int64
@@ -170,10 +175,11 @@ type controlKey struct {
 	id  int64
 }
 
-// newPeer returns the peer of stream, whose sends m counts under segment.
-func newPeer(stream packetStream, m *metrics, segment string) *peer {
-	p := &peer{stream: stream, room: make(chan struct{}, queueSize), done: make(chan struct{}), metrics: m, segment: segment, queued: queuedBytes{m: m}}
-	now := time.Now().UnixNano()
+// newPeer returns the peer of stream, whose sends m counts under segment,
+// and whose times mono reads.
+func newPeer(stream packetStream, m *metrics, segment string, mono clock.Monotonic) *peer {
+	p := &peer{stream: stream, room: make(chan struct{}, queueSize), done: make(chan struct{}), metrics: m, segment: segment, queued: queuedBytes{m: m}, mono: mono}
+	now := mono.Now()
 	p.moved.Store(now)
 	p.sent.Store(now)
 	p.received.Store(now)
@@ -291,7 +297,7 @@ func (p *peer) queueControl(pkt *client.Packet, id int64, untied bool) bool {
 // handles a packet (waiting, handling), until the next recv.
 func (p *peer) recv(from string) (*client.Packet, error) {
 	p.handling.Store(0)
-	p.waiting.Store(time.Now().UnixNano())
+	p.waiting.Store(p.mono.Now())
 	pkt, err := p.stream.Recv()
 	p.waiting.Store(0)
 	if err != nil {
@@ -308,7 +314,7 @@ func (p *peer) recv(from string) (*client.Packet, error) {
 // arrived records that pkt arrived on an agent stream, and that the
 // receive loop handles it from now.
 func (p *peer) arrived(pkt *client.Packet) {
-	now := time.Now().UnixNano()
+	now := p.mono.Now()
 	p.moved.Store(now)
 	if _, progress := wire.DialProgressOf(pkt); progress || pkt.GetType() != wire.PacketHeartbeat {
 		p.received.Store(now)
@@ -316,20 +322,21 @@ func (p *peer) arrived(pkt *client.Packet) {
 	p.handling.Store(now)
 }
 
-// idle reports how long the receive loop has waited for a packet at now,
-// 0 while it handles one.
-func (p *peer) idle(now time.Time) time.Duration { return since(now, p.waiting.Load()) }
+// idle reports how long the receive loop has waited for a packet at now
+// (a reading of mono), 0 while it handles one.
+func (p *peer) idle(now int64) time.Duration { return since(now, p.waiting.Load()) }
 
 // busy reports how long the receive loop has been handling one packet at
 // now, 0 while it waits.
-func (p *peer) busy(now time.Time) time.Duration { return since(now, p.handling.Load()) }
+func (p *peer) busy(now int64) time.Duration { return since(now, p.handling.Load()) }
 
-// since is now minus t, a time in unix nanoseconds; 0 when t is 0.
-func since(now time.Time, t int64) time.Duration {
+// since is now minus t, two readings of the same clock.Monotonic; 0 when
+// t is 0 (not set).
+func since(now, t int64) time.Duration {
 	if t == 0 {
 		return 0
 	}
-	return now.Sub(time.Unix(0, t))
+	return time.Duration(now - t)
 }
 
 // stalled reports whether packets have waited to be sent while nothing
@@ -338,9 +345,9 @@ func since(now time.Time, t int64) time.Duration {
 // while the writer runs (and once the stream has ended, when nobody
 // asks), and moved is reset when one starts, so that packets queued on a
 // stream long idle are given d from then.
-func (p *peer) stalled(now time.Time, d time.Duration) bool {
+func (p *peer) stalled(now int64, d time.Duration) bool {
 	// writing first: see startWriterLocked.
-	return p.writing.Load() && now.Sub(time.Unix(0, p.moved.Load())) >= d
+	return p.writing.Load() && since(now, p.moved.Load()) >= d
 }
 
 // queuedBytes counts the bytes of one queue in the server's queued_bytes

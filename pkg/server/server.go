@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -53,6 +54,9 @@ type Server struct {
 	// preAuth holds the agent connections that AgentListener accepted
 	// and no stream of which has been admitted yet; it has its own lock.
 	preAuth preAuthConns
+	// mono reads the times of the streams' liveness checks and of the
+	// sweep: the monotonic clock, which no step of the wall clock moves.
+	mono clock.Monotonic
 	// logs bounds the level-0 lines that many peers can cause at once:
 	// rejected agent streams, streams ended, refused claims.
 	logs logLimiter
@@ -101,6 +105,7 @@ func New(cfg Config) (*Server, error) {
 		routes:      newRoutes(),
 		handshakes:  handshakes{perAddress: cfg.MaxHandshakesPerAddress},
 		preAuth:     preAuthConns{m: m, byAddr: cfg.MaxHandshakesPerAddress >= 0},
+		mono:        clock.NewMonotonic(nil),
 		pending:     map[int64]*tunnel{},
 		httpTunnels: map[*httpTunnel]struct{}{},
 	}

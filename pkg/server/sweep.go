@@ -110,14 +110,13 @@ func (l *sweepList) setDue(be *backend, t int64) {
 }
 
 // sweeper is what the sweep keeps from one round to the next: arrays to
-// reuse, when it last checked the streams due, how many it checked then,
-// and the start of its clock.
+// reuse, when it last checked the streams due, and how many it checked
+// then.
 //
-// Due times are nanoseconds of the monotonic clock since epoch, though
-// the streams' own times are the wall clock's (unix nanoseconds): a
-// check turns what it reads into a wait from its round, and only the
-// wait is kept. A wall clock set back by an hour (NTP, a VM restored)
-// would otherwise leave every stream unvisited for that hour.
+// Due times, as the streams' own times, are readings of Server.mono:
+// nanoseconds of the monotonic clock. A wall clock set back by an hour
+// (NTP, a VM restored) would otherwise leave every stream unvisited for
+// that hour, and one set forward end every stream for silence.
 type sweeper struct {
 	streams []*backend
 	due     []*backend
@@ -125,7 +124,6 @@ type sweeper struct {
 	seen    map[*backend]struct{}
 	lastAll time.Time
 	checked int
-	epoch   time.Time
 }
 
 // sweep does one round at now: the answer checks of the streams that may
@@ -152,10 +150,7 @@ func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 	for _, be := range streams {
 		actions = append(actions, s.checkAnswersLocked(be, now)...)
 	}
-	if sw.epoch.IsZero() {
-		sw.epoch = now
-	}
-	mono := int64(now.Sub(sw.epoch))
+	mono := s.mono.Of(now)
 	due := sw.due[:0]
 	if all {
 		due = s.swept.appendDue(due, mono)
@@ -168,7 +163,7 @@ func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 		next := sw.next[:0]
 		for _, be := range due {
 			t := int64(math.MaxInt64)
-			if wait := s.checkStream(be, now); wait != never {
+			if wait := s.checkStream(be, mono); wait != never {
 				t = mono + int64(wait)
 			}
 			next = append(next, t)
@@ -191,23 +186,23 @@ func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 const never = time.Duration(math.MaxInt64)
 
 // checkStream does the checks of one agent stream that need no lock:
-// the stall backstop, a stuck receive loop, heartbeats and silence. It
-// returns how long after now one of them could act next: none can act
-// sooner, whatever happens on the stream meanwhile, since what moves on
-// a stream moves these times later (but for a moment's preemption
-// between reading the clock and storing a time).
-func (s *Server) checkStream(be *backend, now time.Time) (wait time.Duration) {
+// the stall backstop, a stuck receive loop, heartbeats and silence, at
+// now, a reading of Server.mono. It returns how long after now one of
+// them could act next: none can act sooner, whatever happens on the
+// stream meanwhile, since what moves on a stream moves these times later
+// (but for a moment's preemption between reading the clock and storing a
+// time).
+func (s *Server) checkStream(be *backend, now int64) (wait time.Duration) {
 	p := be.peer
 	if p.ended.Load() {
 		return never
 	}
-	nowNs := now.UnixNano()
 	wait = never
 	// after is how long after now d will have passed since t, a time
 	// that a check reads from the stream, or, when t is 0 (not set yet),
 	// since now.
 	after := func(t int64, d time.Duration) time.Duration {
-		return time.Duration(cmp.Or(t, nowNs)-nowNs) + d
+		return time.Duration(cmp.Or(t, now)-now) + d
 	}
 	if d := s.cfg.StreamStallTimeout; d > 0 {
 		if p.stalled(now, d) {
@@ -237,7 +232,7 @@ func (s *Server) checkStream(be *backend, now time.Time) (wait time.Duration) {
 	sent := p.sent.Load()
 	if since(now, sent) >= s.cfg.Heartbeat {
 		p.sendControl(wire.Heartbeat(), 0)
-		sent = nowNs // the writer sets sent once it has sent it
+		sent = now // the writer sets sent once it has sent it
 	}
 	return min(wait, after(sent, s.cfg.Heartbeat))
 }
@@ -276,7 +271,7 @@ func (s *Server) checkAnswersLocked(be *backend, now time.Time) []func() {
 			oldest = t.dialed
 		}
 	}
-	if now.Sub(oldest) < d || !time.Unix(0, be.peer.received.Load()).Before(oldest) {
+	if now.Sub(oldest) < d || be.peer.received.Load() >= s.mono.Of(oldest) {
 		return nil
 	}
 	return s.markUnresponsiveLocked(be, now, "a dial waited with nothing received from the agent since")

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -20,11 +21,11 @@ import (
 // stall timeout, though the rounds before visited nothing.
 func TestSweepChecksEachStreamWhenDue(t *testing.T) {
 	m := testMetrics(t)
-	s := &Server{cfg: Config{Heartbeat: 5 * time.Second, StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background()}
+	s := &Server{cfg: Config{Heartbeat: 5 * time.Second, StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background(), mono: clock.NewMonotonic(nil)}
 	stream := func() (*peer, *heldStream) {
 		hs := &heldStream{release: make(chan struct{})}
 		close(hs.release) // Send does not wait
-		p := newPeer(hs, m, segmentToAgent)
+		p := newPeer(hs, m, segmentToAgent, s.mono)
 		t.Cleanup(func() {
 			p.end(errPeerGone)
 			p.stopWriter()
@@ -41,8 +42,8 @@ func TestSweepChecksEachStreamWhenDue(t *testing.T) {
 	t0 := time.Now()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	// The receive loops wait from t0 on.
-	quietPeer.waiting.Store(t0.UnixNano())
-	beatingPeer.waiting.Store(t0.UnixNano())
+	quietPeer.waiting.Store(s.mono.Of(t0))
+	beatingPeer.waiting.Store(s.mono.Of(t0))
 
 	var sw sweeper
 	round := func(d time.Duration) int {
@@ -76,7 +77,7 @@ func TestSweepChecksEachStreamWhenDue(t *testing.T) {
 	require.Equal(t, 1, round(30*time.Second), "the quiet stream is due once a stall timeout has passed")
 	// Its receive loop begins a packet at 31 s and never finishes it.
 	quietPeer.waiting.Store(0)
-	quietPeer.handling.Store(at(31 * time.Second).UnixNano())
+	quietPeer.handling.Store(s.mono.Of(at(31 * time.Second)))
 	require.Equal(t, 0, round(59*time.Second))
 	require.Equal(t, 1, round(60*time.Second), "the quiet stream is due a stall timeout after its last check")
 	require.False(t, quietPeer.ended.Load(), "a loop inside a packet for 29 s was taken for stuck")
@@ -123,7 +124,7 @@ func TestSweepListKeepsEachStreamsPlace(t *testing.T) {
 func TestSweepEndsAStalledWriterWhenDue(t *testing.T) {
 	p, _, m := heldPeer(t, segmentToAgent)
 	t0 := time.Now() // after the writer started
-	s := &Server{cfg: Config{StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background()}
+	s := &Server{cfg: Config{StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background(), mono: p.mono}
 	be := &backend{peer: p}
 	s.swept.add(be)
 	var sw sweeper

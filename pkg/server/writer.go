@@ -47,7 +47,7 @@ func (p *peer) startWriterLocked() {
 	}
 	// moved first: stalled, which reads writing first, then reads the
 	// moved of this start, not of the stream's last packet.
-	p.moved.Store(time.Now().UnixNano())
+	p.moved.Store(p.mono.Now())
 	p.writing.Store(true)
 	p.writers.Add(1)
 	go p.writeLoop()
@@ -117,7 +117,7 @@ func (p *peer) writeLoop() {
 		}
 		start := time.Now()
 		err := p.stream.Send(pkt)
-		now := time.Now().UnixNano()
+		now := p.mono.Now()
 		p.moved.Store(now)
 		p.sent.Store(now)
 		p.queued.add(-dataLen(pkt))           // control packets carry no data: 0

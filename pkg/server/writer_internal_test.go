@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -53,7 +54,7 @@ func heldPeer(t *testing.T, segment string) (*peer, *heldStream, *metrics) {
 	t.Helper()
 	m := testMetrics(t)
 	s := &heldStream{release: make(chan struct{})}
-	p := newPeer(s, m, segment)
+	p := newPeer(s, m, segment, clock.NewMonotonic(nil))
 	t.Cleanup(func() {
 		close(s.release)
 		p.end(errPeerGone)
