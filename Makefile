@@ -25,10 +25,10 @@ help:
 ci: deps
 	.ci/offline $(MAKE) ci-checks
 
-## ci-checks: the checks, in order: lint, test (the README's test command),
-## churn, integrity, flood, clock-step, soak, the fault matrix, upstream's suite,
-## parity, the rules, the images, e2e; refuses to run outside the
-## namespace that `make ci` makes
+## ci-checks: the checks, in order: lint, test (the README's test
+## command), churn, integrity, flood, clock-step, soak, the fault matrix,
+## upstream's suite, parity, the rules, the images, e2e; refuses to run
+## outside the namespace that `make ci` makes
 ci-checks:
 	.ci/offline --check
 	$(MAKE) lint
