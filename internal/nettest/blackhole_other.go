@@ -26,3 +26,6 @@ func Refused(t testing.TB, host string) string {
 	_ = l.Close()
 	return addr
 }
+
+// BlackholeAt skips the test, as Blackhole does.
+func BlackholeAt(t testing.TB, host string) string { return Blackhole(t) }

@@ -73,9 +73,9 @@ type ClientSet struct {
 	// its target, zero while it serves on them all, as the sync loop last
 	// saw. Guarded by mu.
 	missingSince time.Time
-	// dialing is the address of the server dial in flight, empty when
-	// none is. Guarded by mu.
-	dialing string
+	// dialing holds the addresses of the server dials in flight (see
+	// serverDials). Guarded by mu.
+	dialing map[string]struct{}
 	// nextEndpoint rotates where a resolved dial starts in the endpoint
 	// list, so that an unreachable server does not starve the others.
 	// Used only by the sync loop.
@@ -85,7 +85,7 @@ type ClientSet struct {
 	duplicates int
 
 	// clientsWG counts the clients' goroutines. Add is called only by the
-	// sync loop, which has exited before Run waits.
+	// sync loop's dials, which have ended before Run waits.
 	clientsWG sync.WaitGroup
 }
 
@@ -108,6 +108,7 @@ func NewClientSet(cfg Config) (*ClientSet, error) {
 		},
 		serverOutage: outage.New("connect to proxy-server", clk),
 		clients:      make(map[string]*client),
+		dialing:      map[string]struct{}{},
 		tunnelEnded:  make(chan struct{}, 1),
 		syncNow:      make(chan struct{}, 1),
 		lastCount:    servercounter.Result{Count: 1, Found: 1, Source: servercounter.SourceFallback},

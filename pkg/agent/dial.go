@@ -19,18 +19,13 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// dialServer opens one gRPC connection and one Connect stream to
-// ServerAddress, or to an address counted lists, reads the handshake and
-// adds the server, unless it is already connected.
-func (cs *ClientSet) dialServer(ctx context.Context, counted servercounter.Result) dialResult {
-	addr, ok := cs.dialAddress(ctx, counted)
-	if !ok {
-		return dialNone
-	}
+// dialServer opens one gRPC connection and one Connect stream to addr,
+// reads the handshake and adds the server, unless it is already
+// connected. The sync loop runs it in a goroutine of its own
+// (serverDials).
+func (cs *ClientSet) dialServer(ctx context.Context, addr string) dialResult {
 	logger := klog.FromContext(ctx).WithValues("serverAddress", addr)
-	cs.setDialing(addr)
 	c, err := cs.connect(ctx, addr)
-	cs.setDialing("")
 	if err != nil {
 		cs.metrics.serverDialed(dialError)
 		// At level 0, once per outage: a refused port, a wrong CA or an
@@ -59,35 +54,49 @@ func (cs *ClientSet) dialServer(ctx context.Context, counted servercounter.Resul
 	return res
 }
 
-// dialAddress returns where the next server dial goes: ServerAddress, or
-// in DialResolved mode the next endpoint of counted that no connected
-// server was reached at. ok is false when every endpoint is connected:
-// the count lists no server to add yet.
-func (cs *ClientSet) dialAddress(ctx context.Context, counted servercounter.Result) (addr string, ok bool) {
-	if cs.cfg.DialMode != DialResolved {
-		return cs.cfg.ServerAddress, true
-	}
-	eps := counted.Endpoints(cs.serverPort)
-	if len(eps) == 0 {
-		klog.FromContext(ctx).V(4).Info("No server endpoints in the count, dialing the server address", "source", counted.Source.String())
-		return cs.cfg.ServerAddress, true
+// dialAddress returns where the next server dial goes at now:
+// ServerAddress, or in DialResolved mode the next endpoint of counted
+// that no connected server was reached at and no dial is under way to.
+// An address in its back-off after a failed dial is passed over. ok is
+// false when there is none to dial now; after is then how long until one
+// comes out of its back-off (0: none is in one: every endpoint is held or
+// being dialled, the count lists no server to add yet).
+func (cs *ClientSet) dialAddress(ctx context.Context, counted servercounter.Result, dials *serverDials, now time.Time) (addr string, ok bool, after time.Duration) {
+	eps := []string{cs.cfg.ServerAddress}
+	if cs.cfg.DialMode == DialResolved {
+		if eps = counted.Endpoints(cs.serverPort); len(eps) == 0 {
+			klog.FromContext(ctx).V(4).Info("No server endpoints in the count, dialing the server address", "source", counted.Source.String())
+			eps = []string{cs.cfg.ServerAddress}
+		}
 	}
 	used := map[string]bool{}
 	cs.mu.Lock()
-	for _, c := range cs.clients {
-		if !c.dropped.Load() {
-			used[c.addr] = true
+	if cs.cfg.DialMode == DialResolved {
+		for _, c := range cs.clients {
+			if !c.dropped.Load() {
+				used[c.addr] = true
+			}
 		}
+	}
+	for a := range cs.dialing {
+		used[a] = true
 	}
 	cs.mu.Unlock()
 	for i := range eps {
 		ep := eps[(cs.nextEndpoint+i)%len(eps)]
-		if !used[ep] {
-			cs.nextEndpoint = (cs.nextEndpoint + i + 1) % len(eps)
-			return ep, true
+		if used[ep] {
+			continue
 		}
+		if w := dials.waitFor(ep, now); w > 0 {
+			if after == 0 || w < after {
+				after = w
+			}
+			continue
+		}
+		cs.nextEndpoint = (cs.nextEndpoint + i + 1) % len(eps)
+		return ep, true, 0
 	}
-	return "", false
+	return "", false, after
 }
 
 // handshakeMetadata is what the agent says of itself in the Connect

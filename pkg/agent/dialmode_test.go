@@ -10,6 +10,7 @@ import (
 
 	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/dnstest"
+	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -69,13 +70,37 @@ func TestResolvedModeBacksOffOnUnreachableServers(t *testing.T) {
 	a := startAgent(t, cfg)
 	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick, "the 2 reachable servers")
 
-	// Over the next rounds the failures back off towards the 200ms cap
-	// instead of spinning: count dials over a span of sync rounds.
+	// Each unreachable address backs off on its own towards the 200 ms
+	// cap instead of spinning: from 20 ms growing x1.5 (jitter 20%), its
+	// next five dials span at least 0.8 x (20+30+45+67.5) ms = 130 ms. A
+	// tight loop would make fifteen in a few milliseconds.
 	start, _ := a.metric(t, "servercount_agent_server_dials_total", "result", "error")
-	a.waitSyncRounds(t, a.syncRounds(t)+10)
-	end, _ := a.metric(t, "servercount_agent_server_dials_total", "result", "error")
-	// A round dials at most once; the reads race a few rounds in flight.
-	// A tight loop would show hundreds.
-	assert.LessOrEqual(t, end-start, 15.0, "one dial per round at most")
+	begin := time.Now()
+	require.Eventually(t, func() bool {
+		end, _ := a.metric(t, "servercount_agent_server_dials_total", "result", "error")
+		return end-start >= 15
+	}, waitFor, time.Millisecond)
+	assert.GreaterOrEqual(t, time.Since(begin), 100*time.Millisecond, "the failed dials did not back off")
 	assert.Equal(t, 2, a.Connected())
+}
+
+// A server address whose connects hang (its SYNs dropped: a black hole)
+// holds up no dial to another: each dial runs on its own, and the agent
+// holds the servers it can reach long before that dial's HandshakeTimeout.
+// The black hole is first in the count's order (127.0.0.10 sorts before
+// 127.0.0.1:), where one dial at a time made every other server wait for
+// it.
+func TestBlackHoledServerHoldsUpNoOther(t *testing.T) {
+	tt := newTestTLS(t)
+	s0 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s0", Count: "3"})
+	s1 := newTestServer(t, tt, adversarytest.ServerConfig{ID: "s1", Count: "3"})
+	hole := nettest.BlackholeAt(t, "127.0.0.10")
+	counter, _ := dnsCounter(t, hole, s0.Addr(), s1.Addr())
+	cfg := testConfig(tt, "127.0.0.1:1")
+	cfg.DialMode, cfg.TargetPolicy = DialResolved, TargetCounted
+	cfg.Counter = counter
+	cfg.HandshakeTimeout = time.Minute
+	a := startAgent(t, cfg)
+	require.Eventually(t, func() bool { return a.Connected() == 2 }, waitFor, tick, "the 2 reachable servers, beside a black-holed one")
+	require.Equal(t, hole, a.Readiness().Dialing, "the black hole's dial is still under way")
 }

@@ -96,8 +96,8 @@ type Readiness struct {
 	// held, those that sent DRAIN included.
 	Serving []string
 	Held    int
-	// Dialing is the address of a server dial in flight, empty when none
-	// is.
+	// Dialing is the addresses of the server dials in flight, sorted and
+	// joined with commas, empty when none is.
 	Dialing string
 	// MissingFor is how long the agent has served on fewer servers than
 	// Target, 0 when it serves on them all.
@@ -128,21 +128,13 @@ func (cs *ClientSet) readinessGauges() (ready bool, missingFor time.Duration) {
 	return r.Ready, r.MissingFor
 }
 
-// setDialing records the address of the server dial in flight, empty
-// when it is over.
-func (cs *ClientSet) setDialing(addr string) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	cs.dialing = addr
-}
-
 // Readiness returns the agent's readiness now.
 func (cs *ClientSet) Readiness() Readiness {
 	now := cs.now()
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	r := Readiness{
-		Target: cs.lastTarget, Source: cs.lastSource, Held: cs.heldLocked(), Dialing: cs.dialing,
+		Target: cs.lastTarget, Source: cs.lastSource, Held: cs.heldLocked(), Dialing: cs.dialingListLocked(),
 		AllServers: cs.cfg.ReadyWhenAll, GracePeriod: cs.cfg.ReadinessGracePeriod,
 	}
 	for id, c := range cs.clients {

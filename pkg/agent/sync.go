@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/pkg/servercounter"
@@ -69,20 +68,16 @@ func (cs *ClientSet) target(ctx context.Context, counted servercounter.Result) i
 	return n
 }
 
-// syncLoop dials servers while fewer than the target are connected.
+// syncLoop dials servers while fewer than the target are connected. Each
+// server dial runs in a goroutine of its own (serverDials), so that an
+// address whose connects hang (a black hole: up to HandshakeTimeout)
+// holds up no dial to another, nor the loop.
 func (cs *ClientSet) syncLoop(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	// One backoff per loop, never shared: ExponentialBackOff is not safe
-	// for concurrent use. MaxElapsedTime 0: the loop runs until ctx ends.
-	bo := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(cs.cfg.SyncInterval),
-		backoff.WithMultiplier(syncBackoffMultiplier),
-		backoff.WithRandomizationFactor(syncBackoffJitter),
-		backoff.WithMaxInterval(cs.cfg.SyncIntervalCap),
-		backoff.WithMaxElapsedTime(0),
-	)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	dials := newServerDials(cs.cfg)
+	defer dials.wait()
 	// The change signal is taken before each round reads the count, as
 	// Notifier asks: a change during the round then wakes the next wait
 	// at once instead of waiting for the timer.
@@ -103,50 +98,74 @@ func (cs *ClientSet) syncLoop(ctx context.Context) {
 			logger.V(4).Info("Server count changed, syncing now")
 		case <-cs.syncNow:
 			logger.V(4).Info("A proxy-server is going away, syncing now")
+		case d := <-dials.done:
+			cs.dialEnded(d, dials)
 		}
 		changed = subscribe()
-		wait := cs.syncRound(ctx, bo)
+		wait := cs.syncRound(ctx, dials)
 		cs.metrics.syncRound()
 		logger.V(5).Info("Finished sync round", "wait", wait)
 		timer.Reset(wait)
 	}
 }
 
-// syncRound does one round of the sync loop and returns how long to wait
-// before the next. It reads the Counter once: the target and the address
-// to dial come from the same result.
-func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackOff) time.Duration {
+// syncRound does one round of the sync loop: it starts the server dials
+// the target calls for, and returns how long to wait before the next
+// round unless a dial's end comes first. It reads the Counter once: the
+// target and the addresses to dial come from the same result.
+func (cs *ClientSet) syncRound(ctx context.Context, dials *serverDials) time.Duration {
 	if cs.isDraining() {
 		return cs.cfg.SyncInterval
 	}
 	counted := cs.count(ctx)
 	target := cs.target(ctx, counted)
-	cs.noteServing(cs.serving(), target, cs.now())
-	if n := cs.serving(); n >= target {
+	serving := cs.serving()
+	cs.noteServing(serving, target, cs.now())
+	if serving >= target {
 		// Whatever failed dials there were no longer keep the agent from
 		// its target (the target may have dropped).
-		cs.serverOutage.Recovered(klog.FromContext(ctx), "connected", n, "target", target)
+		cs.serverOutage.Recovered(klog.FromContext(ctx), "connected", serving, "target", target)
 	}
-	if cs.serving() >= target && !cs.cfg.SyncForever {
-		bo.Reset()
-		return cs.cfg.SyncInterval
+	// How many dials to have in flight: one per missing server with an
+	// address each, one at a time through a load balancer (a dial there
+	// may find any server), and one now and then at the target with
+	// SyncForever, which learns the count so, as upstream does.
+	want := target - serving
+	if cs.cfg.DialMode != DialResolved {
+		want = min(want, 1)
 	}
-	res := cs.dialServer(ctx, counted)
-	if res != dialDuplicate {
+	if cs.cfg.SyncForever {
+		want = max(want, 1)
+	}
+	now := time.Now()
+	wait := cs.cfg.SyncInterval
+	for dials.inFlight() < want {
+		addr, ok, after := cs.dialAddress(ctx, counted, dials, now)
+		if !ok {
+			if after > 0 {
+				wait = min(wait, after)
+			}
+			break
+		}
+		dials.start(ctx, cs, addr)
+	}
+	return wait
+}
+
+// dialEnded takes the outcome of a server dial: an address that failed
+// waits its own back-off before it is dialled again, one that worked
+// starts afresh; a duplicate (a load balancer picked a server the agent
+// holds) is dialled again at once within a budget.
+func (cs *ClientSet) dialEnded(d dialOutcome, dials *serverDials) {
+	dials.ended(cs, d.addr)
+	if d.res != dialDuplicate {
 		cs.duplicates = 0
 	}
-	switch res {
+	switch d.res {
 	case dialOK:
-		bo.Reset()
-		// The new server's count may have raised the target.
-		target = cs.target(ctx, counted)
-		cs.noteServing(cs.serving(), target, cs.now())
-		if cs.serving() < target {
-			return 0
-		}
-		return cs.cfg.SyncInterval
-	case dialNone:
-		return cs.cfg.SyncInterval
+		dials.succeeded(d.addr)
+	case dialError:
+		dials.failed(d.addr, time.Now())
 	case dialDuplicate:
 		// A load balancer picked a server we have: it is up, so try again
 		// at once rather than waiting a sync interval per duplicate, as
@@ -157,10 +176,11 @@ func (cs *ClientSet) syncRound(ctx context.Context, bo *backoff.ExponentialBackO
 		// and the agent waits a sync interval between dials, as upstream,
 		// without growing it: the balancer answers, the servers are up.
 		cs.duplicates++
-		if missing := target - cs.serving(); missing > 0 && cs.duplicates <= duplicateBudget*target/missing+1 {
-			return 0
+		cs.mu.Lock()
+		target := cs.lastTarget
+		cs.mu.Unlock()
+		if missing := target - cs.serving(); missing <= 0 || cs.duplicates > duplicateBudget*target/missing+1 {
+			dials.holdOff(d.addr, time.Now().Add(cs.cfg.SyncInterval))
 		}
-		return cs.cfg.SyncInterval
 	}
-	return min(bo.NextBackOff(), cs.cfg.SyncIntervalCap)
 }
