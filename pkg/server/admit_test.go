@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"net"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,7 +17,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -82,16 +79,7 @@ func TestUnauthenticatedStreamsHoldNothing(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	fr := http2.NewFramer(c, c)
-	var block bytes.Buffer
-	enc := hpack.NewEncoder(&block)
-	for _, hf := range []hpack.HeaderField{
-		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"},
-		{Name: ":path", Value: wire.ConnectMethod}, {Name: ":authority", Value: "localhost"},
-		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
-		{Name: "authorization", Value: "Bearer bogus"}, {Name: strings.ToLower(wire.HeaderAgentID), Value: "hostile"},
-	} {
-		require.NoError(t, enc.WriteField(hf))
-	}
+	block := adversarytest.ConnectHeaders("hostile", "bogus")
 	const streams = 300
 	written := make(chan int64, 1)
 	go func() {
@@ -106,7 +94,7 @@ func TestUnauthenticatedStreamsHoldNothing(t *testing.T) {
 		}
 		for i := range streams {
 			id := uint32(2*i + 1)
-			if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true}) != nil {
+			if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}) != nil {
 				return
 			}
 			if i >= 2*server.MaxAgentStreamsPerConn {
@@ -300,16 +288,7 @@ func sendBeforeAuth(t *testing.T, e *env, ip string) (readErr, writeErr error) {
 	}
 	defer c.Close()
 	fr := http2.NewFramer(c, c)
-	var block bytes.Buffer
-	enc := hpack.NewEncoder(&block)
-	for _, hf := range []hpack.HeaderField{
-		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"},
-		{Name: ":path", Value: wire.ConnectMethod}, {Name: ":authority", Value: "localhost"},
-		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
-		{Name: "authorization", Value: "Bearer bogus"}, {Name: strings.ToLower(wire.HeaderAgentID), Value: "hostile"},
-	} {
-		require.NoError(t, enc.WriteField(hf))
-	}
+	block := adversarytest.ConnectHeaders("hostile", "bogus")
 	wrote := make(chan error, 1)
 	go func() {
 		_ = c.SetWriteDeadline(time.Now().Add(waitFor))
@@ -321,7 +300,7 @@ func sendBeforeAuth(t *testing.T, e *env, ip string) (readErr, writeErr error) {
 			wrote <- err
 			return
 		}
-		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true}); err != nil {
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndHeaders: true}); err != nil {
 			wrote <- err
 			return
 		}

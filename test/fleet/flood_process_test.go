@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"flag"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,8 +19,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/jwttest"
 	"github.com/servercount/servercount/internal/nettest"
 	"github.com/servercount/servercount/internal/pkitest"
@@ -232,19 +230,10 @@ func (f *flood) floodOnce(ctx context.Context, addr, local, name string) {
 	}
 	chunk := make([]byte, 16<<10)
 	for i := 0; ; i++ {
-		var block bytes.Buffer
-		enc := hpack.NewEncoder(&block)
 		token := jwttest.Token(jwttest.Claims{Subject: jwttest.ServiceAccount(reviewNamespace, reviewServiceAccount)}, fmt.Sprintf("%s-%d", name, i))
-		for _, hf := range []hpack.HeaderField{
-			{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"},
-			{Name: ":path", Value: wire.ConnectMethod}, {Name: ":authority", Value: "localhost"},
-			{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
-			{Name: "authorization", Value: "Bearer " + token}, {Name: strings.ToLower(wire.HeaderAgentID), Value: name},
-		} {
-			_ = enc.WriteField(hf)
-		}
+		block := adversarytest.ConnectHeaders(name, token)
 		id := uint32(2*i + 1)
-		if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true}) != nil {
+		if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}) != nil {
 			return
 		}
 		for range wire.StreamWindow / len(chunk) {
