@@ -48,8 +48,6 @@ const (
 	dialDuplicate dialResult = "duplicate"
 	// dialError: no stream, or a handshake that broke the protocol.
 	dialError dialResult = "error"
-	// dialNone: no dial was made, as every resolved endpoint is connected.
-	dialNone dialResult = "none"
 )
 
 // streamEndedReason labels streams_ended_total.
