@@ -118,6 +118,15 @@ func TestIntegrityProcesses(t *testing.T) {
 					add(integrityRow{pairing, fe.name, "cases", tally, time.Since(start)})
 					report(t, held, tally, all)
 				})
+				t.Run(pairing+"/"+fe.name+"/agent-replaced", func(t *testing.T) {
+					p := startPair(t, srv.server, ag.agent, fe.mode, certs)
+					dial := integrityDialer(t, fe.name, p.socket)
+					start := time.Now()
+					all := agentReplacedMidTransfer(t, p, dial, target, nextIDs(), recordWait(held))
+					tally := churn.Count(all)
+					add(integrityRow{pairing, fe.name, "agent replaced", tally, time.Since(start)})
+					report(t, held, tally, all)
+				})
 				for _, victim := range []string{"server", "agent"} {
 					t.Run(pairing+"/"+fe.name+"/sigterm-"+victim, func(t *testing.T) {
 						p := startPair(t, srv.server, ag.agent, fe.mode, certs)
@@ -172,6 +181,38 @@ func sigtermMidTransfer(t *testing.T, dial churn.Dialer, target *churn.Integrity
 	}
 	require.NoError(t, proc.Signal(syscall.SIGTERM))
 	return <-done
+}
+
+// agentReplacedMidTransfer replaces the pair's agent while 64 DownSlow
+// tunnels of 1 MiB run through it, as a DaemonSet's rolling update does:
+// a second agent connects, the first gets SIGTERM, and 64 more tunnels
+// (requests of 32 KiB each way) are dialled meanwhile. Our agent drains
+// on SIGTERM and keeps serving what it has, and our server sends new
+// dials to the agent that is not draining: every tunnel must end whole.
+func agentReplacedMidTransfer(t *testing.T, p pair, dial churn.Dialer, target *churn.IntegrityTarget, first uint64, wait time.Duration) []churn.Outcome {
+	var slow, after []churn.Tunnel
+	for i := range 64 {
+		slow = append(slow, churn.Tunnel{ID: first + uint64(i) + 1, Case: churn.DownSlow, Down: 1 << 20})
+		after = append(after, churn.Tunnel{ID: first + uint64(i) + 1001, Case: churn.Request, Up: 32 << 10, Down: 32 << 10})
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	base := target.Started()
+	done := make(chan []churn.Outcome, 1)
+	go func() { done <- churn.RunIntegrity(ctx, dial, target, slow, len(slow), wait) }()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for target.Started()-base < len(slow) {
+		select {
+		case out := <-done:
+			return out
+		case <-tick.C:
+		}
+	}
+	p.addAgent(t, "churn-2")
+	require.NoError(t, p.agent.Signal(syscall.SIGTERM))
+	more := churn.RunIntegrity(ctx, dial, target, after, 16, wait)
+	return append(<-done, more...)
 }
 
 // report fails a held pairing unless every tunnel was delivered, and

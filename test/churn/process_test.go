@@ -83,6 +83,9 @@ func writeCerts(t *testing.T) pkitest.Files {
 type pair struct {
 	socket        string
 	server, agent *proctest.Process
+	// agentPort, agentBin and certs start more agents (addAgent).
+	agentPort, agentBin string
+	certs               pkitest.Files
 }
 
 // startPair starts a proxy-server in mode with its frontend on a Unix
@@ -91,7 +94,7 @@ type pair struct {
 func startPair(t *testing.T, serverBin, agentBin, mode string, c pkitest.Files) pair {
 	t.Helper()
 	socket := filepath.Join(t.TempDir(), "proxy.sock")
-	ports := nettest.FreePorts(t, 5)
+	ports := nettest.FreePorts(t, 3)
 	port := func(i int) string { return strconv.Itoa(ports[i]) }
 	// -v=0: upstream's default verbosity logs every packet.
 	server := proctest.Start(t, serverBin, "-v=0",
@@ -99,17 +102,29 @@ func startPair(t *testing.T, serverBin, agentBin, mode string, c pkitest.Files) 
 		"--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
 		"--agent-port="+port(0), "--health-port="+port(1), "--admin-port="+port(2),
 		"--cluster-cert="+c.ServerCert, "--cluster-key="+c.ServerKey, "--cluster-ca-cert="+c.CA)
-	agent := proctest.Start(t, agentBin, "-v=0",
-		"--agent-id=churn", "--proxy-server-host=localhost", "--proxy-server-port="+port(0),
-		"--ca-cert="+c.CA, "--agent-cert="+c.AgentCert, "--agent-key="+c.AgentKey,
-		"--health-server-host=127.0.0.1", "--health-server-port="+port(3),
-		"--admin-bind-address=127.0.0.1", "--admin-server-port="+port(4))
-	for _, url := range []string{"http://127.0.0.1:" + port(1) + "/readyz", "http://127.0.0.1:" + port(3) + "/readyz"} {
-		if !waitOK(t.Context(), url, 30*time.Second, server, agent) {
-			t.Fatalf("%s not ready within 30s, or a process exited\nproxy-server:\n%s\nproxy-agent:\n%s", url, server.Output(), agent.Output())
-		}
+	if url := "http://127.0.0.1:" + port(1) + "/healthz"; !waitOK(t.Context(), url, 30*time.Second, server) {
+		t.Fatalf("%s not ready within 30s, or the process exited\nproxy-server:\n%s", url, server.Output())
 	}
-	return pair{socket: socket, server: server, agent: agent}
+	p := pair{socket: socket, server: server, agentPort: port(0), agentBin: agentBin, certs: c}
+	p.agent = p.addAgent(t, "churn")
+	return p
+}
+
+// addAgent starts a proxy-agent with ID id, connected to p's server, and
+// waits until it is ready (holds the server). It is killed when t ends.
+func (p pair) addAgent(t *testing.T, id string) *proctest.Process {
+	t.Helper()
+	ports := nettest.FreePorts(t, 2)
+	c := p.certs
+	agent := proctest.Start(t, p.agentBin, "-v=0",
+		"--agent-id="+id, "--proxy-server-host=localhost", "--proxy-server-port="+p.agentPort,
+		"--ca-cert="+c.CA, "--agent-cert="+c.AgentCert, "--agent-key="+c.AgentKey,
+		"--health-server-host=127.0.0.1", "--health-server-port="+strconv.Itoa(ports[0]),
+		"--admin-bind-address=127.0.0.1", "--admin-server-port="+strconv.Itoa(ports[1]))
+	if url := "http://127.0.0.1:" + strconv.Itoa(ports[0]) + "/readyz"; !waitOK(t.Context(), url, 30*time.Second, p.server, agent) {
+		t.Fatalf("%s not ready within 30s, or a process exited\nproxy-server:\n%s\nproxy-agent:\n%s", url, p.server.Output(), agent.Output())
+	}
+	return agent
 }
 
 // waitOK polls url until it answers 200, for at most d, or until one of
