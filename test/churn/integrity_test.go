@@ -74,9 +74,11 @@ type integrityRow struct {
 // sends N and closes, slow readers while the other end has closed, a
 // request and its answer, 64 tunnels whose targets all close at one
 // instant; then SIGTERM to the server, and to the agent, while 64
-// tunnels are mid-transfer. Our pair must deliver every tunnel (0 silent,
-// 0 failed); the pairings with an upstream half are measured beside it
-// and reported, as is upstream's own pair.
+// tunnels are mid-transfer, and an agent replaced by another meanwhile.
+// Our pair must deliver every tunnel (0 silent, 0 failed), and our server
+// every tunnel of upstream's agent on SIGTERM; the other pairings with an
+// upstream half are measured beside it and reported, as is upstream's
+// own pair.
 func TestIntegrityProcesses(t *testing.T) {
 	if !*integrity {
 		t.Skip("the integrity run takes minutes: make integrity (go test -run TestIntegrityProcesses ./test/churn -integrity)")
@@ -135,6 +137,9 @@ func TestIntegrityProcesses(t *testing.T) {
 						if victim == "agent" {
 							proc = p.agent
 						}
+						// Our server's graceful stop keeps every agent's
+						// tunnels, upstream's agent's too.
+						held := held || victim == "server" && srv.name == "ours"
 						start := time.Now()
 						all := sigtermMidTransfer(t, dial, target, nextIDs(), proc, recordWait(held))
 						tally := churn.Count(all)

@@ -246,9 +246,9 @@ func (s *Server) serveFrontends(g *serve.Group) (stop func(context.Context)) {
 
 // stopGracefully is the first of a shutdown's steps: not ready and no
 // lease at once, new frontends taken for ShutdownDelay, then none; DRAIN
-// and GOAWAY to agents; open tunnels let run for GracefulShutdownTimeout,
-// the rest cut.
-func (s *Server) stopGracefully(ctx context.Context, stopLeases func(), stopFrontends func(context.Context), agentGRPC *grpc.Server) {
+// to agents; open tunnels let run for GracefulShutdownTimeout, the rest
+// cut. Only then do the servers stop (GOAWAY to agents).
+func (s *Server) stopGracefully(ctx context.Context, stopLeases func(), stopFrontends func(context.Context)) {
 	cfg := s.cfg
 	s.srv.StopReadiness()
 	stopLeases()
@@ -262,7 +262,11 @@ func (s *Server) stopGracefully(ctx context.Context, stopLeases func(), stopFron
 		t.Stop()
 	}
 	stopFrontends(ctx)
-	go agentGRPC.GracefulStop() // no new agent stream; GOAWAY to agents
+	// The agent port sends no GOAWAY until the tunnels have ended or been
+	// cut (the servers' own stops come after this step): upstream's agent
+	// takes a connection that is no longer ready for lost, and closes
+	// every tunnel on it at once, with a clean end of stream. New agent
+	// streams are refused meanwhile (Server.Connect), and ours have DRAIN.
 	tctx, cancel := context.WithTimeout(ctx, cfg.GracefulShutdownTimeout)
 	defer cancel()
 	klog.InfoS("Shutting down: taking no new frontends, letting open tunnels finish", "gracefulShutdownTimeout", cfg.GracefulShutdownTimeout)
@@ -331,7 +335,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	// The graceful stop, first of the shutdown's steps; the servers'
 	// own stops come after it.
-	g.Defer(func(ctx context.Context) { s.stopGracefully(ctx, stopLeases, stopFrontends, agentGRPC) })
+	g.Defer(func(ctx context.Context) { s.stopGracefully(ctx, stopLeases, stopFrontends) })
 
 	klog.InfoS("Proxy-server started", "serverID", cfg.Server.ServerID, "serverCount", cfg.ServerCount, "mode", cfg.Mode,
 		"agentAddress", s.agents.Addr().String(), "frontendAddress", s.frontends.Addr().String(),
