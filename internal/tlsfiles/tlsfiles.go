@@ -154,9 +154,26 @@ func read(f Files) (*material, error) {
 			return nil, err
 		}
 		m.pool = x509.NewCertPool()
+		// Text between blocks is allowed (OpenSSL writes "Bag Attributes"
+		// there); a block that does not decode is not, as upstream now
+		// has it (#902): pem.Decode passes over it to the next good one,
+		// and trusting what is left would trust other than the operator
+		// meant. A stretch that Decode consumed with more than the one
+		// BEGIN line of its block held one.
+		begin := []byte("-----BEGIN")
 		for rest := caPEM; ; {
+			before := rest
 			var block *pem.Block
-			if block, rest = pem.Decode(rest); block == nil {
+			block, rest = pem.Decode(rest)
+			consumed := before[:len(before)-len(rest)]
+			if block == nil {
+				consumed = rest
+			}
+			if n := bytes.Count(consumed, begin); block == nil && n > 0 || n > 1 {
+				at := len(caPEM) - len(before) + bytes.Index(consumed, begin)
+				return nil, fmt.Errorf("CA bundle %s: a malformed PEM block at byte %d: fix or remove it", f.CA, at)
+			}
+			if block == nil {
 				break
 			}
 			if block.Type != "CERTIFICATE" {

@@ -305,16 +305,34 @@ func TestClientFollowsItsCABundleAndCertificate(t *testing.T) {
 }
 
 // The first reading must work: a binary does not start with files it
-// cannot use.
+// cannot use. A CA bundle with a PEM block that does not decode is
+// refused, wherever the block is; text between blocks is not a block.
 func TestNewRefusesUnusableFiles(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.crt")
 	require.NoError(t, os.WriteFile(bad, []byte("x"), 0o644))
+	good := newCA(t, "good").PEM
+	broken := "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n"
+	write := func(name, content string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
+		return path
+	}
+	malformedLast := write("malformed-last.crt", string(good)+broken)
+	malformedFirst := write("malformed-first.crt", broken+string(good))
+	commented := write("commented.crt", "Bag Attributes\n    friendlyName: good\n"+string(good)+"# the end\n")
+	_, err := tlsfiles.New("test", tlsfiles.Files{CA: commented}, nil, klog.Background().V(9))
+	require.NoError(t, err, "text between PEM blocks")
+	errs := tlsfiles.Check(tlsfiles.Files{CA: malformedLast}, tlsfiles.Files{CA: "--cluster-ca-cert"})
+	require.Len(t, errs, 1)
+	assert.ErrorContains(t, errs[0], "--cluster-ca-cert: CA bundle "+malformedLast+": a malformed PEM block")
 	for name, f := range map[string]tlsfiles.Files{
-		"missing":      {Cert: filepath.Join(dir, "none.crt"), Key: filepath.Join(dir, "none.key")},
-		"garbage":      {Cert: bad, Key: bad},
-		"empty bundle": {CA: bad},
-		"missing CA":   {CA: filepath.Join(dir, "none.crt")},
+		"missing":         {Cert: filepath.Join(dir, "none.crt"), Key: filepath.Join(dir, "none.key")},
+		"garbage":         {Cert: bad, Key: bad},
+		"empty bundle":    {CA: bad},
+		"missing CA":      {CA: filepath.Join(dir, "none.crt")},
+		"malformed last":  {CA: malformedLast},
+		"malformed first": {CA: malformedFirst},
 	} {
 		_, err := tlsfiles.New("test", f, nil, klog.Background().V(9))
 		assert.Error(t, err, name)
