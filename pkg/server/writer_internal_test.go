@@ -105,3 +105,23 @@ func TestTunnelControlIsBounded(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(m.streamsEnded.WithLabelValues(string(StreamEndedControlBacklog))))
 	require.Zero(t, testutil.ToFloat64(m.controlQueued), "the ended stream's packets are still counted as queued")
 }
+
+// An answer about a connection is queued once while one for it waits: a
+// peer that repeats what it sends gets one answer, not one each. Once the
+// waiting one is taken, a new one is queued (it may answer another
+// request).
+func TestControlAnswersAreQueuedOnce(t *testing.T) {
+	p, s, m := heldPeer(t, segmentToAgent)
+	for range 1000 {
+		require.True(t, p.sendControl(wire.CloseReq(5), 5))
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(m.controlQueued))
+	s.release <- struct{}{} // the held DATA
+	s.release <- struct{}{} // the CLOSE_REQ
+	require.Eventually(t, func() bool { return len(s.got()) == 2 }, 10*time.Second, time.Millisecond, "sent %v", s.got())
+	require.Eventually(t, func() bool { return testutil.ToFloat64(m.controlQueued) == 0 }, 10*time.Second, time.Millisecond)
+	require.True(t, p.sendControl(wire.CloseReq(5), 5))
+	s.release <- struct{}{}
+	require.Eventually(t, func() bool { return len(s.got()) == 3 }, 10*time.Second, time.Millisecond, "an answer after the last was taken: sent %v", s.got())
+	require.Equal(t, []client.PacketType{client.PacketType_DATA, client.PacketType_CLOSE_REQ, client.PacketType_CLOSE_REQ}, s.got())
+}
