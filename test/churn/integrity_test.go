@@ -119,6 +119,12 @@ func TestIntegrityProcesses(t *testing.T) {
 					tally := churn.Count(all)
 					add(integrityRow{pairing, fe.name, "cases", tally, time.Since(start)})
 					report(t, held, tally, all)
+					if srv.name == "ours" {
+						// Every tunnel closed at the server too: none
+						// established, none pending, none left to deliver.
+						assert.Eventually(t, func() bool { return openAtServer(p) == 0 }, 30*time.Second, 20*time.Millisecond,
+							"tunnels left open at the server: %v", openAtServer(p))
+					}
 				})
 				t.Run(pairing+"/"+fe.name+"/agent-replaced", func(t *testing.T) {
 					p := startPair(t, srv.server, ag.agent, fe.mode, certs)
@@ -218,6 +224,16 @@ func agentReplacedMidTransfer(t *testing.T, p pair, dial churn.Dialer, target *c
 	require.NoError(t, p.agent.Signal(syscall.SIGTERM))
 	more := churn.RunIntegrity(ctx, dial, target, after, 16, wait)
 	return append(<-done, more...)
+}
+
+// openAtServer is the tunnels p's server holds, established or pending
+// (-1 when its metrics cannot be read).
+func openAtServer(p pair) float64 {
+	m, err := proctest.Scrape(p.serverMetrics)
+	if err != nil {
+		return -1
+	}
+	return m.Sum("konnectivity_network_proxy_server_established_connections") + m.Sum("konnectivity_network_proxy_server_pending_backend_dials")
 }
 
 // report fails a held pairing unless every tunnel was delivered, and

@@ -83,6 +83,8 @@ func writeCerts(t *testing.T) pkitest.Files {
 type pair struct {
 	socket        string
 	server, agent *proctest.Process
+	// serverMetrics is the server's /metrics.
+	serverMetrics string
 	// agentPort, agentBin and certs start more agents (addAgent).
 	agentPort, agentBin string
 	certs               pkitest.Files
@@ -105,7 +107,7 @@ func startPair(t *testing.T, serverBin, agentBin, mode string, c pkitest.Files) 
 	if url := "http://127.0.0.1:" + port(1) + "/healthz"; !waitOK(t.Context(), url, 30*time.Second, server) {
 		t.Fatalf("%s not ready within 30s, or the process exited\nproxy-server:\n%s", url, server.Output())
 	}
-	p := pair{socket: socket, server: server, agentPort: port(0), agentBin: agentBin, certs: c}
+	p := pair{socket: socket, server: server, serverMetrics: "http://127.0.0.1:" + port(1) + "/metrics", agentPort: port(0), agentBin: agentBin, certs: c}
 	p.agent = p.addAgent(t, "churn")
 	return p
 }
