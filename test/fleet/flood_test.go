@@ -29,17 +29,19 @@ import (
 // One host holds 1200 handshakes open with fresh bogus tokens, shaped as
 // the agents' service-account tokens so that each needs a TokenReview,
 // on 150 connections of 8 streams; each retries as soon as it is refused
-// for its token, and a second after it is refused for a handshake bound. Meanwhile 100 real agents, each from an address of its own,
-// connect: at least 95 are accepted within 2 s, and the API server never
-// sees more reviews in a second than --token-review-qps and its burst
-// allow. Before the bounds, 95 of 100 were refused at once and the API
-// server took about 2,000 reviews a second.
+// for its token, and a second after it is refused for a handshake bound.
+// Meanwhile 100 real agents, each from an address of its own, connect: at
+// least 95 are accepted at their first handshake and all of them in the
+// end, and the API server never sees more reviews in a second than
+// --token-review-qps and its burst allow. Before the bounds, 95 of 100
+// were refused at once and the API server took about 2,000 reviews a
+// second. The test counts refusals, not time: how long the 100 reviews
+// take depends on the load of the machine, and is logged.
 func TestRealAgentsGetInThroughAHandshakeFlood(t *testing.T) {
 	const (
-		floodConns   = 150
-		perConn      = 8
-		realAgents   = 100
-		acceptWithin = 2 * time.Second
+		floodConns = 150
+		perConn    = 8
+		realAgents = 100
 	)
 	reviews := startReviewEndpoint(t)
 	reg := prometheus.NewRegistry()
@@ -108,40 +110,56 @@ func TestRealAgentsGetInThroughAHandshakeFlood(t *testing.T) {
 		waitReady(t, cc)
 	}
 	start := time.Now()
-	took := make(chan time.Duration, realAgents)
+	type admission struct {
+		took    time.Duration
+		refused int // handshakes refused before the one admitted
+	}
+	admitted := make(chan admission, realAgents)
 	var real sync.WaitGroup
 	for i, cc := range ccs {
 		real.Go(func() {
 			token := agentToken(fmt.Sprint("real-", i))
-			for ctx.Err() == nil && time.Since(start) < 3*acceptWithin {
+			for refused := 0; ctx.Err() == nil; refused++ {
 				a, err := adversarytest.DialDeafAgent(ctx, adversarytest.AgentConfig{Conn: cc, ID: fmt.Sprint("real-", i), Token: token})
 				if err == nil {
-					took <- time.Since(start)
+					admitted <- admission{time.Since(start), refused}
 					t.Cleanup(a.Close)
 					return
 				}
-				time.Sleep(100 * time.Millisecond) // an agent's retry, much shortened
+				t.Logf("real agent %d refused: %v", i, err)
+				select { // an agent's retry, much shortened
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+				}
 			}
 		})
 	}
-	real.Wait()
-	close(took)
-	stop()
-	flood.Wait()
-
-	var in []time.Duration
-	for d := range took {
-		in = append(in, d)
+	// Every real agent gets in, however slow the machine; the deadline
+	// only ends a test that has failed.
+	allIn := make(chan struct{})
+	go func() { real.Wait(); close(allIn) }()
+	select {
+	case <-allIn:
+	case <-time.After(2 * time.Minute):
 	}
-	slices.Sort(in)
-	within := 0
-	for _, d := range in {
-		if d <= acceptWithin {
-			within++
+	stop()
+	<-allIn
+	flood.Wait()
+	close(admitted)
+
+	var took []time.Duration
+	first := 0
+	for a := range admitted {
+		took = append(took, a.took)
+		if a.refused == 0 {
+			first++
 		}
 	}
-	t.Logf("flood: %d handshakes; real agents accepted: %d of %d within %v (median %v, last %v)", attempts.Load(), within, realAgents, acceptWithin, at(in, len(in)/2), at(in, len(in)-1))
-	assert.GreaterOrEqual(t, within, 95, "real agents accepted within %v", acceptWithin)
+	slices.Sort(took)
+	t.Logf("flood: %d handshakes; real agents accepted: %d of %d, %d at their first handshake (median %v, last %v)",
+		attempts.Load(), len(took), realAgents, first, at(took, len(took)/2), at(took, len(took)-1))
+	assert.Len(t, took, realAgents, "real agents accepted")
+	assert.GreaterOrEqual(t, first, 95, "real agents accepted at their first handshake")
 
 	// The API server's view: no second saw more than the bound, a token
 	// bucket of DefaultBurst filled at DefaultQPS.
