@@ -12,7 +12,8 @@ import (
 )
 
 // Value returns the value of the gauge or counter series named name whose
-// labels include labels (name, value pairs), and whether there is one.
+// labels include labels (name, value pairs), or a histogram's number of
+// observations, and whether there is one.
 func Value(g prometheus.Gatherer, name string, labels ...string) (float64, bool) {
 	mfs, err := g.Gather()
 	if err != nil {
@@ -31,6 +32,8 @@ func Value(g prometheus.Gatherer, name string, labels ...string) (float64, bool)
 				return m.GetGauge().GetValue(), true
 			case m.GetCounter() != nil:
 				return m.GetCounter().GetValue(), true
+			case m.GetHistogram() != nil:
+				return float64(m.GetHistogram().GetSampleCount()), true
 			}
 		}
 	}

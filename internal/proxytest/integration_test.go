@@ -337,6 +337,10 @@ func TestCloseBothWays(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return metric(t, f.srv.Registry(), metricEstablished) == 0 }, waitFor, tick)
 	require.Eventually(t, func() bool { return metric(t, f.agent.Registry(), metricAgentEndpoints) == 0 }, waitFor, tick)
+	// Each closed tunnel is one observation of how long it was
+	// established (upstream's histogram of master, #899).
+	assert.Equal(t, float64(2*len(frontendModes)), metric(t, f.srv.Registry(), "konnectivity_network_proxy_server_connection_duration_seconds"),
+		"tunnels observed in the connection-duration histogram")
 }
 
 func TestCancelPendingDial(t *testing.T) {
