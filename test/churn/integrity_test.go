@@ -241,16 +241,40 @@ func openAtServer(p pair) float64 {
 func report(t *testing.T, held bool, tally churn.Tally, all []churn.Outcome) {
 	t.Log(tally)
 	shown := 0
+	lost := map[string]int{} // by case, and where the loss showed
 	for _, o := range all {
-		if o.Verdict != churn.Delivered && shown < 10 {
+		if o.Verdict == churn.Delivered {
+			continue
+		}
+		if shown < 10 {
 			t.Log(o)
 			shown++
 		}
+		lost[fmt.Sprintf("%s %s, %s", o.Case, o.Verdict, lossAt(o))]++
+	}
+	if len(lost) > 0 {
+		t.Logf("not delivered, by case: %v", lost)
 	}
 	if held {
 		assert.Zero(t, tally.Silent, "silent losses in our pair")
 		assert.Equal(t, tally.Tunnels, tally.Delivered, "tunnels not delivered in our pair")
 	}
+}
+
+// lossAt says where a tunnel that was not delivered went wrong: the
+// client saw an error, the target never learned that the tunnel ended
+// (its header did not arrive, or no end came), or the bytes of one way
+// were short or wrong.
+func lossAt(o churn.Outcome) string {
+	switch {
+	case o.Err != nil:
+		return "client error"
+	case o.Up.Err != nil:
+		return "target saw no clean end"
+	case o.Up.Bytes != o.Tunnel.Up || o.Up.Bad >= 0:
+		return "up short"
+	}
+	return "down short"
 }
 
 // integrityTable is the run's table in Markdown.
