@@ -36,10 +36,12 @@ type closeOrderAgent struct {
 	late   map[int64]int    // DATA bytes after CLOSE_REQ; guarded by mu
 	head   map[int64][]byte // the first 8 bytes of each connection; guarded by mu
 	want   map[int64]int    // the size each tunnel's header announced; guarded by mu
+	// closedAt is when each CLOSE_REQ came; guarded by mu.
+	closedAt map[int64]time.Time
 }
 
 func serveCloseOrder(t *testing.T, a *adversarytest.DeafAgent) *closeOrderAgent {
-	r := &closeOrderAgent{got: map[int64]int{}, closed: map[int64]int{}, late: map[int64]int{}, head: map[int64][]byte{}, want: map[int64]int{}}
+	r := &closeOrderAgent{got: map[int64]int{}, closed: map[int64]int{}, late: map[int64]int{}, head: map[int64][]byte{}, want: map[int64]int{}, closedAt: map[int64]time.Time{}}
 	done := make(chan struct{})
 	t.Cleanup(func() { a.Close(); <-done })
 	go func() {
@@ -61,6 +63,7 @@ func serveCloseOrder(t *testing.T, a *adversarytest.DeafAgent) *closeOrderAgent 
 				r.mu.Lock()
 				if _, dup := r.closed[id]; !dup {
 					r.closed[id] = r.got[id]
+					r.closedAt[id] = time.Now()
 				}
 				r.mu.Unlock()
 				_ = a.Send(wire.CloseRsp(id, ""))
@@ -149,6 +152,41 @@ func TestCloseNeverOvertakesItsData(t *testing.T) {
 				}
 			}
 			require.Zero(t, short, "tunnels whose CLOSE_REQ overtook their DATA, of %d", tunnels)
+		})
+	}
+}
+
+// A frontend's CLOSE_REQ reaches an agent without flow control
+// (upstream's protocol) no sooner than PlainAgentCloseDelay after the
+// frontend closed, behind every byte of the tunnel: upstream's agent
+// drops what it has not yet written to its endpoint when CLOSE_REQ comes
+// (make integrity shows what the delay saves).
+func TestPlainAgentGetsCloseLater(t *testing.T) {
+	const size = 40 << 10
+	for _, mode := range []string{"http-connect", "grpc"} {
+		t.Run(mode, func(t *testing.T) {
+			e := startEnv(t, server.Config{})
+			da, err := connectAgent(t, e, agentOpts{id: "a1"})
+			require.NoError(t, err)
+			waitBackends(t, e, 1)
+			rec := serveCloseOrder(t, da)
+
+			c, err := closeOrderDialer(t, e, mode)(t.Context())
+			require.NoError(t, err)
+			hdr := binary.BigEndian.AppendUint64(nil, size)
+			_, err = c.Write(append(hdr, nettest.Pattern(0, size)...))
+			require.NoError(t, err)
+			closed := time.Now()
+			require.NoError(t, c.Close())
+			require.Eventually(t, func() bool { return rec.closedCount() == 1 }, waitFor, 5*time.Millisecond, "the tunnel gets CLOSE_REQ")
+
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			for id, at := range rec.closedAt {
+				assert.GreaterOrEqual(t, at.Sub(closed), server.PlainAgentCloseDelay, "CLOSE_REQ after the frontend closed")
+				assert.Equal(t, 8+size, rec.closed[id], "bytes before CLOSE_REQ")
+				assert.Zero(t, rec.late[id], "bytes after CLOSE_REQ")
+			}
 		})
 	}
 }

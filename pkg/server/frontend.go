@@ -152,6 +152,10 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 		ob.CloseWrite()
 		return
 	}
+	if t.be.peerWindow == 0 {
+		f.s.sendCloseReq(t) // later, after the tunnel's data
+		return
+	}
 	f.s.sendToAgent(t.be, pkt, f.peer.done)
 }
 

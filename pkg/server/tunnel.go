@@ -186,8 +186,39 @@ func (s *Server) closeFromFrontend(t *tunnel) {
 	}
 	s.mu.Unlock()
 	if established {
-		t.be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
+		s.sendCloseReq(t)
 	}
+}
+
+// PlainAgentCloseDelay is how long a CLOSE_REQ for a tunnel that its
+// frontend closed waits before it goes to an agent without flow control
+// (upstream's protocol). Upstream's agent, on CLOSE_REQ, closes its
+// endpoint at once: the DATA it has taken from the stream but not yet
+// written to the endpoint is lost, and neither end hears of it. Nothing
+// in that protocol says when it has written them. A tenth of a second
+// lets it write what it holds: in the integrity suite (make integrity),
+// 0-3 of 1044 tunnels lost their last bytes through our server with it,
+// against 58-80 through upstream's own server and 85-92 before the
+// delay. The frontend is gone already: the delay holds only the agent's
+// endpoint connection. An agent with flow control (ours) writes what it
+// holds before it closes, and gets CLOSE_REQ at once.
+const PlainAgentCloseDelay = 100 * time.Millisecond
+
+// sendCloseReq sends CLOSE_REQ for t, established and closed by its
+// frontend, to t's agent after the tunnel's data: to an agent without
+// flow control PlainAgentCloseDelay later. The caller runs under s.wg, as
+// every frontend does, which then waits for the delayed send too.
+func (s *Server) sendCloseReq(t *tunnel) {
+	send := func() { t.be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID) }
+	if t.be.peerWindow > 0 {
+		send()
+		return
+	}
+	s.wg.Add(1)
+	time.AfterFunc(PlainAgentCloseDelay, func() {
+		defer s.wg.Done()
+		send()
+	})
 }
 
 // ending reports whether t is over at the agent while its data is still
