@@ -17,6 +17,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,6 +88,9 @@ type Result struct {
 	SlowestProbe time.Duration
 	// FirstError is the first error of a short tunnel, for the log.
 	FirstError error
+	// Errors counts the failed short tunnels by the kind of their error:
+	// what the worker was doing, and the error's last words.
+	Errors map[string]int64
 }
 
 func (r Result) String() string {
@@ -107,8 +111,9 @@ type run struct {
 	slowest                 atomic.Int64 // nanoseconds
 
 	mu       sync.Mutex
-	firstErr error // guarded by mu
-	lockErr  error // guarded by mu
+	firstErr error            // guarded by mu
+	errs     map[string]int64 // guarded by mu
+	lockErr  error            // guarded by mu
 	locked   chan struct{}
 }
 
@@ -157,6 +162,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res.FirstError = r.firstErr
+	res.Errors = r.errs
 	return res, r.lockErr
 }
 
@@ -186,6 +192,24 @@ func (r *run) tunnelFailed(err error) {
 	if r.firstErr == nil {
 		r.firstErr = err
 	}
+	if r.errs == nil {
+		r.errs = map[string]int64{}
+	}
+	r.errs[errorKind(err)]++
+}
+
+// errorKind is what a worker's error says it was doing, before the first
+// colon, and how it ended, after the last: "wait for the closer's close:
+// ...: connection reset by peer" is "wait for the closer's close /
+// connection reset by peer".
+func errorKind(err error) string {
+	msg := err.Error()
+	first, _, _ := strings.Cut(msg, ": ")
+	last := msg[strings.LastIndex(msg, ": ")+2:]
+	if first == msg {
+		return msg
+	}
+	return first + " / " + last
 }
 
 // dial opens a tunnel to addr that closes when ctx ends, so that a read

@@ -59,7 +59,7 @@ func TestChurnProcesses(t *testing.T) {
 					dial := churn.OverUnix(mode, startPair(t, srv.server, ag.agent, mode, certs).socket)
 					gentle := srv.name != "ours" || ag.name != "ours"
 					res, err := churn.Run(t.Context(), churn.Config{Dial: dial, Targets: targets, Duration: *processDuration, Gentle: gentle})
-					t.Logf("%v; first tunnel error: %v", res, res.FirstError)
+					t.Logf("%v; first tunnel error: %v; failed tunnels by error: %v", res, res.FirstError, res.Errors)
 					if srv.name != "ours" && ag.name != "ours" {
 						t.Logf("upstream's own pair, the oracle (not held to the test): lock-up: %v", err)
 						return
