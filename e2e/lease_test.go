@@ -78,6 +78,17 @@ func TestLeaseCounterAndPublisher(t *testing.T) {
 		}
 	}
 	countIs(3, 10*time.Second, "three publishers")
+	// --lease-label-selector is a label selector, set-based ones too
+	// (upstream's master, #868): the API server evaluates it.
+	for selector, want := range map[string]int{"k8s-app in (konnectivity-server, other)": 3, "k8s-app notin (konnectivity-server)": 0} {
+		sc, err := lease.NewCounter(lease.CounterConfig{Client: leases, LabelSelector: selector})
+		require.NoError(t, err)
+		require.NoError(t, sc.WaitSynced(ctx))
+		res, err := sc.Count(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, want, res.Count, "leases selected by %q", selector)
+		require.NoError(t, sc.Close())
+	}
 	// Upstream's name, spelled out: the constant is what is under test.
 	l, err := leases.Get(ctx, "konnectivity-proxy-server-s1", metav1.GetOptions{})
 	require.NoError(t, err)
