@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
+	"github.com/servercount/servercount/internal/flagvalue"
 	"github.com/servercount/servercount/internal/kubeclient"
-	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -37,7 +37,7 @@ func NewAgentOptions() *AgentOptions {
 
 // AddFlags adds the count-source flags to fs.
 func (o *AgentOptions) AddFlags(fs *pflag.FlagSet) {
-	serve.ParsedVar(fs, &o.SourceMax, "server-count-source", sourceText(o.SourceMax), parseSource,
+	flagvalue.Var(fs, &o.SourceMax, "server-count-source", sourceText(o.SourceMax), parseSource,
 		"how to combine server counts: default (DNS when --server-count-dns is set, else what servers report) or max (the larger of the two)")
 	fs.IntVar(&o.Max, "server-count-max", o.Max, "never aim for more proxy-servers than this, whatever DNS, the leases or the servers say: a broken or hostile count must not open thousands of connections")
 	o.DNS.AddFlags(fs, true)

@@ -10,9 +10,9 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/internal/flagvalue"
 	"github.com/servercount/servercount/internal/metric"
 	"github.com/servercount/servercount/internal/outage"
-	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/pkg/servercounter"
 )
 
@@ -48,7 +48,7 @@ func NewDNSOptions() *DNSOptions {
 // the proxy-server uses its --server-count as the fallback instead.
 func (o *DNSOptions) AddFlags(fs *pflag.FlagSet, withFallback bool) {
 	fs.StringVar(&o.Name, "server-count-dns", o.Name, "count proxy-servers from this DNS name: their headless Service, e.g. proxy-server.kube-system.svc.cluster.local, or _agent._tcp.proxy-server.kube-system.svc.cluster.local for SRV")
-	serve.ParsedVar(fs, &o.Type, "server-count-dns-type", o.Type.String(), parseRecordType, "records to count: auto (srv for names starting with _, else ip), srv, a, aaaa, ip (A and AAAA, the larger family)")
+	flagvalue.Var(fs, &o.Type, "server-count-dns-type", o.Type.String(), parseRecordType, "records to count: auto (srv for names starting with _, else ip), srv, a, aaaa, ip (A and AAAA, the larger family)")
 	fs.StringSliceVar(&o.Servers, "server-count-dns-server", o.Servers, "nameservers as host:port (default: those of /etc/resolv.conf)")
 	fs.DurationVar(&o.CacheTTL, "server-count-cache-ttl", o.CacheTTL, "how long a DNS count stays fresh (0: the answer's TTL, bounded by --server-count-cache-ttl-min and -max)")
 	fs.DurationVar(&o.CacheTTLMin, "server-count-cache-ttl-min", o.CacheTTLMin, "shortest time a DNS count stays fresh, and the first wait after a failed lookup")

@@ -104,32 +104,3 @@ func AddKlogFlags(fs *pflag.FlagSet) {
 		return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
 	})
 }
-
-// parsedValue is a flag whose text is parsed once, when it is set, into
-// the typed value the program uses.
-type parsedValue[T any] struct {
-	p     *T
-	parse func(string) (T, error)
-	text  string
-}
-
-func (v *parsedValue[T]) Set(s string) error {
-	t, err := v.parse(s)
-	if err != nil {
-		return err
-	}
-	*v.p, v.text = t, s
-	return nil
-}
-
-func (v *parsedValue[T]) String() string { return v.text }
-
-func (v *parsedValue[T]) Type() string { return "string" }
-
-// ParsedVar defines a flag whose text parse turns into *p when the flag
-// is set, so that a bad value is refused by Parse, naming the flag, and
-// the program only ever sees the typed value. def is the text of *p's
-// initial value, shown by --help.
-func ParsedVar[T any](fs *pflag.FlagSet, p *T, name, def string, parse func(string) (T, error), usage string) {
-	fs.Var(&parsedValue[T]{p: p, parse: parse, text: def}, name, usage)
-}

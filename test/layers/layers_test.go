@@ -67,6 +67,17 @@ func TestImportRules(t *testing.T) {
 			t.Errorf("%s links %s", c.cmd, c.notCore)
 		}
 	}
+	// The probe, a dig for operators, links no gRPC: it once linked 64
+	// of its packages through a flag helper.
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", module+"cmd/servercount").Output()
+	if err != nil {
+		t.Fatalf("go list -deps cmd/servercount: %v", err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, "google.golang.org/grpc") {
+			t.Errorf("cmd/servercount links %s", p)
+		}
+	}
 	// What ships links no test kit, suite or generator, and nothing
 	// below cmd/ imports cmd/.
 	shipped := deps(t, module+"cmd/...")

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/servercount/servercount/internal/counting"
+	"github.com/servercount/servercount/internal/flagvalue"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
@@ -157,7 +158,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	// second default beside "(default: random)". An empty DefValue is
 	// what pflag takes for no default.
 	fs.Lookup("agent-id").DefValue = ""
-	serve.ParsedVar(fs, &o.AgentIdentifiers, "agent-identifiers", o.AgentIdentifiers.String(), wire.ParseIdentifiers, "what this agent serves, URL-query encoded: ipv4=, ipv6=, host=, cidr=, default-route=true")
+	flagvalue.Var(fs, &o.AgentIdentifiers, "agent-identifiers", o.AgentIdentifiers.String(), wire.ParseIdentifiers, "what this agent serves, URL-query encoded: ipv4=, ipv6=, host=, cidr=, default-route=true")
 	fs.StringVar(&o.ProxyServerHost, "proxy-server-host", o.ProxyServerHost, "proxy-server host (usually a load balancer); also the TLS server name")
 	fs.IntVar(&o.ProxyServerPort, "proxy-server-port", o.ProxyServerPort, "proxy-server agent port")
 	fs.StringVar(&o.CACert, "ca-cert", o.CACert, "CA that signs the proxy-servers' certificates (empty: system roots)")
@@ -175,7 +176,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.BoolVar(&o.SyncForever, "sync-forever", o.SyncForever, "keep opening connections even when connected to every server")
 	o.Count.AddFlags(fs)
 	fs.DurationVar(&o.ServerCountHoldDown, "server-count-hold-down", o.ServerCountHoldDown, "how long a lower server count must persist before the agent aims for it (increases apply at once; 0: none, a lower count applies at once)")
-	serve.ParsedVar(fs, &o.ServerDialMode, "server-dial-mode", string(o.ServerDialMode), agent.ParseDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
+	flagvalue.Var(fs, &o.ServerDialMode, "server-dial-mode", string(o.ServerDialMode), agent.ParseDialMode, "where to dial proxy-servers: lb (--proxy-server-host, as upstream) or resolved (each address --server-count-dns resolves to; TLS server name stays --proxy-server-host)")
 	fs.IntVar(&o.MaxConcurrentDials, "max-concurrent-dials", o.MaxConcurrentDials, "most endpoint dials in flight at once, across every proxy-server; a dial request over it is refused at once")
 	fs.IntVar(&o.MaxTunnelsPerServer, "max-tunnels-per-server", o.MaxTunnelsPerServer, "most tunnels (dials in flight included) one proxy-server connection may hold open; a dial request over it is refused at once")
 	fs.DurationVar(&o.EndpointWriteTimeout, "endpoint-write-timeout", o.EndpointWriteTimeout, "close a tunnel whose endpoint takes none of its data for this long")

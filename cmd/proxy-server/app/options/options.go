@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/servercount/servercount/internal/counting"
+	"github.com/servercount/servercount/internal/flagvalue"
 	"github.com/servercount/servercount/internal/kubeclient"
 	"github.com/servercount/servercount/internal/serve"
 	"github.com/servercount/servercount/internal/tlsfiles"
@@ -205,7 +206,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.IntVar(&o.AdminPort, "admin-port", o.AdminPort, "port for /metrics and, with --enable-profiling, /debug/pprof (0: any free port)")
 	fs.BoolVar(&o.EnableProfiling, "enable-profiling", o.EnableProfiling, "serve pprof on the admin port")
 	fs.BoolVar(&o.EnableContentionProfiler, "enable-contention-profiling", o.EnableContentionProfiler, "accepted for compatibility; ignored")
-	serve.ParsedVar(fs, &o.ProxyStrategies, "proxy-strategies", string(server.StrategyDefault), server.ParseStrategies, "comma-separated strategies to pick an agent: default, destHost, defaultRoute")
+	flagvalue.Var(fs, &o.ProxyStrategies, "proxy-strategies", string(server.StrategyDefault), server.ParseStrategies, "comma-separated strategies to pick an agent: default, destHost, defaultRoute")
 	fs.DurationVar(&o.KeepaliveTime, "keepalive-time", o.KeepaliveTime, "ping an agent after this long with nothing received from it")
 	fs.DurationVar(&o.KeepaliveTimeout, "keepalive-timeout", o.KeepaliveTimeout, "end the stream of an agent whose answer to a keepalive ping does not come within this long")
 	fs.DurationVar(&o.FrontendKeepaliveTime, "frontend-keepalive-time", o.FrontendKeepaliveTime, "time between keepalive pings to frontends")
@@ -231,7 +232,7 @@ func (o *Options) Flags() *pflag.FlagSet {
 	fs.IntVar(&o.Kube.Burst, "kubeconfig-burst", o.Kube.Burst, "most requests in a burst to the API server (0: client-go's default)")
 	o.Leases.AddFlags(fs)
 	serve.CipherSuitesVar(fs, &o.TLS.CipherSuites, "cipher-suites", "comma-separated IANA names of the TLS 1.2 cipher suites every TLS port allows (empty: Go's defaults; TLS 1.3 suites are fixed)")
-	serve.ParsedVar(fs, &o.TLS.MinVersion, "tls-min-version", "", serve.ParseTLSVersion, "lowest TLS version every TLS port accepts: VersionTLS12 (default) or VersionTLS13")
+	flagvalue.Var(fs, &o.TLS.MinVersion, "tls-min-version", "", serve.ParseTLSVersion, "lowest TLS version every TLS port accepts: VersionTLS12 (default) or VersionTLS13")
 	fs.IntVar(&o.XfrChannelSize, "xfr-channel-size", o.XfrChannelSize, "accepted for compatibility; ignored")
 	// Upstream's server took it after the commit the oracle is built
 	// from: each frontend's write queue (0: writes without a queue). Ours
