@@ -349,7 +349,11 @@ func TestStuckReceiveLoopIsEnded(t *testing.T) {
 // the dial's random (wire.DialProgressHeartbeat) is not.
 func TestHeartbeatingDeafAgentIsTakenForUnresponsive(t *testing.T) {
 	t.Parallel()
-	const heartbeat = 100 * time.Millisecond
+	// The interval sets the silence bound (2.5 intervals): a second
+	// keeps a loaded machine's late heartbeat from ending a stream. The
+	// deaf agent still sends one every 50 ms, twenty within the
+	// UnansweredDialTimeout.
+	const heartbeat = time.Second
 	reg := prometheus.NewPedanticRegistry()
 	// No backend dial timeout within the test: only the unanswered-dial
 	// check can take a dial from the deaf agent before httpDial gives up.
@@ -365,7 +369,7 @@ func TestHeartbeatingDeafAgentIsTakenForUnresponsive(t *testing.T) {
 	beating := make(chan struct{})
 	go func() {
 		defer close(beating)
-		tick := time.NewTicker(heartbeat / 2)
+		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
 		for deaf.Send(wire.Heartbeat()) == nil {
 			select {
