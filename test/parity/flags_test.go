@@ -1,7 +1,9 @@
 package parity
 
 import (
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -65,6 +67,13 @@ func TestFlags(t *testing.T) {
 					differ(t, known, key, "type %q, upstream's %q", m.typ, f.typ)
 				}
 			}
+			// Ours that upstream lacks are in the table of
+			// docs/operations.md, which operators read for them.
+			for name := range mine {
+				if _, theirsToo := theirs[name]; !theirsToo && !operationsFlags(t)["--"+name] {
+					t.Errorf("%s: our --%s, which upstream lacks, is not in docs/operations.md's table of such flags", bin.name, name)
+				}
+			}
 			// Hidden upstream, so not in its --help, but accepted.
 			for _, hidden := range hiddenFlags[bin.name] {
 				arg := "--" + hidden + "=true"
@@ -85,4 +94,25 @@ var hiddenFlags = map[string][]string{"server": {"warn-on-channel-limit"}}
 func firstLine(b []byte) string {
 	s, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 	return s
+}
+
+// operationsFlags are the flags named in the first column of the tables
+// of docs/operations.md.
+func operationsFlags(t *testing.T) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		first, _, ok := strings.Cut(strings.TrimPrefix(line, "| "), " |")
+		if !ok || !strings.HasPrefix(line, "| `--") {
+			continue
+		}
+		for _, m := range regexp.MustCompile("`(--[a-z0-9-]+)`").FindAllStringSubmatch(first, -1) {
+			flags[m[1]] = true
+		}
+	}
+	return flags
 }
