@@ -281,7 +281,7 @@ func (c *client) handle(ctx context.Context, logger klog.Logger, p *pb.Packet) {
 			c.sendControl(wire.DialRsp(req.GetRandom(), 0, errText), req.GetRandom())
 			return
 		}
-		c.wg.Go(func() { c.dial(ctx, req) })
+		c.wg.Go(func() { c.serveDialReq(ctx, req) })
 	case pb.PacketType_DATA:
 		d := p.GetData()
 		if t := c.tunnel(d.GetConnectID()); t != nil {
