@@ -15,14 +15,18 @@ import (
 // what no gRPC client would: data before the handshake is answered, more
 // streams than the server allows, a flood that never reads.
 func ConnectHeaders(agentID, token string) []byte {
-	var block bytes.Buffer
-	enc := hpack.NewEncoder(&block)
-	for _, hf := range []hpack.HeaderField{
+	fields := []hpack.HeaderField{
 		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"},
 		{Name: ":path", Value: wire.ConnectMethod}, {Name: ":authority", Value: "localhost"},
 		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
-		{Name: "authorization", Value: "Bearer " + token}, {Name: strings.ToLower(wire.HeaderAgentID), Value: agentID},
-	} {
+		{Name: strings.ToLower(wire.HeaderAgentID), Value: agentID},
+	}
+	if token != "" {
+		fields = append(fields, hpack.HeaderField{Name: "authorization", Value: "Bearer " + token})
+	}
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, hf := range fields {
 		_ = enc.WriteField(hf) // writes to a bytes.Buffer: no error
 	}
 	return block.Bytes()

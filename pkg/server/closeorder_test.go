@@ -118,13 +118,7 @@ func TestCloseNeverOvertakesItsData(t *testing.T) {
 	const tunnels = 96
 	for _, mode := range []string{"http-connect", "grpc"} {
 		t.Run(mode, func(t *testing.T) {
-			e := startEnv(t, server.Config{})
-			da, err := connectAgent(t, e, agentOpts{id: "a1"})
-			require.NoError(t, err)
-			waitBackends(t, e, 1)
-			rec := serveCloseOrder(t, da)
-
-			dial := closeOrderDialer(t, e, mode)
+			rec, dial := startCloseOrder(t, mode)
 			var wg sync.WaitGroup
 			for i := range tunnels {
 				size := closeOrderSizes[i%len(closeOrderSizes)]
@@ -165,13 +159,8 @@ func TestPlainAgentGetsCloseLater(t *testing.T) {
 	const size = 40 << 10
 	for _, mode := range []string{"http-connect", "grpc"} {
 		t.Run(mode, func(t *testing.T) {
-			e := startEnv(t, server.Config{})
-			da, err := connectAgent(t, e, agentOpts{id: "a1"})
-			require.NoError(t, err)
-			waitBackends(t, e, 1)
-			rec := serveCloseOrder(t, da)
-
-			c, err := closeOrderDialer(t, e, mode)(t.Context())
+			rec, dial := startCloseOrder(t, mode)
+			c, err := dial(t.Context())
 			require.NoError(t, err)
 			hdr := binary.BigEndian.AppendUint64(nil, size)
 			_, err = c.Write(append(hdr, nettest.Pattern(0, size)...))
@@ -189,6 +178,17 @@ func TestPlainAgentGetsCloseLater(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startCloseOrder starts a server with one closeOrderAgent, an agent of
+// upstream's protocol (no flow control), and returns it and how to open a
+// tunnel to it in mode.
+func startCloseOrder(t *testing.T, mode string) (*closeOrderAgent, func(context.Context) (net.Conn, error)) {
+	e := startEnv(t, server.Config{})
+	da, err := connectAgent(t, e, agentOpts{id: "a1"})
+	require.NoError(t, err)
+	waitBackends(t, e, 1)
+	return serveCloseOrder(t, da), closeOrderDialer(t, e, mode)
 }
 
 // closeOrderDialer returns how the test opens a tunnel to the agent

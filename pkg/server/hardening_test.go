@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -18,16 +17,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/adversarytest"
 	"github.com/servercount/servercount/internal/logtest"
 	"github.com/servercount/servercount/pkg/server"
-	"github.com/servercount/servercount/pkg/wire"
 )
 
 // rawConnect sends a CONNECT request with the given request target and
@@ -297,16 +295,7 @@ func TestOversizedHeadersFromAHostileClientAreReset(t *testing.T) {
 	fr := http2.NewFramer(c, c)
 	require.NoError(t, fr.WriteSettings())
 
-	var block bytes.Buffer
-	enc := hpack.NewEncoder(&block)
-	for _, hf := range []hpack.HeaderField{
-		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"},
-		{Name: ":path", Value: wire.ConnectMethod}, {Name: ":authority", Value: "localhost"},
-		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
-		{Name: strings.ToLower(wire.HeaderAgentID), Value: strings.Repeat("a", 2*server.GRPCMaxHeaderListSize)},
-	} {
-		require.NoError(t, enc.WriteField(hf))
-	}
+	block := adversarytest.ConnectHeaders(strings.Repeat("a", 2*server.GRPCMaxHeaderListSize), "")
 	// The block goes in frames of the default 16 KiB maximum. The server
 	// may close the connection before all is written: write from another
 	// goroutine, and ignore write errors.
@@ -314,7 +303,7 @@ func TestOversizedHeadersFromAHostileClientAreReset(t *testing.T) {
 	go func() {
 		defer close(writeDone)
 		const maxFrame = 16 << 10
-		b := block.Bytes()
+		b := block
 		n := min(len(b), maxFrame)
 		if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: b[:n], EndHeaders: n == len(b)}) != nil {
 			return
