@@ -260,12 +260,16 @@ func TestAddressWithRefusedTokensIsNotChecked(t *testing.T) {
 		return err
 	}
 	var codesSeen []codes.Code
+	start := time.Now()
 	for i := range 40 {
 		codesSeen = append(codesSeen, status.Code(from("127.0.0.1", fmt.Sprint("bogus-", i), "bogus")))
 	}
+	// The bucket holds 10 refusals and gains one a second: however slow
+	// the machine, no more are checked than that allows.
+	allowed := 10 + int64(time.Since(start)/time.Second) + 1
 	assert.Equal(t, codes.Unauthenticated, codesSeen[0])
-	assert.Equal(t, codes.ResourceExhausted, codesSeen[len(codesSeen)-1], "codes: %v", codesSeen)
-	assert.Less(t, auth.checks.Load(), int64(20), "tokens checked of 40 refused ones")
+	assert.Contains(t, codesSeen, codes.ResourceExhausted, "refused without a check")
+	assert.LessOrEqual(t, auth.checks.Load(), allowed, "tokens checked of 40 refused ones: codes %v", codesSeen)
 	assert.Positive(t, gaugeOf(reg, "servercount_server_agent_rejections_total", map[string]string{"reason": "too_many_refused_tokens"})())
 
 	require.NoError(t, from("127.0.0.2", "real", "good"))
