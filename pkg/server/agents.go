@@ -66,6 +66,9 @@ type backend struct {
 	// pending holds the dials sent on this stream, by random. Guarded by
 	// Server.mu.
 	pending map[int64]*tunnel
+	// closing holds the connectIDs whose CLOSE_REQ waits out
+	// PlainAgentCloseDelay (see sendCloseReq). Guarded by Server.mu.
+	closing map[int64]struct{}
 }
 
 // agent is every stream of one agentID, oldest first. Its streams field is

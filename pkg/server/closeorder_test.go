@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -38,10 +39,20 @@ type closeOrderAgent struct {
 	want   map[int64]int    // the size each tunnel's header announced; guarded by mu
 	// closedAt is when each CLOSE_REQ came; guarded by mu.
 	closedAt map[int64]time.Time
+
+	a      *adversarytest.DeafAgent
+	sendMu sync.Mutex // serialises Sends on a: a stream's Send is not safe for concurrent use
+}
+
+// send sends pkt to the server.
+func (r *closeOrderAgent) send(pkt *pb.Packet) {
+	r.sendMu.Lock()
+	defer r.sendMu.Unlock()
+	_ = r.a.Send(pkt)
 }
 
 func serveCloseOrder(t *testing.T, a *adversarytest.DeafAgent) *closeOrderAgent {
-	r := &closeOrderAgent{got: map[int64]int{}, closed: map[int64]int{}, late: map[int64]int{}, head: map[int64][]byte{}, want: map[int64]int{}, closedAt: map[int64]time.Time{}}
+	r := &closeOrderAgent{got: map[int64]int{}, closed: map[int64]int{}, late: map[int64]int{}, head: map[int64][]byte{}, want: map[int64]int{}, closedAt: map[int64]time.Time{}, a: a}
 	done := make(chan struct{})
 	t.Cleanup(func() { a.Close(); <-done })
 	go func() {
@@ -55,7 +66,7 @@ func serveCloseOrder(t *testing.T, a *adversarytest.DeafAgent) *closeOrderAgent 
 			switch pkt.GetType() {
 			case pb.PacketType_DIAL_REQ:
 				next++
-				_ = a.Send(wire.DialRsp(pkt.GetDialRequest().GetRandom(), next, ""))
+				r.send(wire.DialRsp(pkt.GetDialRequest().GetRandom(), next, ""))
 			case pb.PacketType_DATA:
 				r.data(pkt.GetData().GetConnectID(), pkt.GetData().GetData())
 			case pb.PacketType_CLOSE_REQ:
@@ -66,7 +77,7 @@ func serveCloseOrder(t *testing.T, a *adversarytest.DeafAgent) *closeOrderAgent 
 					r.closedAt[id] = time.Now()
 				}
 				r.mu.Unlock()
-				_ = a.Send(wire.CloseRsp(id, ""))
+				r.send(wire.CloseRsp(id, ""))
 			}
 		}
 	}()
@@ -118,7 +129,7 @@ func TestCloseNeverOvertakesItsData(t *testing.T) {
 	const tunnels = 96
 	for _, mode := range []string{"http-connect", "grpc"} {
 		t.Run(mode, func(t *testing.T) {
-			rec, dial := startCloseOrder(t, mode)
+			rec, dial, _ := startCloseOrder(t, mode)
 			var wg sync.WaitGroup
 			for i := range tunnels {
 				size := closeOrderSizes[i%len(closeOrderSizes)]
@@ -152,14 +163,15 @@ func TestCloseNeverOvertakesItsData(t *testing.T) {
 
 // A frontend's CLOSE_REQ reaches an agent without flow control
 // (upstream's protocol) no sooner than PlainAgentCloseDelay after the
-// frontend closed, behind every byte of the tunnel: upstream's agent
-// drops what it has not yet written to its endpoint when CLOSE_REQ comes
-// (make integrity shows what the delay saves).
+// frontend closed, behind every byte of the tunnel, even when the
+// agent's endpoint sends meanwhile: upstream's agent drops what it has
+// not yet written to its endpoint when CLOSE_REQ comes (make integrity
+// shows what the delay saves).
 func TestPlainAgentGetsCloseLater(t *testing.T) {
 	const size = 40 << 10
 	for _, mode := range []string{"http-connect", "grpc"} {
 		t.Run(mode, func(t *testing.T) {
-			rec, dial := startCloseOrder(t, mode)
+			rec, dial, reg := startCloseOrder(t, mode)
 			c, err := dial(t.Context())
 			require.NoError(t, err)
 			hdr := binary.BigEndian.AppendUint64(nil, size)
@@ -167,6 +179,14 @@ func TestPlainAgentGetsCloseLater(t *testing.T) {
 			require.NoError(t, err)
 			closed := time.Now()
 			require.NoError(t, c.Close())
+			if mode == "http-connect" {
+				// The server forgets the tunnel at once; DATA from its
+				// endpoint meanwhile must not bring the CLOSE_REQ
+				// forward.
+				established := gaugeOf(reg, "konnectivity_network_proxy_server_established_connections", nil)
+				require.Eventually(t, func() bool { return established() == 0 }, waitFor, time.Millisecond)
+				rec.send(wire.Data(1, []byte("late")))
+			}
 			require.Eventually(t, func() bool { return rec.closedCount() == 1 }, waitFor, 5*time.Millisecond, "the tunnel gets CLOSE_REQ")
 
 			rec.mu.Lock()
@@ -183,12 +203,13 @@ func TestPlainAgentGetsCloseLater(t *testing.T) {
 // startCloseOrder starts a server with one closeOrderAgent, an agent of
 // upstream's protocol (no flow control), and returns it and how to open a
 // tunnel to it in mode.
-func startCloseOrder(t *testing.T, mode string) (*closeOrderAgent, func(context.Context) (net.Conn, error)) {
-	e := startEnv(t, server.Config{})
+func startCloseOrder(t *testing.T, mode string) (*closeOrderAgent, func(context.Context) (net.Conn, error), *prometheus.Registry) {
+	reg := prometheus.NewRegistry()
+	e := startEnv(t, server.Config{Registerer: reg})
 	da, err := connectAgent(t, e, agentOpts{id: "a1"})
 	require.NoError(t, err)
 	waitBackends(t, e, 1)
-	return serveCloseOrder(t, da), closeOrderDialer(t, e, mode)
+	return serveCloseOrder(t, da), closeOrderDialer(t, e, mode), reg
 }
 
 // closeOrderDialer returns how the test opens a tunnel to the agent

@@ -134,8 +134,12 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 	id := pkt.GetData().GetConnectID()
 	s.mu.Lock()
 	t := be.conns[id]
+	_, closing := be.closing[id]
 	s.mu.Unlock()
 	if t == nil {
+		if closing {
+			return // its frontend is gone, and its CLOSE_REQ on its way
+		}
 		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.logID, "connectionID", id)
 		be.peer.sendControl(wire.CloseReq(id), id)
 		return

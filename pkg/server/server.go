@@ -202,16 +202,16 @@ func (s *Server) Shutdown(ctx context.Context) (cut int) {
 
 // openTunnels counts the tunnels that have not ended: pending dials,
 // established connections, those whose last data is still on its way to
-// the frontend, and the frontends themselves (HTTP CONNECT connections
-// and gRPC streams), which end once their client has read its last
-// packet.
+// the frontend or whose CLOSE_REQ waits (sendCloseReq), and the frontends
+// themselves (HTTP CONNECT connections and gRPC streams), which end once
+// their client has read its last packet.
 func (s *Server) openTunnels() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := len(s.pending) + len(s.httpTunnels) + s.frontendStreams
 	for _, a := range s.agents {
 		for _, be := range a.streams {
-			n += len(be.conns)
+			n += len(be.conns) + len(be.closing)
 		}
 	}
 	return n + int(s.pumps.Load())
