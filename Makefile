@@ -269,7 +269,7 @@ bench-fleet:
 ## connection in the same run (BENCH_TUNNEL_FLAGS=-tunnelbench.profile=/abs/dir
 ## also writes CPU profiles of both)
 bench-tunnel:
-	$(GO) test -run '^$$' -bench Tunnel -benchtime 1x -count 1 -timeout 30m ./test/tunnelbench/ $(BENCH_TUNNEL_FLAGS)
+	$(GO) test -run '^$$' -bench '^BenchmarkTunnel$$' -benchtime 1x -count 1 -timeout 30m ./test/tunnelbench/ $(BENCH_TUNNEL_FLAGS)
 
 ## bench-upstream: our binaries and upstream's (built from ../shared/upstream)
 ## side by side in one run: new tunnels to first byte and throughput in both

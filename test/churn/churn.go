@@ -204,12 +204,11 @@ func (r *run) tunnelFailed(err error) {
 // connection reset by peer".
 func errorKind(err error) string {
 	msg := err.Error()
-	first, _, _ := strings.Cut(msg, ": ")
-	last := msg[strings.LastIndex(msg, ": ")+2:]
-	if first == msg {
+	first, _, found := strings.Cut(msg, ": ")
+	if !found {
 		return msg
 	}
-	return first + " / " + last
+	return first + " / " + msg[strings.LastIndex(msg, ": ")+2:]
 }
 
 // dial opens a tunnel to addr that closes when ctx ends, so that a read
