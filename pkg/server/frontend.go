@@ -152,11 +152,7 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 		ob.CloseWrite()
 		return
 	}
-	if t.be.peerWindow == 0 {
-		f.s.sendCloseReq(t) // later, after the tunnel's data
-		return
-	}
-	f.s.sendToAgent(t.be, pkt, f.peer.done)
+	f.s.sendCloseReq(t)
 }
 
 // sendCredited sends DATA of flow-controlled tunnel t to its agent
