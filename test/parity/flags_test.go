@@ -1,9 +1,7 @@
 package parity
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -69,8 +67,9 @@ func TestFlags(t *testing.T) {
 			}
 			// Ours that upstream lacks are in the table of
 			// docs/operations.md, which operators read for them.
+			documented := operationsFlags(t)
 			for name := range mine {
-				if _, theirsToo := theirs[name]; !theirsToo && !operationsFlags(t)["--"+name] {
+				if _, theirsToo := theirs[name]; !theirsToo && !documented["--"+name] {
 					t.Errorf("%s: our --%s, which upstream lacks, is not in docs/operations.md's table of such flags", bin.name, name)
 				}
 			}
@@ -100,12 +99,8 @@ func firstLine(b []byte) string {
 // of docs/operations.md.
 func operationsFlags(t *testing.T) map[string]bool {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	flags := map[string]bool{}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(doc(t, "operations.md"), "\n") {
 		first, _, ok := strings.Cut(strings.TrimPrefix(line, "| "), " |")
 		if !ok || !strings.HasPrefix(line, "| `--") {
 			continue

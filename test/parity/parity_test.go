@@ -55,19 +55,25 @@ func sides(t *testing.T) (up, ours side) {
 // upstream in docs/differences.md: the first column, in backquotes.
 func differences(t *testing.T) map[string]bool {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "differences.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	keys := map[string]bool{}
 	row := regexp.MustCompile("(?m)^\\| `([^`]+)` \\|")
-	for _, m := range row.FindAllStringSubmatch(string(b), -1) {
+	for _, m := range row.FindAllStringSubmatch(doc(t, "differences.md"), -1) {
 		keys[m[1]] = true
 	}
 	if len(keys) == 0 {
 		t.Fatal("docs/differences.md has no table of differences from upstream")
 	}
 	return keys
+}
+
+// doc is the text of docs/name.
+func doc(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // differ reports a difference between upstream and ours under key: fine
