@@ -294,6 +294,12 @@ func (ht *httpTunnel) kick() {
 func (ht *httpTunnel) writeLoop(conn net.Conn) {
 	defer ht.s.wg.Done()
 	for {
+		// closed before data: what was delivered before CLOSE_RSP closed
+		// it is in data by then, so that data found empty after it means
+		// everything was written. Looked at the other way round, DATA and
+		// CLOSE_RSP could both come between the two looks, and the
+		// connection end with that DATA unwritten.
+		closing := isClosed(ht.closed)
 		select {
 		case d := <-ht.data:
 			_, err := conn.Write(d)
@@ -308,7 +314,7 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 		default:
 		}
 		switch {
-		case isClosed(ht.closed):
+		case closing:
 			lingerClose(conn)
 			ht.end(conn)
 			return
