@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/internal/flow"
+	"github.com/servercount/servercount/internal/ondemand"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -73,9 +74,9 @@ type tunnel struct {
 	qmu    sync.Mutex
 	queued int
 	over   bool
-	// writing is set while a writer goroutine runs (see kick). Guarded
-	// by qmu.
-	writing bool
+	// writer runs writeLoop while q holds something (see kick); finish
+	// ends it.
+	writer ondemand.Loop
 }
 
 // account adds n (negative: subtracts) to the bytes queued for the
@@ -150,18 +151,9 @@ func (t *tunnel) readLoop() {
 }
 
 // kick starts the tunnel's writer unless it runs already or the tunnel
-// is over. The receive loop calls it after each Put and CloseWrite; the
-// writer, which stops when it finds the queue empty, checks that under
-// qmu too, so that data put meanwhile is never left without a writer.
+// is over. The receive loop calls it after each Put and CloseWrite.
 func (t *tunnel) kick() {
-	t.qmu.Lock()
-	if t.writing || t.over {
-		t.qmu.Unlock()
-		return
-	}
-	t.writing = true
-	t.qmu.Unlock()
-	t.c.wg.Go(t.writeLoop)
+	t.writer.Kick(func() { t.c.wg.Go(t.writeLoop) })
 }
 
 // writeLoop writes queued data to the endpoint and, with flow control,
@@ -170,14 +162,14 @@ func (t *tunnel) kick() {
 // once the queued data is written.
 func (t *tunnel) writeLoop() {
 	for {
-		t.qmu.Lock()
-		b, more := t.q.TryNext(writeChunk)
-		if b == nil && more {
-			t.writing = false
-			t.qmu.Unlock()
+		var b []byte
+		if !t.writer.Next(func() bool {
+			var more bool
+			b, more = t.q.TryNext(writeChunk)
+			return b != nil || !more
+		}) {
 			return // idle: the next kick starts another
 		}
-		t.qmu.Unlock()
 		if b == nil {
 			t.finish(true) // once: nothing if the tunnel is over already
 			return
@@ -274,6 +266,7 @@ func (t *tunnel) finish(sendRsp bool) {
 		t.c.cs.metrics.addQueuedBytes(-t.queued)
 		t.queued = 0
 		t.qmu.Unlock()
+		t.writer.End()
 		t.q.Close()
 		close(t.closed)
 		_ = t.conn.Close() // a close error changes nothing for the tunnel

@@ -13,42 +13,29 @@ import (
 // kickPumpLocked starts t's pump unless one runs or the queue's end was
 // delivered: the receive loop calls it after queueing DATA, and whoever
 // closes the queue after closing it. A pump runs only while there is
-// something to deliver, so that an idle tunnel holds no goroutine; it
-// checks the queue under pumpMu before it stops, as this does before it
-// starts one, so that nothing queued is left without a pump. Called with
-// Server.mu held: a closing Server starts none, and drops what an idle
-// tunnel queued, as a running pump does when it sees the Server close.
+// something to deliver, so that an idle tunnel holds no goroutine (see
+// ondemand.Loop). Called with Server.mu held: a closing Server starts
+// none, and drops what an idle tunnel queued, as a running pump does
+// when it sees the Server close.
 func (s *Server) kickPumpLocked(t *tunnel) {
 	if s.closed {
-		t.pumpMu.Lock()
-		idle := !t.pumping && !t.pumped
-		t.pumped = t.pumped || idle
-		t.pumpMu.Unlock()
-		if idle {
+		if t.pump.End() {
 			s.metrics.addQueuedBytes(-t.q.Close())
 			s.pumps.Add(-1)
 		}
 		return
 	}
-	t.pumpMu.Lock()
-	if t.pumping || t.pumped {
-		t.pumpMu.Unlock()
-		return
-	}
-	t.pumping = true
-	t.pumpMu.Unlock()
-	s.wg.Add(1)
-	go s.pump(t)
+	t.pump.Kick(func() {
+		s.wg.Add(1)
+		go s.pump(t)
+	})
 }
 
 // kickPump is kickPumpLocked for a caller without Server.mu, which it
 // takes only to start a pump: while one runs, as it does while DATA
-// flows, a kick costs one uncontended lock.
+// flows, a kick costs one uncontended lock, the pump's.
 func (s *Server) kickPump(t *tunnel) {
-	t.pumpMu.Lock()
-	busy := t.pumping || t.pumped
-	t.pumpMu.Unlock()
-	if busy {
+	if t.pump.Running() {
 		return
 	}
 	s.mu.Lock()
@@ -64,24 +51,23 @@ func (s *Server) kickPump(t *tunnel) {
 func (s *Server) pump(t *tunnel) {
 	defer s.wg.Done()
 	for {
-		t.pumpMu.Lock()
-		b, more := t.q.TryNext(wire.MaxDataPayload)
-		if b == nil && more {
-			t.pumping = false
-			t.pumpMu.Unlock()
+		var b []byte
+		if !t.pump.Next(func() bool {
+			var more bool
+			b, more = t.q.TryNext(wire.MaxDataPayload)
+			return b != nil || !more
+		}) {
 			return // idle: the next kick starts another
 		}
 		quitting := isClosed(s.quit)
 		if b == nil || quitting {
-			t.pumped = true
-			t.pumpMu.Unlock()
+			t.pump.End()
 			if quitting {
 				// What a closing Server leaves queued goes with it.
 				s.metrics.addQueuedBytes(-t.q.Close() - len(b))
 			}
 			break
 		}
-		t.pumpMu.Unlock()
 		s.metrics.addQueuedBytes(-len(b))
 		t.fe.deliver(wire.Data(t.connectID, b), nil)
 		if grant := t.q.Release(len(b)); grant > 0 {

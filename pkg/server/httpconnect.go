@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/ondemand"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -33,15 +34,13 @@ type httpTunnel struct {
 	// Server.mu.
 	conn net.Conn
 
-	// The writer runs only while there is something to write (see kick).
-	// wmu guards client, writing and over: client is conn once the 200
-	// has gone out, when a writer may start; writing is set while one
-	// runs; over once one has ended the connection, after which none
-	// starts. flushed is closed then.
+	// writer runs writeLoop while there is something to write (see
+	// kick), from when client is set, once the 200 has gone out, until a
+	// writer has ended the connection; flushed is closed then. wmu
+	// guards client.
+	writer  ondemand.Loop
 	wmu     sync.Mutex
 	client  net.Conn
-	writing bool
-	over    bool
 	flushed chan struct{}
 }
 
@@ -266,100 +265,6 @@ func (ht *httpTunnel) readLoop(t *tunnel, r io.Reader) {
 		}
 		busy = n == len(buf)
 	}
-}
-
-// kick starts a writer unless one runs, the 200 has not gone out yet, or
-// the connection is over. Whoever puts on data or closes closed calls it
-// after; the writer checks both under wmu before it stops, so that
-// nothing is left without a writer. Its callers are goroutines that
-// Server.Close waits for (receive loops, pumps, relayConnect), so that
-// adding to Server.wg never races with its Wait.
-func (ht *httpTunnel) kick() {
-	ht.wmu.Lock()
-	if ht.writing || ht.over || ht.client == nil {
-		ht.wmu.Unlock()
-		return
-	}
-	ht.writing = true
-	conn := ht.client
-	ht.wmu.Unlock()
-	ht.s.wg.Add(1)
-	go ht.writeLoop(conn)
-}
-
-// writeLoop writes the agent's bytes to the client until there are none
-// left. Once closed is closed (CLOSE_RSP) it writes what is queued and
-// ends the connection. Each slice is the whole data of a packet or a
-// copy, and this is its last user: written, it is recycled.
-func (ht *httpTunnel) writeLoop(conn net.Conn) {
-	defer ht.s.wg.Done()
-	for {
-		// closed before data: what was delivered before CLOSE_RSP closed
-		// it is in data by then, so that data found empty after it means
-		// everything was written. Looked at the other way round, DATA and
-		// CLOSE_RSP could both come between the two looks, and the
-		// connection end with that DATA unwritten.
-		closing := isClosed(ht.closed)
-		select {
-		case d := <-ht.data:
-			_, err := conn.Write(d)
-			ht.queued.add(-len(d))
-			wire.Recycle(d)
-			if err != nil {
-				ht.shutdown()
-				ht.end(conn)
-				return
-			}
-			continue
-		default:
-		}
-		switch {
-		case closing:
-			lingerClose(conn)
-			ht.end(conn)
-			return
-		case isClosed(ht.s.quit):
-			ht.end(conn)
-			return
-		}
-		ht.wmu.Lock()
-		if len(ht.data) == 0 && !isClosed(ht.closed) {
-			ht.writing = false
-			ht.wmu.Unlock()
-			return // idle: the next kick starts another
-		}
-		ht.wmu.Unlock()
-	}
-}
-
-// end closes the client connection for good: no writer starts after.
-func (ht *httpTunnel) end(conn net.Conn) {
-	_ = conn.Close()
-	ht.wmu.Lock()
-	ht.over = true
-	ht.wmu.Unlock()
-	close(ht.flushed)
-}
-
-// lingerTimeout bounds lingerClose's wait for the client's end.
-const lingerTimeout = time.Second
-
-// lingerClose ends the tunnel toward the client without losing what was
-// written: it sends the end of the stream (FIN, or TLS close_notify and
-// FIN) and reads until the client closes too, for at most lingerTimeout,
-// before the caller closes conn. Closing at once with the client's bytes
-// unread (it was still sending) would send a TCP reset, and a reset makes
-// the client's kernel drop what it had not yet read of the target's last
-// bytes.
-func lingerClose(conn net.Conn) {
-	cw, ok := conn.(interface{ CloseWrite() error })
-	if !ok || cw.CloseWrite() != nil {
-		return
-	}
-	if conn.SetReadDeadline(time.Now().Add(lingerTimeout)) != nil {
-		return
-	}
-	_, _ = io.Copy(io.Discard, conn) // until EOF, the deadline, or an error: all end it
 }
 
 // shutdown stops the tunnel's loops, once, and has a writer end the

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/ondemand"
 	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -116,13 +117,10 @@ type peer struct {
 	control     []controlPacket
 	controlKeys map[controlKey]struct{}
 	untied      int
-	// writing is set when a writeLoop starts and cleared when it finds
-	// both queues empty (after the stream ends it stays set); once stopped
-	// is set, none starts, and writers counts the one that may still run.
-	// Both are written under mu; writing is read without it too (stalled,
-	// Server.checkStream).
-	writing atomic.Bool
-	stopped bool
+	// writer runs writeLoop while a queue holds a packet (after the
+	// stream ends it counts as running for good); stopWriter ends it, and
+	// writers counts the one that may still run.
+	writer  ondemand.Loop
 	writers sync.WaitGroup
 
 	// mono reads the times below: nanoseconds of the monotonic clock, so
@@ -285,8 +283,8 @@ func (p *peer) queueControl(pkt *client.Packet, id int64, untied bool) bool {
 	if untied {
 		p.untied++
 	}
-	p.startWriterLocked()
 	p.mu.Unlock()
+	p.startWriter()
 	p.metrics.addControlQueued(1)
 	return true
 }
@@ -346,8 +344,8 @@ func since(now, t int64) time.Duration {
 // asks), and moved is reset when one starts, so that packets queued on a
 // stream long idle are given d from then.
 func (p *peer) stalled(now int64, d time.Duration) bool {
-	// writing first: see startWriterLocked.
-	return p.writing.Load() && since(now, p.moved.Load()) >= d
+	// Running first: see startWriter.
+	return p.writer.Running() && since(now, p.moved.Load()) >= d
 }
 
 // queuedBytes counts the bytes of one queue in the server's queued_bytes

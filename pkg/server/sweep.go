@@ -213,9 +213,9 @@ func (s *Server) checkStream(be *backend, now int64) (wait time.Duration) {
 			s.endStream(be, StreamEndedReceiveStuck, errReceiveStuck, "Ended an agent stream whose receive loop was stuck inside one packet; the agent will connect again", "stallTimeout", d)
 			return never
 		}
-		// A writer that starts later sets moved when it starts (kick).
+		// A writer that starts later sets moved when it starts (startWriter).
 		moved := int64(0)
-		if p.writing.Load() {
+		if p.writer.Running() {
 			moved = p.moved.Load()
 		}
 		wait = min(after(moved, d), after(p.handling.Load(), d))

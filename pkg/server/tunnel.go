@@ -3,12 +3,12 @@ package server
 import (
 	"errors"
 	"io"
-	"sync"
 	"time"
 
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/flow"
+	"github.com/servercount/servercount/internal/ondemand"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -93,11 +93,9 @@ type tunnel struct {
 	// credit is what the agent has room for. Both nil without.
 	q      *flow.Queue
 	credit *flow.Window
-	// pumpMu guards pumping and pumped: pumping is set while a pump
-	// goroutine runs (see kickPump), pumped once one has delivered the
-	// end of the queue.
-	pumpMu          sync.Mutex
-	pumping, pumped bool
+	// pump runs Server.pump while q holds something (see kickPump); it
+	// ends once a pump has delivered the end of the queue.
+	pump ondemand.Loop
 	// last is the packet pump delivers after the queued DATA: CLOSE_RSP.
 	// Guarded by Server.mu.
 	last *client.Packet

@@ -33,24 +33,23 @@ func (p *peer) push(pkt *client.Packet) {
 	p.data[(p.head+p.n)%queueSize] = pkt
 	p.n++
 	p.put++
-	p.startWriterLocked()
 	p.mu.Unlock()
+	p.startWriter()
 }
 
-// startWriterLocked starts writeLoop unless one runs or the stream is
-// done with writers. Whoever queues a packet calls it, with mu held: a
-// writer that finds both queues empty ends under mu too, so that either
-// it sees the packet or this sees it gone.
-func (p *peer) startWriterLocked() {
-	if p.writing.Load() || p.stopped || p.ended.Load() {
-		return
+// startWriter starts writeLoop unless one runs or the stream is done
+// with writers. Whoever queues a packet calls it, after (ondemand.Loop).
+func (p *peer) startWriter() {
+	if p.ended.Load() {
+		return // a writer would Send nothing
 	}
-	// moved first: stalled, which reads writing first, then reads the
-	// moved of this start, not of the stream's last packet.
-	p.moved.Store(p.mono.Now())
-	p.writing.Store(true)
-	p.writers.Add(1)
-	go p.writeLoop()
+	p.writer.Kick(func() {
+		// moved first: stalled, which reads Running first, then reads
+		// the moved of this start, not of the stream's last packet.
+		p.moved.Store(p.mono.Now())
+		p.writers.Add(1)
+		go p.writeLoop()
+	})
 }
 
 // stopWriter waits for the stream's end and then for its writer, and
@@ -58,17 +57,14 @@ func (p *peer) startWriterLocked() {
 // the Server, which waits for that goroutine, waits for the writer too.
 func (p *peer) stopWriter() {
 	<-p.done
-	p.mu.Lock()
-	p.stopped = true
-	p.mu.Unlock()
+	p.writer.End()
 	p.writers.Wait()
 }
 
 // next removes and returns the next packet to send: the oldest control
 // packet once every data packet queued before it has been taken, else
-// the oldest data packet. With both queues empty it returns nil and
-// marks the writer stopped, under mu, so that the next queueing starts
-// another. Only writeLoop calls it.
+// the oldest data packet; nil with both queues empty. Only writeLoop
+// calls it, inside the writer's Next.
 func (p *peer) next() *client.Packet {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -89,7 +85,6 @@ func (p *peer) next() *client.Packet {
 		return first.pkt
 	}
 	if p.n == 0 {
-		p.writing.Store(false)
 		return nil
 	}
 	pkt := p.data[p.head]
@@ -102,13 +97,13 @@ func (p *peer) next() *client.Packet {
 }
 
 // writeLoop sends queued packets until both queues are empty, the
-// stream ends or a send fails. One runs at a time (startWriterLocked).
+// stream ends or a send fails. One runs at a time (startWriter).
 func (p *peer) writeLoop() {
 	defer p.writers.Done()
 	for {
-		pkt := p.next()
-		if pkt == nil {
-			return
+		var pkt *client.Packet
+		if !p.writer.Next(func() bool { pkt = p.next(); return pkt != nil }) {
+			return // idle: the next queueing starts another
 		}
 		if p.ended.Load() {
 			// The handler may have returned: Send nothing.

@@ -44,7 +44,7 @@ func imports(t *testing.T, pkg string) []string {
 func TestImportRules(t *testing.T) {
 	// The library: pkg/ imports pkg/, and the cores the internal helpers
 	// they share; never a binary, a kit or the other core.
-	shared := []string{"internal/flow", "internal/metric", "internal/outage"}
+	shared := []string{"internal/flow", "internal/metric", "internal/ondemand", "internal/outage"}
 	cores := []string{"pkg/agent", "pkg/server"}
 	for _, p := range []string{"pkg/clock", "pkg/wire", "pkg/servercounter", "pkg/lease", "pkg/agent", "pkg/server"} {
 		core := slices.Contains(cores, p)
