@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -222,39 +223,93 @@ func serverTLS(t *testing.T, p pkiFiles) *tls.Config {
 }
 
 // What SIGTERM does to an open tunnel: a streaming download, 10 chunks
-// 300 ms apart, through a
-// server that gets SIGTERM after the first chunk, with
-// --graceful-shutdown-timeout=20s. Ours delivers every chunk in both
-// modes; where upstream's does not, it is a row of the table.
+// 300 ms apart, through a server that gets SIGTERM after the first
+// chunk. With --graceful-shutdown-timeout=20s ours delivers every chunk
+// in both modes; where upstream's does not, it is a row of the table.
+// With 0 (stop at once, as upstream's master means it again, #866) both
+// cut the tunnel: neither delivers them all.
 func TestSIGTERMWithAnOpenTunnel(t *testing.T) {
 	up, ours := sides(t)
 	p := writePKI(t)
 	const chunks, size = 10, 4 << 10
 	target := churn.StartStreamer(t, chunks, size, 300*time.Millisecond)
-	got := map[string]map[string]int{}
-	for _, s := range []side{up, ours} {
-		got[s.name] = map[string]int{}
-		for _, mode := range []string{"http-connect", "grpc"} {
-			t.Run(s.name+"/"+mode, func(t *testing.T) {
-				srv := startServer(t, s.server, mode, p, nil, "--graceful-shutdown-timeout=20s")
-				a := startAgent(t, s.agent, srv.agentPort, p, nil)
-				waitStatus(t, srv.healthURL+"/readyz", http.StatusOK, srv.Process, a.Process)
-				dial := churn.OverUnix(mode, srv.socket)
-				c := churn.OpenStream(t, dial, target, size)
-				require.NoError(t, srv.Process.Process.Signal(syscall.SIGTERM))
-				rest, _ := io.ReadAll(c) // a cut tunnel ends with an error or EOF: the count says it
-				got[s.name][mode] = 1 + len(rest)/size
-				t.Logf("%d of %d chunks", got[s.name][mode], chunks)
-			})
+	got := map[string]int{}
+	for _, grace := range []string{"20s", "0"} {
+		for _, s := range []side{up, ours} {
+			for _, mode := range []string{"http-connect", "grpc"} {
+				name := s.name + "/" + mode + "/grace=" + grace
+				t.Run(name, func(t *testing.T) {
+					srv := startServer(t, s.server, mode, p, nil, "--graceful-shutdown-timeout="+grace)
+					a := startAgent(t, s.agent, srv.agentPort, p, nil)
+					waitStatus(t, srv.healthURL+"/readyz", http.StatusOK, srv.Process, a.Process)
+					dial := churn.OverUnix(mode, srv.socket)
+					c := churn.OpenStream(t, dial, target, size)
+					require.NoError(t, srv.Process.Process.Signal(syscall.SIGTERM))
+					rest, _ := io.ReadAll(c) // a cut tunnel ends with an error or EOF: the count says it
+					got[name] = 1 + len(rest)/size
+					t.Logf("%d of %d chunks", got[name], chunks)
+				})
+			}
 		}
 	}
 	if t.Failed() {
 		return
 	}
 	for _, mode := range []string{"http-connect", "grpc"} {
-		require.Equal(t, chunks, got["ours"][mode], "ours, %s: chunks received", mode)
-		if got["upstream"][mode] != chunks {
-			differ(t, differences(t), "server SIGTERM with open tunnels", "%s: upstream's delivered %d of %d chunks, ours all", mode, got["upstream"][mode], chunks)
+		require.Equal(t, chunks, got["ours/"+mode+"/grace=20s"], "ours, %s, grace 20s: chunks received", mode)
+		if n := got["upstream/"+mode+"/grace=20s"]; n != chunks {
+			differ(t, differences(t), "server SIGTERM with open tunnels", "%s: upstream's delivered %d of %d chunks, ours all", mode, n, chunks)
 		}
+		for _, side := range []string{"upstream", "ours"} {
+			assert.Less(t, got[side+"/"+mode+"/grace=0"], chunks, "%s, %s, grace 0: the tunnel must be cut", side, mode)
+		}
+	}
+}
+
+// A CA bundle with a PEM block that does not decode, after the good CA:
+// ours refuses to start and names the flag. The pinned upstream source
+// passes over the block and trusts the rest; upstream's master refuses
+// it too (#902). Where the binary here differs from ours, it is a row of
+// the table.
+func TestCABundleWithAMalformedBlock(t *testing.T) {
+	up, ours := sides(t)
+	p := writePKI(t)
+	bundle := filepath.Join(t.TempDir(), "malformed.crt")
+	good, err := os.ReadFile(p.CA)
+	require.NoError(t, err)
+	broken := "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n"
+	require.NoError(t, os.WriteFile(bundle, append(good, broken...), 0o600))
+
+	refused := map[string]bool{}
+	for _, s := range []side{up, ours} {
+		t.Run(s.name, func(t *testing.T) {
+			srv := startServer(t, s.server, "grpc", p, nil, "--cluster-ca-cert="+bundle)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			for status(srv.healthURL+"/healthz") != http.StatusOK {
+				if exited, _ := srv.Exited(); exited {
+					refused[s.name] = true
+					t.Logf("refused:\n%s", srv.Output())
+					if s.name == "ours" {
+						assert.Contains(t, srv.Output(), "--cluster-ca-cert", "the error names the flag")
+						assert.Contains(t, srv.Output(), "malformed PEM block")
+					}
+					return
+				}
+				select {
+				case <-ctx.Done():
+					t.Fatalf("%s neither served nor exited within 30s:\n%s", s.name, srv.Output())
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			t.Logf("started and serves /healthz")
+		})
+	}
+	if t.Failed() {
+		return
+	}
+	require.True(t, refused["ours"], "ours must refuse a CA bundle with a malformed block")
+	if !refused["upstream"] {
+		differ(t, differences(t), "CA bundle with a malformed PEM block", "upstream's binary started with it, ours refused it")
 	}
 }
