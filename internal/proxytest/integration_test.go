@@ -644,7 +644,7 @@ func TestAgentAuth(t *testing.T) {
 			assert.Equal(t, "hello from the target: /ok", get(t, HTTPClient(t, srv.DialGRPC), target.URL+"/ok"))
 
 			bad.Stop()
-			rejected := metric(t, srv.Registry(), metricRejections, "reason", server.RejectUnauthenticated.String())
+			rejected := metric(t, srv.Registry(), metricRejections, "reason", "unauthenticated")
 			if tt.token == "" {
 				// TLS refuses the agent before the server sees a stream;
 				// the agent port's credentials log it, one line a try.
@@ -660,7 +660,7 @@ func TestAgentAuth(t *testing.T) {
 			// A handshake the agent gave up on when it stopped may be
 			// counted and not yet logged: wait for the two to agree.
 			require.Eventually(t, func() bool {
-				rejected = metric(t, srv.Registry(), metricRejections, "reason", server.RejectUnauthenticated.String())
+				rejected = metric(t, srv.Registry(), metricRejections, "reason", "unauthenticated")
 				lines = lines[:0]
 				for _, l := range strings.Split(logs.String(), "\n") {
 					if strings.Contains(l, "Rejected agent stream") {

@@ -194,22 +194,22 @@ func AgentGRPCServerOptions() []grpc.ServerOption {
 // counted, not sent.
 func (s *Server) admit(ctx context.Context, md metadata.MD) (Identity, error) {
 	if s.preAuth.suspect(peerPrefix(ctx)) {
-		s.rejected(ctx, md, RejectTooManyCut, errCutOfLate)
+		s.rejected(ctx, md, rejectTooManyCut, errCutOfLate)
 		return Identity{}, status.Error(codes.ResourceExhausted, errCutOfLate.Error())
 	}
 	leave, err := s.handshakes.enter(ctx)
 	switch {
 	case errors.Is(err, errTooManyRefused):
-		s.rejected(ctx, md, RejectTooManyRefused, fmt.Errorf("%w (past %d, %d a second)", err, refusedBurst, refusedPerSecond))
+		s.rejected(ctx, md, rejectTooManyRefused, fmt.Errorf("%w (past %d, %d a second)", err, refusedBurst, refusedPerSecond))
 		return Identity{}, status.Error(codes.ResourceExhausted, err.Error())
 	case err != nil:
-		s.rejected(ctx, md, RejectTooManyHandshakes, fmt.Errorf("%w (at most %d from one address, %d in all)", err, s.handshakes.perAddress, MaxHandshakes))
+		s.rejected(ctx, md, rejectTooManyHandshakes, fmt.Errorf("%w (at most %d from one address, %d in all)", err, s.handshakes.perAddress, MaxHandshakes))
 		return Identity{}, status.Error(codes.ResourceExhausted, err.Error())
 	}
 	id, err := s.authenticate(ctx, md)
 	leave(errors.Is(err, ErrTokenRefused))
 	if err != nil {
-		s.rejected(ctx, md, RejectUnauthenticated, err)
+		s.rejected(ctx, md, rejectUnauthenticated, err)
 		return Identity{}, status.Error(codes.Unauthenticated, errTextUnauthenticated)
 	}
 	return id, nil
@@ -218,7 +218,7 @@ func (s *Server) admit(ctx context.Context, md metadata.MD) (Identity, error) {
 // rejected logs and counts a refused agent stream. err may quote what the
 // agent sent: it is cut as a whole. The lines of each reason are bounded
 // (logLimiter); the metric counts every rejection.
-func (s *Server) rejected(ctx context.Context, md metadata.MD, reason RejectReason, err error) {
+func (s *Server) rejected(ctx context.Context, md metadata.MD, reason rejectReason, err error) {
 	s.metrics.observeAgentRejection(reason)
 	s.logs.error(s.log, "reject/"+string(reason), errors.New(capPeer(err.Error())), "Rejected agent stream",
 		"agentID", capPeer(strings.Join(md.Get(wire.HeaderAgentID), ",")), "reason", reason, "remote", remoteAddr(ctx))

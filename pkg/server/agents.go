@@ -83,7 +83,7 @@ type agent struct {
 func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	ctx := stream.Context()
 	if s.stopping() {
-		s.metrics.observeAgentRejection(RejectShuttingDown)
+		s.metrics.observeAgentRejection(rejectShuttingDown)
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
 	agentID, ids, err := s.handshake(ctx)
@@ -128,7 +128,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	case errors.Is(err, errTooManyStreams):
 		return s.refuseTooManyStreams(ctx, agentID)
 	case err != nil:
-		s.metrics.observeAgentRejection(RejectShuttingDown)
+		s.metrics.observeAgentRejection(rejectShuttingDown)
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	s.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
@@ -140,7 +140,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 // an agent that holds MaxStreamsPerAgent.
 func (s *Server) refuseTooManyStreams(ctx context.Context, agentID string) error {
 	err := fmt.Errorf("agent %q: %w (%d)", capPeer(agentID), errTooManyStreams, MaxStreamsPerAgent)
-	s.rejected(ctx, metadata.MD{wire.HeaderAgentID: {agentID}}, RejectTooManyStreams, err)
+	s.rejected(ctx, metadata.MD{wire.HeaderAgentID: {agentID}}, rejectTooManyStreams, err)
 	return status.Error(codes.ResourceExhausted, err.Error())
 }
 
@@ -185,7 +185,7 @@ func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error
 	// Proven: the connection may send what agents send.
 	s.preAuth.open(remoteAddr(ctx))
 	invalid := func(err error) (string, wire.Identifiers, error) {
-		s.rejected(ctx, md, RejectInvalidMetadata, err)
+		s.rejected(ctx, md, rejectInvalidMetadata, err)
 		return "", wire.Identifiers{}, status.Error(codes.InvalidArgument, capPeer(err.Error()))
 	}
 	if len(agentIDs) != 1 || agentIDs[0] == "" {

@@ -227,7 +227,7 @@ func (s *Server) takeCreditWithin(t *tunnel, max int, feDone <-chan struct{}) in
 		case <-feDone:
 			return 0
 		case <-timer.C:
-			s.endStuckTunnel(t, TunnelEndedNoCredit)
+			s.endStuckTunnel(t, tunnelEndedNoCredit)
 			return 0
 		}
 	}
@@ -236,7 +236,7 @@ func (s *Server) takeCreditWithin(t *tunnel, max int, feDone <-chan struct{}) in
 // endStuckTunnel ends established tunnel t, stuck for reason, at both
 // ends: the frontend gets CLOSE_RSP with an error after the data on its
 // way, and the agent CLOSE_REQ.
-func (s *Server) endStuckTunnel(t *tunnel, reason TunnelEndedReason) {
+func (s *Server) endStuckTunnel(t *tunnel, reason tunnelEndedReason) {
 	s.mu.Lock()
 	established := t.be.conns[t.connectID] == t
 	direct := false

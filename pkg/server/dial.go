@@ -51,7 +51,7 @@ func (s *Server) startDialLocked(fe frontend, be *backend, st Strategy, protocol
 		return nil, errDuplicateDial
 	}
 	if be == nil {
-		s.metrics.observeDialFailure(DialFailureNoAgent)
+		s.metrics.observeDialFailure(dialFailureNoAgent)
 		return nil, errNoAgent
 	}
 	t := &tunnel{fe: fe, be: be, random: random, protocol: protocol, address: address, strategy: st, dialed: time.Now()}
@@ -81,7 +81,7 @@ func (s *Server) armDialTimerLocked(t *tunnel) {
 // tells its agent (DIAL_CLS) that it need not answer. It reports whether
 // it did; send then queues the packets, once Server.mu is unlocked.
 // Called with Server.mu held.
-func (s *Server) retryLocked(t *tunnel, reason RetryReason) (send func(), ok bool) {
+func (s *Server) retryLocked(t *tunnel, reason retryReason) (send func(), ok bool) {
 	if t.attempt > 1 || s.pending[t.random] != t {
 		return nil, false
 	}
@@ -108,7 +108,7 @@ func (s *Server) retryLocked(t *tunnel, reason RetryReason) (send func(), ok boo
 
 // dropPendingLocked forgets a pending dial everywhere, counting it as a
 // failure for reason. It reports whether t was pending.
-func (s *Server) dropPendingLocked(t *tunnel, reason DialFailureReason) bool {
+func (s *Server) dropPendingLocked(t *tunnel, reason dialFailureReason) bool {
 	if s.pending[t.random] != t {
 		return false
 	}
@@ -144,7 +144,7 @@ func (s *Server) dialTimedOut(t *tunnel, attempt int) {
 	if be.timeouts >= backendDialTimeouts {
 		sends = s.markUnresponsiveLocked(be, time.Now(), "dials in a row timed out")
 	}
-	if send, ok := s.retryLocked(t, RetryTimeout); ok {
+	if send, ok := s.retryLocked(t, retryTimeout); ok {
 		sends = append(sends, send)
 		s.mu.Unlock()
 		for _, send := range sends {
@@ -152,7 +152,7 @@ func (s *Server) dialTimedOut(t *tunnel, attempt int) {
 		}
 		return
 	}
-	s.dropPendingLocked(t, DialFailureBackendDialTimeout)
+	s.dropPendingLocked(t, dialFailureBackendDialTimeout)
 	s.wg.Add(1)
 	s.mu.Unlock()
 	defer s.wg.Done()
@@ -169,7 +169,7 @@ func (s *Server) cancelDial(fe frontend, random int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t := s.pending[random]; t != nil && t.fe == fe {
-		s.dropPendingLocked(t, DialFailureFrontendClose)
+		s.dropPendingLocked(t, dialFailureFrontendClose)
 	}
 }
 
@@ -182,7 +182,7 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 		// A late answer is an answer: the agent is responsive.
 		s.answeredLocked(be)
 		s.mu.Unlock()
-		s.metrics.observeDialFailure(DialFailureUnrecognizedResponse)
+		s.metrics.observeDialFailure(dialFailureUnrecognizedResponse)
 		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
 		if id := rsp.GetConnectID(); id != 0 {
 			be.peer.sendControl(wire.CloseReq(id), id)
@@ -191,9 +191,9 @@ func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
 	}
 	s.answeredLocked(be)
 	failed := rsp.GetError() != "" || rsp.GetConnectID() == 0
-	reason := DialFailureReason("")
+	reason := dialFailureReason("")
 	if failed {
-		reason = DialFailureErrorResponse
+		reason = dialFailureErrorResponse
 	}
 	s.dropPendingLocked(t, reason)
 	if failed {

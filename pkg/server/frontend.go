@@ -219,7 +219,7 @@ func (f *grpcFrontend) sendCredited(t *tunnel, data []byte) {
 		case <-f.peer.done:
 			return
 		case <-timer.C:
-			s.endStuckTunnel(t, TunnelEndedNoCredit)
+			s.endStuckTunnel(t, tunnelEndedNoCredit)
 			return
 		}
 	}

@@ -23,121 +23,121 @@ var (
 	ours     = metric.Prefix{Namespace: "servercount", Subsystem: "server"}
 )
 
-// DialFailureReason is the reason label of the dial failure counter.
-type DialFailureReason string
+// dialFailureReason is the reason label of the dial failure counter.
+type dialFailureReason string
 
 // The dial failure reasons: upstream's label values, so that dashboards
 // and alerts written for upstream's server match.
 const (
-	// DialFailureNoAgent: no strategy found an agent.
-	DialFailureNoAgent DialFailureReason = "no_agent"
-	// DialFailureErrorResponse: the agent answered DIAL_RSP with an
+	// dialFailureNoAgent: no strategy found an agent.
+	dialFailureNoAgent dialFailureReason = "no_agent"
+	// dialFailureErrorResponse: the agent answered DIAL_RSP with an
 	// error.
-	DialFailureErrorResponse DialFailureReason = "error_response"
-	// DialFailureUnrecognizedResponse: the agent answered a dial that was
+	dialFailureErrorResponse dialFailureReason = "error_response"
+	// dialFailureUnrecognizedResponse: the agent answered a dial that was
 	// not pending (it had timed out, or the frontend had gone).
-	DialFailureUnrecognizedResponse DialFailureReason = "unrecognized_response"
-	// DialFailureBackendDialTimeout: no DIAL_RSP within
+	dialFailureUnrecognizedResponse dialFailureReason = "unrecognized_response"
+	// dialFailureBackendDialTimeout: no DIAL_RSP within
 	// Config.BackendDialTimeout.
-	DialFailureBackendDialTimeout DialFailureReason = "backend_dial_timeout"
-	// DialFailureBackendClose: the agent stream ended before it answered.
-	DialFailureBackendClose DialFailureReason = "backend_close"
-	// DialFailureFrontendClose: the frontend gave up (DIAL_CLS, or its
+	dialFailureBackendDialTimeout dialFailureReason = "backend_dial_timeout"
+	// dialFailureBackendClose: the agent stream ended before it answered.
+	dialFailureBackendClose dialFailureReason = "backend_close"
+	// dialFailureFrontendClose: the frontend gave up (DIAL_CLS, or its
 	// stream or connection ended) before the agent answered.
-	DialFailureFrontendClose DialFailureReason = "frontend_close"
+	dialFailureFrontendClose dialFailureReason = "frontend_close"
 )
 
 // String returns the label value.
-func (r DialFailureReason) String() string { return string(r) }
+func (r dialFailureReason) String() string { return string(r) }
 
-// RejectReason is the reason label of the agent rejection counter.
-type RejectReason string
+// rejectReason is the reason label of the agent rejection counter.
+type rejectReason string
 
 // The agent rejection reasons.
 const (
-	// RejectInvalidMetadata: agentID missing or repeated, or bad
+	// rejectInvalidMetadata: agentID missing or repeated, or bad
 	// agentIdentifiers.
-	RejectInvalidMetadata RejectReason = "invalid_metadata"
-	// RejectUnauthenticated: the bearer token is missing, malformed or not
+	rejectInvalidMetadata rejectReason = "invalid_metadata"
+	// rejectUnauthenticated: the bearer token is missing, malformed or not
 	// accepted.
-	RejectUnauthenticated RejectReason = "unauthenticated"
-	// RejectShuttingDown: the server was closing.
-	RejectShuttingDown RejectReason = "shutting_down"
-	// RejectTooManyHandshakes: Config.MaxHandshakesPerAddress handshakes from
+	rejectUnauthenticated rejectReason = "unauthenticated"
+	// rejectShuttingDown: the server was closing.
+	rejectShuttingDown rejectReason = "shutting_down"
+	// rejectTooManyHandshakes: Config.MaxHandshakesPerAddress handshakes from
 	// the peer's address, or MaxHandshakes in all, were in progress.
-	RejectTooManyHandshakes RejectReason = "too_many_handshakes"
-	// RejectTooManyStreams: the agent held MaxStreamsPerAgent streams.
-	RejectTooManyStreams RejectReason = "too_many_streams"
-	// RejectTooManyRefused: the peer's address had too many tokens
+	rejectTooManyHandshakes rejectReason = "too_many_handshakes"
+	// rejectTooManyStreams: the agent held MaxStreamsPerAgent streams.
+	rejectTooManyStreams rejectReason = "too_many_streams"
+	// rejectTooManyRefused: the peer's address had too many tokens
 	// refused of late; its token was not checked.
-	RejectTooManyRefused RejectReason = "too_many_refused_tokens"
-	// RejectTooManyBytes: a connection sent more than MaxPreAuthBytes
+	rejectTooManyRefused rejectReason = "too_many_refused_tokens"
+	// rejectTooManyBytes: a connection sent more than MaxPreAuthBytes
 	// before any of its streams was admitted, and was closed with all
 	// its streams (counted once per connection).
-	RejectTooManyBytes RejectReason = "too_many_bytes_before_auth"
-	// RejectTooManyCut: the peer's address had a connection closed for
-	// RejectTooManyBytes of late; its token was not checked. Also a
+	rejectTooManyBytes rejectReason = "too_many_bytes_before_auth"
+	// rejectTooManyCut: the peer's address had a connection closed for
+	// rejectTooManyBytes of late; its token was not checked. Also a
 	// connection from an address that had too many closed so, closed at
 	// once before its TLS handshake (counted once per connection).
-	RejectTooManyCut RejectReason = "too_many_cut_connections"
+	rejectTooManyCut rejectReason = "too_many_cut_connections"
 )
 
-var rejectReasons = []RejectReason{RejectInvalidMetadata, RejectUnauthenticated, RejectShuttingDown, RejectTooManyHandshakes, RejectTooManyStreams, RejectTooManyRefused, RejectTooManyBytes, RejectTooManyCut}
+var rejectReasons = []rejectReason{rejectInvalidMetadata, rejectUnauthenticated, rejectShuttingDown, rejectTooManyHandshakes, rejectTooManyStreams, rejectTooManyRefused, rejectTooManyBytes, rejectTooManyCut}
 
 // String returns the label value.
-func (r RejectReason) String() string { return string(r) }
+func (r rejectReason) String() string { return string(r) }
 
-// StreamEndedReason is the reason label of the streams ended counter.
-type StreamEndedReason string
+// streamEndedReason is the reason label of the streams ended counter.
+type streamEndedReason string
 
 // The reasons the server ends a stream that is stuck.
 const (
-	// StreamEndedStalled: nothing moved on an agent stream for
+	// streamEndedStalled: nothing moved on an agent stream for
 	// Config.StreamStallTimeout while packets waited to be sent.
-	StreamEndedStalled StreamEndedReason = "stalled"
-	// StreamEndedControlBacklog: the peer left more control packets
+	streamEndedStalled streamEndedReason = "stalled"
+	// streamEndedControlBacklog: the peer left more control packets
 	// unread than a stream may queue.
-	StreamEndedControlBacklog StreamEndedReason = "control_backlog"
-	// StreamEndedSilent: an agent with heartbeats on sent nothing, not
+	streamEndedControlBacklog streamEndedReason = "control_backlog"
+	// streamEndedSilent: an agent with heartbeats on sent nothing, not
 	// even a heartbeat, for wire.SilenceLimit of its interval.
-	StreamEndedSilent StreamEndedReason = "silent"
-	// StreamEndedReceiveStuck: the stream's receive loop was inside one
+	streamEndedSilent streamEndedReason = "silent"
+	// streamEndedReceiveStuck: the stream's receive loop was inside one
 	// packet for Config.StreamStallTimeout.
-	StreamEndedReceiveStuck StreamEndedReason = "receive_stuck"
-	// StreamEndedUnresponsive: the agent answered none of its dials for
+	streamEndedReceiveStuck streamEndedReason = "receive_stuck"
+	// streamEndedUnresponsive: the agent answered none of its dials for
 	// Config.StreamStallTimeout.
-	StreamEndedUnresponsive StreamEndedReason = "unresponsive"
+	streamEndedUnresponsive streamEndedReason = "unresponsive"
 )
 
-var streamEndedReasons = []StreamEndedReason{StreamEndedStalled, StreamEndedControlBacklog, StreamEndedSilent, StreamEndedReceiveStuck, StreamEndedUnresponsive}
+var streamEndedReasons = []streamEndedReason{streamEndedStalled, streamEndedControlBacklog, streamEndedSilent, streamEndedReceiveStuck, streamEndedUnresponsive}
 
-// RetryReason is the reason label of the dial retries counter.
-type RetryReason string
+// retryReason is the reason label of the dial retries counter.
+type retryReason string
 
 // Why a pending dial was sent to another agent.
 const (
-	// RetryUnresponsive: its agent sent nothing for
+	// retryUnresponsive: its agent sent nothing for
 	// Config.UnansweredDialTimeout after the dial, or left
 	// unresponsiveTimeouts dials in a row unanswered.
-	RetryUnresponsive RetryReason = "unresponsive"
-	// RetryTimeout: its agent did not answer within
+	retryUnresponsive retryReason = "unresponsive"
+	// retryTimeout: its agent did not answer within
 	// Config.BackendDialTimeout.
-	RetryTimeout RetryReason = "timeout"
+	retryTimeout retryReason = "timeout"
 )
 
-var retryReasons = []RetryReason{RetryUnresponsive, RetryTimeout}
+var retryReasons = []retryReason{retryUnresponsive, retryTimeout}
 
-// TunnelEndedReason is the reason label of the tunnels ended counter.
-type TunnelEndedReason string
+// tunnelEndedReason is the reason label of the tunnels ended counter.
+type tunnelEndedReason string
 
 // The reasons the server ends a tunnel that is stuck.
 const (
-	// TunnelEndedNoCredit: a gRPC frontend's data for the tunnel waited
+	// tunnelEndedNoCredit: a gRPC frontend's data for the tunnel waited
 	// Config.FrontendWriteTimeout for the agent's flow-control credit.
-	TunnelEndedNoCredit TunnelEndedReason = "no_credit"
+	tunnelEndedNoCredit tunnelEndedReason = "no_credit"
 )
 
-var tunnelEndedReasons = []TunnelEndedReason{TunnelEndedNoCredit}
+var tunnelEndedReasons = []tunnelEndedReason{tunnelEndedNoCredit}
 
 // serviceMethod is the service_method label of the gRPC connections gauge.
 type serviceMethod string
@@ -295,12 +295,12 @@ func (m *metrics) addGRPCConns(sm serviceMethod, n int) {
 func (m *metrics) addHTTPConns(n int)    { m.httpConns.Add(float64(n)) }
 func (m *metrics) addPendingDials(n int) { m.pendingDials.Add(float64(n)) }
 func (m *metrics) addEstablished(n int)  { m.established.Add(float64(n)) }
-func (m *metrics) observeDialFailure(r DialFailureReason) {
+func (m *metrics) observeDialFailure(r dialFailureReason) {
 	m.dialFailures.WithLabelValues(string(r)).Inc()
 }
 func (m *metrics) observeDuplicateDial()        { m.duplicateDials.Inc() }
 func (m *metrics) setReportedServerCount(n int) { m.reportedCount.Set(float64(n)) }
-func (m *metrics) observeAgentRejection(r RejectReason) {
+func (m *metrics) observeAgentRejection(r rejectReason) {
 	m.agentRejection.WithLabelValues(string(r)).Inc()
 }
 func (m *metrics) addPreAuthConns(n int) { m.preAuthConns.Add(float64(n)) }
@@ -310,17 +310,17 @@ func (m *metrics) addWaitingForAgent(n int) {
 }
 func (m *metrics) addQueuedBytes(n int)   { m.queuedBytes.Add(float64(n)) }
 func (m *metrics) addControlQueued(n int) { m.controlQueued.Add(float64(n)) }
-func (m *metrics) observeStreamEnded(r StreamEndedReason) {
+func (m *metrics) observeStreamEnded(r streamEndedReason) {
 	m.streamsEnded.WithLabelValues(string(r)).Inc()
 }
 func (m *metrics) addWaitingForFrontend(n int) { m.waitingForFe.Add(float64(n)) }
 func (m *metrics) addUnresponsive(n int)       { m.unresponsive.Add(float64(n)) }
-func (m *metrics) observeDialRetry(r RetryReason) {
+func (m *metrics) observeDialRetry(r retryReason) {
 	m.dialRetries.WithLabelValues(string(r)).Inc()
 }
 func (m *metrics) observeContestedClaims(n int) { m.contested.Add(float64(n)) }
 func (m *metrics) observeUnboundClaims(n int)   { m.unbound.Add(float64(n)) }
-func (m *metrics) observeTunnelEnded(r TunnelEndedReason) {
+func (m *metrics) observeTunnelEnded(r tunnelEndedReason) {
 	m.tunnelsEnded.WithLabelValues(string(r)).Inc()
 }
 func (m *metrics) addReadyBackend(st Strategy, n int) {

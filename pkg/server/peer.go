@@ -267,7 +267,7 @@ func (p *peer) queueControl(pkt *client.Packet, id int64, untied bool) bool {
 	}
 	if untied && p.untied >= maxControl || len(p.control) >= maxControl+maxTunnelControl {
 		p.mu.Unlock()
-		p.metrics.observeStreamEnded(StreamEndedControlBacklog)
+		p.metrics.observeStreamEnded(streamEndedControlBacklog)
 		p.end(errControlBacklog)
 		return false
 	}

@@ -146,7 +146,7 @@ func (l *preAuthListener) Accept() (net.Conn, error) {
 		addr := addrPrefix(c.RemoteAddr())
 		if l.conns.refusing(addr) {
 			// Closed before gRPC sees it: no TLS handshake, no read.
-			l.conns.m.observeAgentRejection(RejectTooManyCut)
+			l.conns.m.observeAgentRejection(rejectTooManyCut)
 			_ = c.Close()
 			continue
 		}
@@ -179,7 +179,7 @@ func (c *preAuthConn) Read(b []byte) (int, error) {
 	if left <= 0 {
 		if c.read == MaxPreAuthBytes {
 			c.read++ // counted once
-			c.conns.m.observeAgentRejection(RejectTooManyBytes)
+			c.conns.m.observeAgentRejection(rejectTooManyBytes)
 			c.conns.strike(c.addr)
 		}
 		return 0, errPreAuthBytes

@@ -206,11 +206,11 @@ func (s *Server) checkStream(be *backend, now int64) (wait time.Duration) {
 	}
 	if d := s.cfg.StreamStallTimeout; d > 0 {
 		if p.stalled(now, d) {
-			s.endStream(be, StreamEndedStalled, errStalled, "Ended an agent stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", d)
+			s.endStream(be, streamEndedStalled, errStalled, "Ended an agent stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", d)
 			return never
 		}
 		if p.busy(now) >= d {
-			s.endStream(be, StreamEndedReceiveStuck, errReceiveStuck, "Ended an agent stream whose receive loop was stuck inside one packet; the agent will connect again", "stallTimeout", d)
+			s.endStream(be, streamEndedReceiveStuck, errReceiveStuck, "Ended an agent stream whose receive loop was stuck inside one packet; the agent will connect again", "stallTimeout", d)
 			return never
 		}
 		// A writer that starts later sets moved when it starts (startWriter).
@@ -225,7 +225,7 @@ func (s *Server) checkStream(be *backend, now int64) (wait time.Duration) {
 	}
 	silence := wire.Silence(be.peerHeartbeat)
 	if p.idle(now) >= silence {
-		s.endStream(be, StreamEndedSilent, errSilent, "Ended the stream of an agent that sent nothing, not even a heartbeat, for too long: its process is stopped or the path to it is broken", "silence", silence, "agentHeartbeat", be.peerHeartbeat)
+		s.endStream(be, streamEndedSilent, errSilent, "Ended the stream of an agent that sent nothing, not even a heartbeat, for too long: its process is stopped or the path to it is broken", "silence", silence, "agentHeartbeat", be.peerHeartbeat)
 		return never
 	}
 	wait = min(wait, after(p.waiting.Load(), silence))
@@ -240,7 +240,7 @@ func (s *Server) checkStream(be *backend, now int64) (wait time.Duration) {
 // endStream ends be for reason (err, the stream's status), logged at
 // level 0 with msg and kv (the lines of each reason bounded: a broken
 // network can end thousands at once) and counted.
-func (s *Server) endStream(be *backend, reason StreamEndedReason, err error, msg string, kv ...any) {
+func (s *Server) endStream(be *backend, reason streamEndedReason, err error, msg string, kv ...any) {
 	s.metrics.observeStreamEnded(reason)
 	s.logs.info(s.log, "ended/"+string(reason), msg, append([]any{"agentID", be.logID}, kv...)...)
 	be.peer.end(err)
@@ -256,7 +256,7 @@ func (s *Server) checkAnswersLocked(be *backend, now time.Time) []func() {
 	if !be.unresponsive.IsZero() {
 		if d := s.cfg.StreamStallTimeout; d > 0 && now.Sub(be.unresponsive) >= d && s.mayEndLocked(be) {
 			return []func(){func() {
-				s.endStream(be, StreamEndedUnresponsive, errUnresponsive, "Ended the stream of an agent that answered no dial for too long; its pending dials fail, and it may connect again", "unresponsiveFor", now.Sub(be.unresponsive).Round(time.Second).String())
+				s.endStream(be, streamEndedUnresponsive, errUnresponsive, "Ended the stream of an agent that answered no dial for too long; its pending dials fail, and it may connect again", "unresponsiveFor", now.Sub(be.unresponsive).Round(time.Second).String())
 			}}
 		}
 		return nil
@@ -296,7 +296,7 @@ func (s *Server) markUnresponsiveLocked(be *backend, now time.Time, why string) 
 	s.metrics.addUnresponsive(1)
 	var actions []func()
 	for _, t := range be.pending { // retryLocked deletes t from be.pending: safe in a range
-		if send, ok := s.retryLocked(t, RetryUnresponsive); ok {
+		if send, ok := s.retryLocked(t, retryUnresponsive); ok {
 			actions = append(actions, send)
 		}
 	}

@@ -167,7 +167,7 @@ func (s *Server) forgetConnLocked(t *tunnel) {
 // find nothing (an agent's DATA is then answered with CLOSE_REQ again).
 func (s *Server) closeFromFrontend(t *tunnel) {
 	s.mu.Lock()
-	if s.dropPendingLocked(t, DialFailureFrontendClose) {
+	if s.dropPendingLocked(t, dialFailureFrontendClose) {
 		s.mu.Unlock()
 		return
 	}
@@ -262,7 +262,7 @@ func (s *Server) backendGone(be *backend) {
 		dials = append(dials, t)
 	}
 	for _, t := range dials {
-		s.dropPendingLocked(t, DialFailureBackendClose)
+		s.dropPendingLocked(t, dialFailureBackendClose)
 	}
 	for _, t := range be.conns {
 		conns = append(conns, t)

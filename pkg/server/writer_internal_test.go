@@ -102,7 +102,7 @@ func TestTunnelControlIsBounded(t *testing.T) {
 	require.False(t, p.sendTunnelControl(wire.CloseReq(bound+1), bound+1), "a CLOSE_REQ past the bound was queued")
 	require.True(t, p.ended.Load())
 	require.ErrorIs(t, p.reason, errControlBacklog)
-	require.Equal(t, 1.0, testutil.ToFloat64(m.streamsEnded.WithLabelValues(string(StreamEndedControlBacklog))))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.streamsEnded.WithLabelValues(string(streamEndedControlBacklog))))
 	require.Zero(t, testutil.ToFloat64(m.controlQueued), "the ended stream's packets are still counted as queued")
 }
 
