@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -52,14 +53,20 @@ func TestChurnProcesses(t *testing.T) {
 	theirs := binaries{"upstream", up.Server, up.Agent}
 	certs := writeCerts(t)
 	targets := churn.StartTargets(t)
+	// The runs that kept making progress, by pairing and mode.
+	progressed := map[string]churn.Result{}
 	for _, srv := range []binaries{ours, theirs} {
 		for _, ag := range []binaries{ours, theirs} {
 			for _, mode := range []string{"http-connect", "grpc"} {
-				t.Run(fmt.Sprintf("server=%s/agent=%s/mode=%s", srv.name, ag.name, mode), func(t *testing.T) {
+				name := fmt.Sprintf("server=%s/agent=%s/mode=%s", srv.name, ag.name, mode)
+				t.Run(name, func(t *testing.T) {
 					dial := churn.OverUnix(mode, startPair(t, srv.server, ag.agent, mode, certs).socket)
 					gentle := srv.name != "ours" || ag.name != "ours"
 					res, err := churn.Run(t.Context(), churn.Config{Dial: dial, Targets: targets, Duration: *processDuration, Gentle: gentle})
 					t.Logf("%v; first tunnel error: %v; failed tunnels by error: %v", res, res.FirstError, res.Errors)
+					if err == nil {
+						progressed[name] = res
+					}
 					if srv.name != "ours" && ag.name != "ours" {
 						t.Logf("upstream's own pair, the oracle (not held to the test): lock-up: %v", err)
 						return
@@ -69,6 +76,43 @@ func TestChurnProcesses(t *testing.T) {
 				})
 			}
 		}
+	}
+	// Behind upstream's server our agent must fail no larger share of
+	// tunnels than upstream's own agent in the same churn: an operator
+	// who moves the agents first must lose nothing by it.
+	for _, mode := range []string{"http-connect", "grpc"} {
+		mine, okMine := progressed["server=upstream/agent=ours/mode="+mode]
+		theirs, okTheirs := progressed["server=upstream/agent=upstream/mode="+mode]
+		switch {
+		case !okMine:
+			continue // failed above
+		case !okTheirs:
+			t.Logf("%s: upstream's own pair locked up: no share of failed tunnels to compare ours with", mode)
+			continue
+		}
+		notWorse(t, mode+", behind upstream's server", mine, theirs)
+	}
+}
+
+// notWorse fails t if the share of failed tunnels of ours is larger than
+// that of theirs by more than chance: three standard errors of the
+// difference of two shares (a one-sided test at 0.1 %), as both come
+// from one churn of a minute whose failures are upstream's server's
+// resets, which fall on either agent alike. It logs both counts.
+func notWorse(t *testing.T, what string, ours, theirs churn.Result) {
+	t.Helper()
+	if ours.Tunnels == 0 || theirs.Tunnels == 0 {
+		t.Errorf("%s: no tunnels to compare (ours %d, upstream's %d)", what, ours.Tunnels, theirs.Tunnels)
+		return
+	}
+	pOurs := float64(ours.Failed) / float64(ours.Tunnels)
+	pTheirs := float64(theirs.Failed) / float64(theirs.Tunnels)
+	pooled := float64(ours.Failed+theirs.Failed) / float64(ours.Tunnels+theirs.Tunnels)
+	margin := 3 * math.Sqrt(pooled*(1-pooled)*(1/float64(ours.Tunnels)+1/float64(theirs.Tunnels)))
+	t.Logf("%s: our agent failed %d of %d tunnels (%.1f %%), upstream's %d of %d (%.1f %%); allowed by chance: %.1f points",
+		what, ours.Failed, ours.Tunnels, 100*pOurs, theirs.Failed, theirs.Tunnels, 100*pTheirs, 100*margin)
+	if pOurs > pTheirs+margin {
+		t.Errorf("%s: our agent failed a larger share of tunnels (%.1f %%) than upstream's (%.1f %%)", what, 100*pOurs, 100*pTheirs)
 	}
 }
 
