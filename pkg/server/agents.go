@@ -20,8 +20,8 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// backend is one agent Connect stream.
-type backend struct {
+// agentStream is one agent Connect stream (be, in variables).
+type agentStream struct {
 	agentID string
 	logID   string // agentID cut for logs by capPeer
 	ids     wire.Identifiers
@@ -74,12 +74,12 @@ type backend struct {
 // agent is every stream of one agentID, oldest first. Its streams field is
 // guarded by Server.mu.
 type agent struct {
-	streams []*backend
+	streams []*agentStream
 }
 
 // Connect implements wire.AgentServiceServer: it checks the handshake
 // metadata, sends the serverID and serverCount response headers, and then
-// serves the stream as a backend until it ends or the Server closes.
+// serves the stream as an agentStream until it ends or the Server closes.
 func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	ctx := stream.Context()
 	if s.stopping() {
@@ -121,7 +121,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	}
 	s.metrics.setReportedServerCount(count)
 
-	be := &backend{agentID: agentID, logID: capPeer(agentID), ids: ids, hostKeys: hostKeys(ids), peer: newPeer(stream, s.metrics, segmentToAgent, s.mono), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
+	be := &agentStream{agentID: agentID, logID: capPeer(agentID), ids: ids, hostKeys: hostKeys(ids), peer: newPeer(stream, s.metrics, segmentToAgent, s.mono), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
 		answering: outage.New("have dials answered by agent "+capPeer(agentID), nil)}
 	contested, err := s.addBackend(be)
 	switch {
@@ -252,7 +252,7 @@ func (s *Server) authenticate(ctx context.Context, md metadata.MD) (Identity, er
 // be claims that other agents hold, with the stream that holds each, or
 // the error to end be with: the Server is closing, or be's agent holds
 // MaxStreamsPerAgent streams already.
-func (s *Server) addBackend(be *backend) (contested map[string]*backend, err error) {
+func (s *Server) addBackend(be *agentStream) (contested map[string]*agentStream, err error) {
 	s.mu.Lock()
 	if s.closed || s.shuttingDown {
 		s.mu.Unlock()
@@ -290,7 +290,7 @@ func (s *Server) addBackend(be *backend) (contested map[string]*backend, err err
 // logContested logs and counts the hosts that be claims and that streams
 // of other agents, holding them, are given: one line per stream, at level
 // 0, since it is what an agent claiming another node's traffic looks like.
-func (s *Server) logContested(be *backend, contested map[string]*backend, remote string) {
+func (s *Server) logContested(be *agentStream, contested map[string]*agentStream, remote string) {
 	if len(contested) == 0 {
 		return
 	}
@@ -304,7 +304,7 @@ func (s *Server) logContested(be *backend, contested map[string]*backend, remote
 }
 
 // removeBackendLocked unregisters be, once.
-func (s *Server) removeBackendLocked(be *backend) {
+func (s *Server) removeBackendLocked(be *agentStream) {
 	a := s.agents[be.agentID]
 	if a == nil {
 		return
@@ -333,7 +333,7 @@ func (s *Server) removeBackendLocked(be *backend) {
 }
 
 // serveAgent is be's receive loop.
-func (s *Server) serveAgent(be *backend) {
+func (s *Server) serveAgent(be *agentStream) {
 	for {
 		pkt, err := be.peer.recv(segmentFromAgent)
 		if err != nil {
@@ -367,7 +367,7 @@ func (s *Server) serveAgent(be *backend) {
 
 // countReadyBackend adds n to ready_backends for each configured strategy
 // that could pick be.
-func (s *Server) countReadyBackend(be *backend, n int) {
+func (s *Server) countReadyBackend(be *agentStream, n int) {
 	for _, st := range s.cfg.Strategies {
 		if st == StrategyDestHost && len(be.ids.Host)+len(be.ids.IPv4)+len(be.ids.IPv6) == 0 || st == StrategyDefaultRoute && !be.ids.DefaultRoute {
 			continue

@@ -101,7 +101,7 @@ func isClosed(c <-chan struct{}) bool {
 
 // onWindowUpdate handles WINDOW from agent stream be: credit for a
 // tunnel's frontend to send more.
-func (s *Server) onWindowUpdate(be *backend, pkt *client.Packet) {
+func (s *Server) onWindowUpdate(be *agentStream, pkt *client.Packet) {
 	id, n, ok := wire.ParseWindowUpdate(pkt)
 	if !ok || be.peerWindow == 0 {
 		s.log.V(4).Info("Ignored a WINDOW packet", "agentID", be.logID, "flowControl", be.peerWindow > 0)
@@ -116,7 +116,7 @@ func (s *Server) onWindowUpdate(be *backend, pkt *client.Packet) {
 }
 
 // onAgentData handles DATA from agent stream be.
-func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
+func (s *Server) onAgentData(be *agentStream, pkt *client.Packet) {
 	id := pkt.GetData().GetConnectID()
 	s.mu.Lock()
 	t := be.conns[id]
@@ -149,7 +149,7 @@ func (s *Server) onAgentData(be *backend, pkt *client.Packet) {
 
 // queueAgentData queues DATA of a flow-controlled tunnel for pump: it
 // never waits. An agent that sends more than the window loses the tunnel.
-func (s *Server) queueAgentData(be *backend, t *tunnel, data []byte) {
+func (s *Server) queueAgentData(be *agentStream, t *tunnel, data []byte) {
 	err := t.q.Put(data)
 	switch {
 	case err == nil:
@@ -308,7 +308,7 @@ func (s *Server) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool
 // be ends, the frontend ends or the Server closes: a frontend must never
 // outlive its own end because its agent does not read. It reports whether
 // pkt was queued.
-func (s *Server) sendToAgent(be *backend, pkt *client.Packet, feDone <-chan struct{}) bool {
+func (s *Server) sendToAgent(be *agentStream, pkt *client.Packet, feDone <-chan struct{}) bool {
 	if be.peer.offer(pkt) {
 		return true
 	}

@@ -15,7 +15,7 @@ import (
 // HTTP CONNECT). The caller then queues the DIAL_REQ on the returned
 // stream, which is t.be as startDial returns (t.be may change later, if
 // the dial is retried).
-func (s *Server) startDial(fe frontend, protocol, address string, random int64) (*tunnel, *backend, error) {
+func (s *Server) startDial(fe frontend, protocol, address string, random int64) (*tunnel, *agentStream, error) {
 	key := dialHostKey(address)
 	for {
 		// Chosen without Server.mu, which every packet takes; a stream
@@ -38,7 +38,7 @@ func (s *Server) startDial(fe frontend, protocol, address string, random int64) 
 
 // startDialLocked records a pending dial on be, found by strategy st (nil
 // when none found one). Called with Server.mu held.
-func (s *Server) startDialLocked(fe frontend, be *backend, st Strategy, protocol, address string, random int64) (*tunnel, error) {
+func (s *Server) startDialLocked(fe frontend, be *agentStream, st Strategy, protocol, address string, random int64) (*tunnel, error) {
 	if s.closed || s.shuttingDown {
 		return nil, errShuttingDown
 	}
@@ -174,7 +174,7 @@ func (s *Server) cancelDial(fe frontend, random int64) {
 }
 
 // onDialResponse handles DIAL_RSP from agent stream be.
-func (s *Server) onDialResponse(be *backend, pkt *client.Packet) {
+func (s *Server) onDialResponse(be *agentStream, pkt *client.Packet) {
 	rsp := pkt.GetDialResponse()
 	s.mu.Lock()
 	t := be.pending[rsp.GetRandom()]

@@ -112,7 +112,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 // disconnect was seen first: closeFromFrontend drops the dial if it is
 // still pending and otherwise sends CLOSE_REQ, where dropping the pending
 // dial alone would leave an established tunnel open forever.
-func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunnel, t *tunnel, be *backend) (rsp *client.DialResponse, ok bool) {
+func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunnel, t *tunnel, be *agentStream) (rsp *client.DialResponse, ok bool) {
 	req := wire.DialReq("tcp", r.Host, t.random)
 	room, peerDone := be.peer.room, be.peer.done
 	for {

@@ -55,7 +55,7 @@ type routes struct {
 // routeAgent is one agentID's place in the routes.
 type routeAgent struct {
 	// streams are the agent's streams, oldest first.
-	streams []*backend
+	streams []*agentStream
 	// slot is the agent's place in routes.all and routes.defaultRoute.
 	slot [pools]poolSlot
 }
@@ -79,7 +79,7 @@ type agentPool struct {
 
 // streamPool holds the streams that claim one host, by tier, oldest first.
 type streamPool struct {
-	byTier [tiers][]*backend
+	byTier [tiers][]*agentStream
 }
 
 func newRoutes() *routes {
@@ -164,7 +164,7 @@ func dialHostKey(address string) string {
 // add registers be, the newest stream: it claims be.hostKeys. It returns,
 // for each host that a stream of another agent claimed first, that
 // stream: be gets none of that host's dials while it is connected.
-func (r *routes) add(be *backend) (shadowedBy map[string]*backend) {
+func (r *routes) add(be *agentStream) (shadowedBy map[string]*agentStream) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a := r.agents[be.agentID]
@@ -183,7 +183,7 @@ func (r *routes) add(be *backend) (shadowedBy map[string]*backend) {
 		}
 		if first := p.holder(be.agentID); first != nil {
 			if shadowedBy == nil {
-				shadowedBy = map[string]*backend{}
+				shadowedBy = map[string]*agentStream{}
 			}
 			shadowedBy[k] = first
 		}
@@ -194,7 +194,7 @@ func (r *routes) add(be *backend) (shadowedBy map[string]*backend) {
 }
 
 // remove unregisters be.
-func (r *routes) remove(be *backend) {
+func (r *routes) remove(be *agentStream) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a := be.route
@@ -202,7 +202,7 @@ func (r *routes) remove(be *backend) {
 		return
 	}
 	be.route = nil
-	a.streams = slices.DeleteFunc(a.streams, func(b *backend) bool { return b == be })
+	a.streams = slices.DeleteFunc(a.streams, func(b *agentStream) bool { return b == be })
 	for _, k := range be.hostKeys {
 		if p := r.hosts[k]; p != nil {
 			p.delete(be, be.routeTier)
@@ -219,14 +219,14 @@ func (r *routes) remove(be *backend) {
 
 // setDraining moves be, whose agent sent DRAIN on it (be.draining is
 // set), to its tier.
-func (r *routes) setDraining(be *backend) {
+func (r *routes) setDraining(be *agentStream) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.retierLocked(be)
 }
 
 // setUnresponsive records whether be is taken for unresponsive.
-func (r *routes) setUnresponsive(be *backend, unresponsive bool) {
+func (r *routes) setUnresponsive(be *agentStream, unresponsive bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	be.routeUnresponsive = unresponsive
@@ -235,7 +235,7 @@ func (r *routes) setUnresponsive(be *backend, unresponsive bool) {
 
 // retierLocked moves be to the tier its state gives. Called with r.mu
 // held.
-func (r *routes) retierLocked(be *backend) {
+func (r *routes) retierLocked(be *agentStream) {
 	tier := tierReady
 	switch {
 	case be.routeUnresponsive:
@@ -273,11 +273,11 @@ func (r *routes) placeLocked(a *routeAgent) {
 // choose picks a stream for a dial to the host of hostKey by strategies,
 // tried in order, other than avoid (nil avoids none). It returns the
 // stream, its tier and the strategy that found it, or a nil stream.
-func (r *routes) choose(strategies []Strategy, hostKey string, avoid *backend) (*backend, int, Strategy) {
+func (r *routes) choose(strategies []Strategy, hostKey string, avoid *agentStream) (*agentStream, int, Strategy) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, st := range strategies {
-		var be *backend
+		var be *agentStream
 		switch st {
 		case StrategyDestHost:
 			if p := r.hosts[hostKey]; p != nil {
@@ -297,7 +297,7 @@ func (r *routes) choose(strategies []Strategy, hostKey string, avoid *backend) (
 
 // servedElsewhere reports whether a stream of an agent other than be's
 // that answers dials claims one of be's hosts, for each of them.
-func (r *routes) servedElsewhere(be *backend) bool {
+func (r *routes) servedElsewhere(be *agentStream) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, k := range be.hostKeys {
@@ -333,8 +333,8 @@ func (p *agentPool) place(a *routeAgent, tier int) {
 // pick returns the oldest stream of the best tier of a random agent of
 // the best tier, other than avoid: when avoid's agent is the only one of
 // its tier, its best other stream competes at that stream's tier.
-func (p *agentPool) pick(avoid *backend) *backend {
-	var fallback *backend // avoid's agent's best other stream
+func (p *agentPool) pick(avoid *agentStream) *agentStream {
+	var fallback *agentStream // avoid's agent's best other stream
 	for tier, list := range p.byTier {
 		if fallback != nil && fallback.routeTier <= tier {
 			return fallback
@@ -358,8 +358,8 @@ func (p *agentPool) pick(avoid *backend) *backend {
 
 // best is a's oldest stream of its best tier in pool kind, other than
 // avoid.
-func (a *routeAgent) best(kind int, avoid *backend) *backend {
-	var best *backend
+func (a *routeAgent) best(kind int, avoid *agentStream) *agentStream {
+	var best *agentStream
 	for _, b := range a.streams {
 		if b == avoid || kind == poolDefaultRoute && !b.ids.DefaultRoute {
 			continue
@@ -372,16 +372,16 @@ func (a *routeAgent) best(kind int, avoid *backend) *backend {
 }
 
 // insert adds be at its tier, in age order.
-func (p *streamPool) insert(be *backend) {
+func (p *streamPool) insert(be *agentStream) {
 	list := p.byTier[be.routeTier]
-	i, _ := slices.BinarySearchFunc(list, be.seq, func(b *backend, seq uint64) int { return cmp.Compare(b.seq, seq) })
+	i, _ := slices.BinarySearchFunc(list, be.seq, func(b *agentStream, seq uint64) int { return cmp.Compare(b.seq, seq) })
 	p.byTier[be.routeTier] = slices.Insert(list, i, be)
 }
 
 // delete removes be from tier.
-func (p *streamPool) delete(be *backend, tier int) {
+func (p *streamPool) delete(be *agentStream, tier int) {
 	list := p.byTier[tier]
-	if i, ok := slices.BinarySearchFunc(list, be.seq, func(b *backend, seq uint64) int { return cmp.Compare(b.seq, seq) }); ok {
+	if i, ok := slices.BinarySearchFunc(list, be.seq, func(b *agentStream, seq uint64) int { return cmp.Compare(b.seq, seq) }); ok {
 		p.byTier[tier] = slices.Delete(list, i, i+1)
 	}
 }
@@ -396,7 +396,7 @@ func (p *streamPool) empty() bool {
 }
 
 // pick returns the oldest stream of the best tier, other than avoid.
-func (p *streamPool) pick(avoid *backend) *backend {
+func (p *streamPool) pick(avoid *agentStream) *agentStream {
 	for _, list := range p.byTier {
 		for _, b := range list[:min(len(list), 2)] {
 			if b != avoid {
@@ -409,7 +409,7 @@ func (p *streamPool) pick(avoid *backend) *backend {
 
 // holder returns the oldest ready stream of an agent other than
 // agentID's, which a new ready stream of agentID's comes after, or nil.
-func (p *streamPool) holder(agentID string) *backend {
+func (p *streamPool) holder(agentID string) *agentStream {
 	for _, b := range p.byTier[tierReady] {
 		if b.agentID != agentID {
 			return b
@@ -419,7 +419,7 @@ func (p *streamPool) holder(agentID string) *backend {
 }
 
 // firstAnswering is first among the streams that answer dials.
-func (p *streamPool) firstAnswering(agentID string) *backend {
+func (p *streamPool) firstAnswering(agentID string) *agentStream {
 	for _, list := range p.byTier[:tierUnresponsive] {
 		for _, b := range list {
 			if b.agentID != agentID {

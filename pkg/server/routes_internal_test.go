@@ -18,31 +18,31 @@ import (
 // for a reference choice by scanning.
 type routesFixture struct {
 	r       *routes
-	streams []*backend // every registered stream, oldest first
+	streams []*agentStream // every registered stream, oldest first
 	seq     uint64
 }
 
-func (f *routesFixture) add(agentID string, ids wire.Identifiers) *backend {
+func (f *routesFixture) add(agentID string, ids wire.Identifiers) *agentStream {
 	f.seq++
-	be := &backend{agentID: agentID, ids: ids, hostKeys: hostKeys(ids), seq: f.seq}
+	be := &agentStream{agentID: agentID, ids: ids, hostKeys: hostKeys(ids), seq: f.seq}
 	f.r.add(be)
 	f.streams = append(f.streams, be)
 	return be
 }
 
-func (f *routesFixture) remove(be *backend) {
+func (f *routesFixture) remove(be *agentStream) {
 	f.r.remove(be)
-	f.streams = slices.DeleteFunc(f.streams, func(b *backend) bool { return b == be })
+	f.streams = slices.DeleteFunc(f.streams, func(b *agentStream) bool { return b == be })
 }
 
 // drain marks be as its agent's DRAIN does.
-func (f *routesFixture) drain(be *backend) {
+func (f *routesFixture) drain(be *agentStream) {
 	be.draining.Store(true)
 	f.r.setDraining(be)
 }
 
 // scanTier is be's tier from its state, as routes should have it.
-func scanTier(be *backend) int {
+func scanTier(be *agentStream) int {
 	switch {
 	case be.routeUnresponsive:
 		return tierUnresponsive
@@ -56,8 +56,8 @@ func scanTier(be *backend) int {
 // host, avoiding avoid, by a scan of every stream: for destHost the one
 // oldest of the best tier; for the others, of each agent of the best tier,
 // that agent's oldest stream of its best tier.
-func (f *routesFixture) acceptable(st Strategy, host string, avoid *backend) []*backend {
-	match := func(b *backend) bool {
+func (f *routesFixture) acceptable(st Strategy, host string, avoid *agentStream) []*agentStream {
+	match := func(b *agentStream) bool {
 		switch st {
 		case StrategyDestHost:
 			return slices.Contains(b.hostKeys, hostKey(host))
@@ -70,13 +70,13 @@ func (f *routesFixture) acceptable(st Strategy, host string, avoid *backend) []*
 		for tier := range tiers {
 			for _, b := range f.streams {
 				if b != avoid && match(b) && scanTier(b) == tier {
-					return []*backend{b}
+					return []*agentStream{b}
 				}
 			}
 		}
 		return nil
 	}
-	best := map[string]*backend{}
+	best := map[string]*agentStream{}
 	for _, b := range f.streams {
 		if b == avoid || !match(b) {
 			continue
@@ -86,7 +86,7 @@ func (f *routesFixture) acceptable(st Strategy, host string, avoid *backend) []*
 		}
 	}
 	for tier := range tiers {
-		var out []*backend
+		var out []*agentStream
 		for _, b := range best {
 			if scanTier(b) == tier {
 				out = append(out, b)
@@ -131,7 +131,7 @@ func TestRoutesChooseAsAScanWould(t *testing.T) {
 		}
 		for _, st := range []Strategy{StrategyDefault, StrategyDestHost, StrategyDefaultRoute} {
 			host := hosts[rng.IntN(len(hosts))]
-			var avoid *backend
+			var avoid *agentStream
 			if len(f.streams) > 0 && rng.IntN(2) == 0 {
 				avoid = f.streams[rng.IntN(len(f.streams))]
 			}
@@ -163,22 +163,22 @@ func TestRoutesChooseAsAScanWould(t *testing.T) {
 // destHost it picked at random among the claimants.
 type scanChooser map[string]*agent
 
-func (sc scanChooser) choose(strategies []Strategy, address string) *backend {
+func (sc scanChooser) choose(strategies []Strategy, address string) *agentStream {
 	for _, st := range strategies {
-		var match func(*backend) bool
+		var match func(*agentStream) bool
 		switch st {
 		case StrategyDestHost:
 			host := address
 			if h, _, err := net.SplitHostPort(address); err == nil {
 				host = h
 			}
-			match = func(b *backend) bool { return scanMatchHost(b.ids, host) }
+			match = func(b *agentStream) bool { return scanMatchHost(b.ids, host) }
 		case StrategyDefaultRoute:
-			match = func(b *backend) bool { return b.ids.DefaultRoute }
+			match = func(b *agentStream) bool { return b.ids.DefaultRoute }
 		}
-		var byTier [tiers][]*backend
+		var byTier [tiers][]*agentStream
 		for _, a := range sc {
-			var best *backend
+			var best *agentStream
 			bestTier := tiers
 			for _, b := range a.streams {
 				if match != nil && !match(b) {
@@ -230,7 +230,7 @@ func benchFleet(n int, hostile bool) (*routes, scanChooser) {
 	sc := scanChooser{}
 	add := func(id string, ids wire.Identifiers) {
 		be := f.add(id, ids)
-		sc[id] = &agent{streams: []*backend{be}}
+		sc[id] = &agent{streams: []*agentStream{be}}
 	}
 	for i := range n {
 		add(fmt.Sprintf("agent-%d", i), wire.Identifiers{

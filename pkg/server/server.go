@@ -175,7 +175,7 @@ func (s *Server) StopReadiness() {
 func (s *Server) Shutdown(ctx context.Context) (cut int) {
 	s.mu.Lock()
 	s.notReady, s.shuttingDown = true, true
-	var agents []*backend
+	var agents []*agentStream
 	for _, a := range s.agents {
 		agents = append(agents, a.streams...)
 	}

@@ -72,19 +72,19 @@ func (s *Server) sweepLoop() {
 // the next round). The times are an array of their own, apart from the
 // streams, so that finding the streams due reads no stream.
 type sweepList struct {
-	streams []*backend
+	streams []*agentStream
 	due     []int64
 }
 
 // add appends be, due at the next round.
-func (l *sweepList) add(be *backend) {
+func (l *sweepList) add(be *agentStream) {
 	be.sweepIndex = len(l.streams)
 	l.streams = append(l.streams, be)
 	l.due = append(l.due, 0)
 }
 
 // remove takes be out, moving the last stream into its place.
-func (l *sweepList) remove(be *backend) {
+func (l *sweepList) remove(be *agentStream) {
 	i, last := be.sweepIndex, len(l.streams)-1
 	l.streams[i], l.due[i] = l.streams[last], l.due[last]
 	l.streams[i].sweepIndex = i
@@ -93,7 +93,7 @@ func (l *sweepList) remove(be *backend) {
 }
 
 // appendDue appends to streams those due at now, and returns it.
-func (l *sweepList) appendDue(streams []*backend, now int64) []*backend {
+func (l *sweepList) appendDue(streams []*agentStream, now int64) []*agentStream {
 	for i, t := range l.due {
 		if t <= now {
 			streams = append(streams, l.streams[i])
@@ -103,7 +103,7 @@ func (l *sweepList) appendDue(streams []*backend, now int64) []*backend {
 }
 
 // setDue sets when be is next due, unless it has been removed.
-func (l *sweepList) setDue(be *backend, t int64) {
+func (l *sweepList) setDue(be *agentStream, t int64) {
 	if !be.gone {
 		l.due[be.sweepIndex] = t
 	}
@@ -118,10 +118,10 @@ func (l *sweepList) setDue(be *backend, t int64) {
 // (NTP, a VM restored) would otherwise leave every stream unvisited for
 // that hour, and one set forward end every stream for silence.
 type sweeper struct {
-	streams []*backend
-	due     []*backend
+	streams []*agentStream
+	due     []*agentStream
 	next    []int64
-	seen    map[*backend]struct{}
+	seen    map[*agentStream]struct{}
 	lastAll time.Time
 	checked int
 }
@@ -136,7 +136,7 @@ func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 		streams = append(streams, s.swept.streams...)
 	case len(s.pending) > 0:
 		if sw.seen == nil {
-			sw.seen = map[*backend]struct{}{}
+			sw.seen = map[*agentStream]struct{}{}
 		}
 		for _, t := range s.pending {
 			if _, ok := sw.seen[t.be]; !ok {
@@ -192,7 +192,7 @@ const never = time.Duration(math.MaxInt64)
 // stream meanwhile, since what moves on a stream moves these times later
 // (but for a moment's preemption between reading the clock and storing a
 // time).
-func (s *Server) checkStream(be *backend, now int64) (wait time.Duration) {
+func (s *Server) checkStream(be *agentStream, now int64) (wait time.Duration) {
 	p := be.peer
 	if p.ended.Load() {
 		return never
@@ -240,7 +240,7 @@ func (s *Server) checkStream(be *backend, now int64) (wait time.Duration) {
 // endStream ends be for reason (err, the stream's status), logged at
 // level 0 with msg and kv (the lines of each reason bounded: a broken
 // network can end thousands at once) and counted.
-func (s *Server) endStream(be *backend, reason streamEndedReason, err error, msg string, kv ...any) {
+func (s *Server) endStream(be *agentStream, reason streamEndedReason, err error, msg string, kv ...any) {
 	s.metrics.observeStreamEnded(reason)
 	s.logs.info(s.log, "ended/"+string(reason), msg, append([]any{"agentID", be.logID}, kv...)...)
 	be.peer.end(err)
@@ -252,7 +252,7 @@ func (s *Server) endStream(be *backend, reason streamEndedReason, err error, msg
 // ends the stream of one that has been unresponsive for
 // StreamStallTimeout. It returns what to do once Server.mu is unlocked.
 // Called with Server.mu held.
-func (s *Server) checkAnswersLocked(be *backend, now time.Time) []func() {
+func (s *Server) checkAnswersLocked(be *agentStream, now time.Time) []func() {
 	if !be.unresponsive.IsZero() {
 		if d := s.cfg.StreamStallTimeout; d > 0 && now.Sub(be.unresponsive) >= d && s.mayEndLocked(be) {
 			return []func(){func() {
@@ -282,7 +282,7 @@ func (s *Server) checkAnswersLocked(be *backend, now time.Time) []func() {
 // agents left to pick are never fewer than half. Its pending dials are
 // sent to other agents. It returns what to do once Server.mu is unlocked:
 // the retries' packets and the log. Called with Server.mu held.
-func (s *Server) markUnresponsiveLocked(be *backend, now time.Time, why string) []func() {
+func (s *Server) markUnresponsiveLocked(be *agentStream, now time.Time, why string) []func() {
 	if !be.unresponsive.IsZero() {
 		return nil
 	}
@@ -308,7 +308,7 @@ func (s *Server) markUnresponsiveLocked(be *backend, now time.Time, why string) 
 
 // answeredLocked records that be answered a dial: it is responsive. Called
 // with Server.mu held.
-func (s *Server) answeredLocked(be *backend) {
+func (s *Server) answeredLocked(be *agentStream) {
 	be.timeouts = 0
 	if be.unresponsive.IsZero() {
 		return
@@ -325,6 +325,6 @@ func (s *Server) answeredLocked(be *backend) {
 // another agent that answers dials claims one of be's hosts: that host's
 // dials have nowhere else to go, and an agent that may yet answer is
 // better than none. Called with Server.mu held.
-func (s *Server) mayEndLocked(be *backend) bool {
+func (s *Server) mayEndLocked(be *agentStream) bool {
 	return !slices.Contains(s.cfg.Strategies, StrategyDestHost) || s.routes.servedElsewhere(be)
 }

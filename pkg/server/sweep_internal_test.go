@@ -33,9 +33,9 @@ func TestSweepChecksEachStreamWhenDue(t *testing.T) {
 		return p, hs
 	}
 	quietPeer, _ := stream()
-	quiet := &backend{peer: quietPeer}
+	quiet := &agentStream{peer: quietPeer}
 	beatingPeer, beatingStream := stream()
-	beating := &backend{peer: beatingPeer, peerHeartbeat: 5 * time.Second}
+	beating := &agentStream{peer: beatingPeer, peerHeartbeat: 5 * time.Second}
 	s.swept.add(quiet)
 	s.swept.add(beating)
 
@@ -90,13 +90,13 @@ func TestSweepChecksEachStreamWhenDue(t *testing.T) {
 // and finds itself at its index.
 func TestSweepListKeepsEachStreamsPlace(t *testing.T) {
 	var l sweepList
-	bes := make([]*backend, 4)
+	bes := make([]*agentStream, 4)
 	for i := range bes {
-		bes[i] = &backend{}
+		bes[i] = &agentStream{}
 		l.add(bes[i])
 		l.setDue(bes[i], int64(100*(i+1)))
 	}
-	check := func(want ...*backend) {
+	check := func(want ...*agentStream) {
 		t.Helper()
 		require.ElementsMatch(t, want, l.streams)
 		require.Len(t, l.due, len(want))
@@ -112,7 +112,7 @@ func TestSweepListKeepsEachStreamsPlace(t *testing.T) {
 	check(bes[0], bes[2], bes[3])
 	l.remove(bes[3])
 	check(bes[0], bes[2])
-	require.Equal(t, []*backend{bes[0]}, l.appendDue(nil, 100))
+	require.Equal(t, []*agentStream{bes[0]}, l.appendDue(nil, 100))
 	l.remove(bes[0])
 	l.remove(bes[2])
 	check()
@@ -125,7 +125,7 @@ func TestSweepEndsAStalledWriterWhenDue(t *testing.T) {
 	p, _, m := heldPeer(t, segmentToAgent)
 	t0 := time.Now() // after the writer started
 	s := &Server{cfg: Config{StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background(), mono: p.mono}
-	be := &backend{peer: p}
+	be := &agentStream{peer: p}
 	s.swept.add(be)
 	var sw sweeper
 	round := func(d time.Duration) int {

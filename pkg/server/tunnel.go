@@ -66,7 +66,7 @@ type tunnel struct {
 	// changes only while the dial is pending, when the dial is sent to
 	// another agent (retry). Guarded by Server.mu while the dial is
 	// pending; fixed after.
-	be     *backend
+	be     *agentStream
 	random int64
 	// protocol and address are the dial's, and strategy the one that
 	// chose be: what a retry sends, and to whom. Fixed.
@@ -129,7 +129,7 @@ func (s *Server) closeFromAgentLocked(t *tunnel, pkt *client.Packet) (direct boo
 }
 
 // onAgentCloseResponse handles CLOSE_RSP from agent stream be.
-func (s *Server) onAgentCloseResponse(be *backend, pkt *client.Packet) {
+func (s *Server) onAgentCloseResponse(be *agentStream, pkt *client.Packet) {
 	id := pkt.GetCloseResponse().GetConnectID()
 	s.mu.Lock()
 	t := be.conns[id]
@@ -254,7 +254,7 @@ func (s *Server) ending(t *tunnel) bool {
 
 // backendGone unregisters agent stream be and tells every frontend with a
 // dial or a connection through it.
-func (s *Server) backendGone(be *backend) {
+func (s *Server) backendGone(be *agentStream) {
 	s.mu.Lock()
 	s.removeBackendLocked(be)
 	var dials, conns []*tunnel
