@@ -121,16 +121,10 @@ type Server struct {
 func (f *Fleet) StartServer(t testing.TB, ip string, extra ...string) *Server {
 	t.Helper()
 	name := "proxy-server-" + ip
-	args := append([]string{
-		"--mode=http-connect", "--server-id=" + name, "--server-count=1",
-		"--server-bind-address=" + ip, "--server-port=" + strconv.Itoa(f.FrontendPort),
-		"--agent-bind-address=" + ip, "--agent-port=" + strconv.Itoa(f.AgentPort),
-		"--health-bind-address=" + ip, "--health-port=" + strconv.Itoa(f.HealthPort),
-		"--admin-bind-address=" + ip, "--admin-port=" + strconv.Itoa(f.AdminPort),
-		"--cluster-cert=" + f.ServerCert, "--cluster-key=" + f.ServerKey, "--cluster-ca-cert=" + f.CAFile,
-		"--server-cert=" + f.ServerCert, "--server-key=" + f.ServerKey, "--server-ca-cert=" + f.CAFile,
-		"--graceful-shutdown-timeout=1s", "--v=2",
-	}, extra...)
+	flags := proctest.ServerFlags{Mode: "http-connect", ID: name, Host: ip,
+		FrontendPort: f.FrontendPort, AgentPort: f.AgentPort, HealthPort: f.HealthPort, AdminPort: f.AdminPort,
+		Cert: f.ServerCert, Key: f.ServerKey, CA: f.CAFile}
+	args := flags.Args(append([]string{"--server-count=1", "--graceful-shutdown-timeout=1s", "--v=2"}, extra...)...)
 	p, err := proctest.StartProcess(name, filepath.Join(f.Dir, name+".log"), f.Bin.Server, args...)
 	if err != nil {
 		t.Fatal(err)
@@ -241,22 +235,19 @@ func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := strconv.Itoa(f.AgentPort)
+	port := f.AgentPort
 	if cfg.ServerAddr != "" {
 		_, p, err := net.SplitHostPort(cfg.ServerAddr)
+		if err == nil {
+			port, err = strconv.Atoi(p)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		port = p
 	}
-	args := []string{
-		"--agent-id=" + cfg.Name,
-		"--proxy-server-host=localhost", "--proxy-server-port=" + port,
-		"--ca-cert=" + f.CAFile, "--agent-cert=" + f.AgentCert, "--agent-key=" + f.AgentKey,
-		"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ports[0]),
-		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(ports[1]),
-		"--sync-interval=200ms", "--sync-interval-cap=1s", "--v=2",
-	}
+	flags := proctest.AgentFlags{ID: cfg.Name, ServerPort: port, CA: f.CAFile, Cert: f.AgentCert, Key: f.AgentKey,
+		HealthPort: ports[0], AdminPort: ports[1]}
+	args := flags.Args("--sync-interval=200ms", "--sync-interval-cap=1s", "--v=2")
 	if !cfg.Upstream {
 		args = append(args, "--server-count-hold-down=2s")
 	}

@@ -130,8 +130,9 @@ type pair struct {
 	// serverMetrics is the server's /metrics.
 	serverMetrics string
 	// agentPort, agentBin and certs start more agents (addAgent).
-	agentPort, agentBin string
-	certs               pkitest.Files
+	agentPort int
+	agentBin  string
+	certs     pkitest.Files
 }
 
 // startPair starts a proxy-server in mode with its frontend on a Unix
@@ -143,15 +144,13 @@ func startPair(t *testing.T, serverBin, agentBin, mode string, c pkitest.Files) 
 	ports := nettest.FreePorts(t, 3)
 	port := func(i int) string { return strconv.Itoa(ports[i]) }
 	// -v=0: upstream's default verbosity logs every packet.
-	server := proctest.Start(t, serverBin, "-v=0",
-		"--mode="+mode, "--uds-name="+socket, "--server-port=0", "--server-id=churn",
-		"--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
-		"--agent-port="+port(0), "--health-port="+port(1), "--admin-port="+port(2),
-		"--cluster-cert="+c.ServerCert, "--cluster-key="+c.ServerKey, "--cluster-ca-cert="+c.CA)
+	flags := proctest.ServerFlags{Mode: mode, ID: "churn", Socket: socket, AgentPort: ports[0], HealthPort: ports[1], AdminPort: ports[2],
+		Cert: c.ServerCert, Key: c.ServerKey, CA: c.CA}
+	server := proctest.Start(t, serverBin, flags.Args("-v=0")...)
 	if url := "http://127.0.0.1:" + port(1) + "/healthz"; !waitOK(t.Context(), url, 30*time.Second, server) {
 		t.Fatalf("%s not ready within 30s, or the process exited\nproxy-server:\n%s", url, server.Output())
 	}
-	p := pair{socket: socket, server: server, serverMetrics: "http://127.0.0.1:" + port(1) + "/metrics", agentPort: port(0), agentBin: agentBin, certs: c}
+	p := pair{socket: socket, server: server, serverMetrics: "http://127.0.0.1:" + port(1) + "/metrics", agentPort: ports[0], agentBin: agentBin, certs: c}
 	p.agent = p.addAgent(t, "churn")
 	return p
 }
@@ -162,11 +161,8 @@ func (p pair) addAgent(t *testing.T, id string) *proctest.Process {
 	t.Helper()
 	ports := nettest.FreePorts(t, 2)
 	c := p.certs
-	agent := proctest.Start(t, p.agentBin, "-v=0",
-		"--agent-id="+id, "--proxy-server-host=localhost", "--proxy-server-port="+p.agentPort,
-		"--ca-cert="+c.CA, "--agent-cert="+c.AgentCert, "--agent-key="+c.AgentKey,
-		"--health-server-host=127.0.0.1", "--health-server-port="+strconv.Itoa(ports[0]),
-		"--admin-bind-address=127.0.0.1", "--admin-server-port="+strconv.Itoa(ports[1]))
+	flags := proctest.AgentFlags{ID: id, ServerPort: p.agentPort, CA: c.CA, Cert: c.AgentCert, Key: c.AgentKey, HealthPort: ports[0], AdminPort: ports[1]}
+	agent := proctest.Start(t, p.agentBin, flags.Args("-v=0")...)
 	if url := "http://127.0.0.1:" + strconv.Itoa(ports[0]) + "/readyz"; !waitOK(t.Context(), url, 30*time.Second, p.server, agent) {
 		t.Fatalf("%s not ready within 30s, or a process exited\nproxy-server:\n%s\nproxy-agent:\n%s", url, p.server.Output(), agent.Output())
 	}

@@ -147,20 +147,13 @@ func startPair(t *testing.T) (server, agent pairProc) {
 	ports := nettest.FreePorts(t, 6)
 	port := func(i int) string { return strconv.Itoa(ports[i]) }
 	hb := "--heartbeat-interval=" + heartbeat.String()
-	server.proc = proctest.Start(t, proctest.Build(t, "cmd/proxy-server"), "-v=0", hb,
-		"--mode=grpc", "--server-port="+port(0), "--server-bind-address=127.0.0.1",
-		"--agent-port="+port(1), "--agent-bind-address=127.0.0.1",
-		"--health-port="+port(2), "--health-bind-address=127.0.0.1",
-		"--admin-port="+port(3), "--admin-bind-address=127.0.0.1",
-		"--server-cert="+c.ServerCert, "--server-key="+c.ServerKey, "--server-ca-cert="+c.CA,
-		"--cluster-cert="+c.ServerCert, "--cluster-key="+c.ServerKey, "--cluster-ca-cert="+c.CA)
+	serverFlags := proctest.ServerFlags{Mode: "grpc", FrontendPort: ports[0], AgentPort: ports[1], HealthPort: ports[2], AdminPort: ports[3],
+		Cert: c.ServerCert, Key: c.ServerKey, CA: c.CA}
+	server.proc = proctest.Start(t, proctest.Build(t, "cmd/proxy-server"), serverFlags.Args("-v=0", hb)...)
 	server.metrics = "http://127.0.0.1:" + port(2) + "/metrics"
 	server.endedMetric, server.packetsMetric = "servercount_server_streams_ended_total", "konnectivity_network_proxy_server_stream_packets_total"
-	agent.proc = proctest.Start(t, proctest.Build(t, "cmd/proxy-agent"), "-v=0", hb,
-		"--agent-id=clockstep", "--proxy-server-host=localhost", "--proxy-server-port="+port(1),
-		"--ca-cert="+c.CA, "--agent-cert="+c.AgentCert, "--agent-key="+c.AgentKey,
-		"--health-server-host=127.0.0.1", "--health-server-port="+port(4),
-		"--admin-bind-address=127.0.0.1", "--admin-server-port="+port(5))
+	agentFlags := proctest.AgentFlags{ID: "clockstep", ServerPort: ports[1], CA: c.CA, Cert: c.AgentCert, Key: c.AgentKey, HealthPort: ports[4], AdminPort: ports[5]}
+	agent.proc = proctest.Start(t, proctest.Build(t, "cmd/proxy-agent"), agentFlags.Args("-v=0", hb)...)
 	agent.metrics = "http://127.0.0.1:" + port(5) + "/metrics"
 	agent.endedMetric, agent.packetsMetric = "servercount_agent_streams_ended_total", "konnectivity_network_proxy_agent_stream_packets_total"
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

@@ -76,12 +76,9 @@ func startServer(t *testing.T, bin, id string, count int, ns *netNS, c certs, ex
 	s.agentAddr = net.JoinHostPort(host, strconv.Itoa(agentPort))
 	s.metrics = "http://" + net.JoinHostPort(host, strconv.Itoa(healthPort)) + "/metrics"
 	// -v=0: upstream's default verbosity logs every packet.
-	args := append([]string{"-v=0", "--server-id=" + id, "--server-count=" + strconv.Itoa(count),
-		"--mode=http-connect", "--uds-name=" + s.socket, "--server-port=0",
-		"--agent-bind-address=" + host, "--agent-port=" + strconv.Itoa(agentPort),
-		"--health-bind-address=" + host, "--health-port=" + strconv.Itoa(healthPort),
-		"--admin-bind-address=127.0.0.1", "--admin-port=" + strconv.Itoa(adminPort),
-		"--cluster-cert=" + c.ServerCert, "--cluster-key=" + c.ServerKey, "--cluster-ca-cert=" + c.CA}, extra...)
+	flags := proctest.ServerFlags{Mode: "http-connect", ID: id, Host: host, AdminHost: "127.0.0.1", Socket: s.socket,
+		AgentPort: agentPort, HealthPort: healthPort, AdminPort: adminPort, Cert: c.ServerCert, Key: c.ServerKey, CA: c.CA}
+	args := flags.Args(append([]string{"-v=0", "--server-count=" + strconv.Itoa(count)}, extra...)...)
 	if ns != nil {
 		cmd, nsArgs := ns.Exec(bin, args...)
 		s.Process = proctest.Start(t, cmd, nsArgs...)
@@ -112,11 +109,8 @@ func startAgent(t *testing.T, bin, id string, port int, c certs, extra ...string
 	t.Helper()
 	ports := nettest.FreePorts(t, 2)
 	a := &agentProc{metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0])}
-	args := append([]string{"-v=0", "--agent-id=" + id, "--proxy-server-host=localhost", "--proxy-server-port=" + strconv.Itoa(port),
-		"--ca-cert=" + c.CA, "--agent-cert=" + c.AgentCert, "--agent-key=" + c.AgentKey,
-		"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ports[0]),
-		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(ports[1])}, extra...)
-	a.Process = proctest.Start(t, bin, args...)
+	flags := proctest.AgentFlags{ID: id, ServerPort: port, CA: c.CA, Cert: c.AgentCert, Key: c.AgentKey, HealthPort: ports[0], AdminPort: ports[1]}
+	a.Process = proctest.Start(t, bin, flags.Args(append([]string{"-v=0"}, extra...)...)...)
 	a.Name = "proxy-agent " + id
 	return a
 }

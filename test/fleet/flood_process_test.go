@@ -124,14 +124,10 @@ func startFloodServer(t *testing.T, bin string, api *reviewEndpoint, perAddress 
 	_, f := pkitest.TempFiles(t, "flood-ca")
 	ports := nettest.FreePorts(t, 4)
 	port := func(i int) string { return strconv.Itoa(ports[i]) }
-	args := []string{"-v=0", "--mode=grpc", "--server-port=" + port(0), "--server-bind-address=127.0.0.1",
-		"--agent-port=" + port(1), "--agent-bind-address=127.0.0.1",
-		"--health-port=" + port(2), "--health-bind-address=127.0.0.1",
-		"--admin-port=" + port(3), "--admin-bind-address=127.0.0.1",
-		"--server-cert=" + f.ServerCert, "--server-key=" + f.ServerKey, "--server-ca-cert=" + f.CA,
-		"--cluster-cert=" + f.ServerCert, "--cluster-key=" + f.ServerKey, // no --cluster-ca-cert: tokens, not client certificates
-		"--agent-namespace=" + reviewNamespace, "--agent-service-account=" + reviewServiceAccount,
-		"--kubeconfig=" + api.kubeconfig(t, dir), "--kube-api-content-type=application/json"}
+	args := proctest.ServerFlags{Mode: "grpc", FrontendPort: ports[0], AgentPort: ports[1], HealthPort: ports[2], AdminPort: ports[3],
+		Cert: f.ServerCert, Key: f.ServerKey, CA: f.CA, AgentsByToken: true}.Args("-v=0",
+		"--agent-namespace="+reviewNamespace, "--agent-service-account="+reviewServiceAccount,
+		"--kubeconfig="+api.kubeconfig(t, dir), "--kube-api-content-type=application/json")
 	if perAddress != "" {
 		args = append(args, "--max-agent-handshakes-per-address="+perAddress)
 	}
@@ -251,6 +247,8 @@ func (f *flood) floodOnce(ctx context.Context, addr, local, name string) {
 func startRealAgents(t *testing.T, bin string, s *floodServer, n int) []time.Duration {
 	host, port, err := net.SplitHostPort(s.agentAddr)
 	require.NoError(t, err)
+	serverPort, err := strconv.Atoi(port)
+	require.NoError(t, err)
 	ports := nettest.FreePorts(t, 2*n)
 	var ready []string
 	start := time.Now()
@@ -258,11 +256,8 @@ func startRealAgents(t *testing.T, bin string, s *floodServer, n int) []time.Dur
 		name := fmt.Sprintf("real-%d", i)
 		token := filepath.Join(s.dir, name+".token")
 		require.NoError(t, os.WriteFile(token, []byte(agentToken(name)), 0o600))
-		proctest.Start(t, bin, "-v=0", "--agent-id="+name,
-			"--proxy-server-host="+host, "--proxy-server-port="+port, "--ca-cert="+s.ca,
-			"--service-account-token-path="+token,
-			"--health-server-host=127.0.0.1", "--health-server-port="+strconv.Itoa(ports[2*i]),
-			"--admin-bind-address=127.0.0.1", "--admin-server-port="+strconv.Itoa(ports[2*i+1]))
+		proctest.Start(t, bin, proctest.AgentFlags{ID: name, ServerHost: host, ServerPort: serverPort, CA: s.ca,
+			HealthPort: ports[2*i], AdminPort: ports[2*i+1]}.Args("-v=0", "--service-account-token-path="+token)...)
 		ready = append(ready, fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[2*i]))
 	}
 	var in []time.Duration

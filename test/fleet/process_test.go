@@ -39,16 +39,13 @@ func BenchmarkAgentProcess(b *testing.B) {
 	require.NoError(b, err)
 	ports := nettest.FreePorts(b, 2)
 
-	p := proctest.Start(b, bin,
-		"--agent-id=agent-process",
-		"--proxy-server-host="+host, "--proxy-server-port="+port,
-		"--ca-cert="+ca, "--agent-cert="+cert, "--agent-key="+key,
+	serverPort, err := strconv.Atoi(port)
+	require.NoError(b, err)
+	p := proctest.Start(b, bin, proctest.AgentFlags{ID: "agent-process", ServerHost: host, ServerPort: serverPort,
+		CA: ca, Cert: cert, Key: key, HealthPort: ports[0], AdminPort: ports[1]}.Args(
 		"--service-account-token-path="+token,
 		"--server-count-dns="+SRVName, "--server-count-dns-server="+f.dns.Addr(),
-		"--server-dial-mode=resolved",
-		"--health-server-host=127.0.0.1", "--health-server-port="+strconv.Itoa(ports[0]),
-		"--admin-bind-address=127.0.0.1", "--admin-server-port="+strconv.Itoa(ports[1]),
-	)
+		"--server-dial-mode=resolved")...)
 	ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
 	defer cancel()
 	if _, err := f.WaitServers(ctx, f.Servers(), 1); err != nil {
@@ -209,12 +206,9 @@ func serverProcess(b *testing.B, f *Fleet, bin string) func(id string, extra ...
 	_, cert, key, ca := writeTLSFiles(b, f, pair)
 	return func(id string, extra ...string) (*proctest.Process, []int) {
 		ports := nettest.FreePorts(b, 4)
-		return proctest.Start(b, bin, append([]string{"--server-id=" + id, "--mode=grpc",
-			"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
-			"--server-port=" + strconv.Itoa(ports[0]), "--agent-port=" + strconv.Itoa(ports[1]),
-			"--health-port=" + strconv.Itoa(ports[2]), "--admin-port=" + strconv.Itoa(ports[3]),
-			"--cluster-cert=" + cert, "--cluster-key=" + key, "--cluster-ca-cert=" + ca,
-			"--server-cert=" + cert, "--server-key=" + key, "--server-ca-cert=" + ca}, extra...)...), ports
+		return proctest.Start(b, bin, proctest.ServerFlags{Mode: "grpc", ID: id,
+			FrontendPort: ports[0], AgentPort: ports[1], HealthPort: ports[2], AdminPort: ports[3],
+			Cert: cert, Key: key, CA: ca}.Args(extra...)...), ports
 	}
 }
 

@@ -48,11 +48,9 @@ func startServer(t *testing.T, bin, mode string, p pkiFiles, env []string, args 
 		healthURL: "http://127.0.0.1:" + strconv.Itoa(ports[1]),
 		adminURL:  "http://127.0.0.1:" + strconv.Itoa(ports[2]),
 	}
-	all := append([]string{"-v=0", "--mode=" + mode, "--uds-name=" + s.socket, "--server-port=0",
-		"--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
-		"--agent-port=" + strconv.Itoa(ports[0]), "--health-port=" + strconv.Itoa(ports[1]), "--admin-port=" + strconv.Itoa(ports[2]),
-		"--cluster-cert=" + p.ServerCert, "--cluster-key=" + p.ServerKey, "--cluster-ca-cert=" + p.CA}, args...)
-	s.Process = startWithEnv(t, bin, env, all...)
+	flags := proctest.ServerFlags{Mode: mode, Socket: s.socket, AgentPort: ports[0], HealthPort: ports[1], AdminPort: ports[2],
+		Cert: p.ServerCert, Key: p.ServerKey, CA: p.CA}
+	s.Process = startWithEnv(t, bin, env, flags.Args(append([]string{"-v=0"}, args...)...)...)
 	return s
 }
 
@@ -68,11 +66,8 @@ func startAgent(t *testing.T, bin string, agentPort int, p pkiFiles, env []strin
 	t.Helper()
 	ports := nettest.FreePorts(t, 2)
 	a := &agent{healthURL: "http://127.0.0.1:" + strconv.Itoa(ports[0])}
-	all := append([]string{"-v=0", "--proxy-server-host=localhost", "--proxy-server-port=" + strconv.Itoa(agentPort),
-		"--ca-cert=" + p.CA, "--agent-cert=" + p.AgentCert, "--agent-key=" + p.AgentKey,
-		"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ports[0]),
-		"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(ports[1])}, args...)
-	a.Process = startWithEnv(t, bin, env, all...)
+	flags := proctest.AgentFlags{ServerPort: agentPort, CA: p.CA, Cert: p.AgentCert, Key: p.AgentKey, HealthPort: ports[0], AdminPort: ports[1]}
+	a.Process = startWithEnv(t, bin, env, flags.Args(append([]string{"-v=0"}, args...)...)...)
 	return a
 }
 

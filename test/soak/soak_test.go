@@ -101,17 +101,11 @@ func TestSoak(t *testing.T) {
 			agentHealth:  fmt.Sprintf("http://127.0.0.1:%d", ports[4]),
 			tlsConfig:    frontendTLS,
 		}
-		p.server = proctest.Start(t, serverBin, "--mode="+mode,
-			"--server-bind-address=127.0.0.1", "--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
-			fmt.Sprintf("--server-port=%d", ports[0]), fmt.Sprintf("--agent-port=%d", ports[1]),
-			fmt.Sprintf("--health-port=%d", ports[2]), fmt.Sprintf("--admin-port=%d", ports[3]),
-			"--cluster-cert="+srvCert, "--cluster-key="+srvKey, "--cluster-ca-cert="+caFile,
-			"--server-cert="+srvCert, "--server-key="+srvKey, "--server-ca-cert="+caFile)
-		p.agent = proctest.Start(t, agentBin, "--agent-id=soak-"+mode,
-			"--proxy-server-host=localhost", fmt.Sprintf("--proxy-server-port=%d", ports[1]),
-			"--ca-cert="+caFile, "--agent-cert="+agentCert, "--agent-key="+agentKey,
-			"--health-server-host=127.0.0.1", fmt.Sprintf("--health-server-port=%d", ports[4]),
-			fmt.Sprintf("--admin-server-port=%d", ports[5]))
+		p.server = proctest.Start(t, serverBin, proctest.ServerFlags{Mode: mode,
+			FrontendPort: ports[0], AgentPort: ports[1], HealthPort: ports[2], AdminPort: ports[3],
+			Cert: srvCert, Key: srvKey, CA: caFile}.Args()...)
+		p.agent = proctest.Start(t, agentBin, proctest.AgentFlags{ID: "soak-" + mode, ServerPort: ports[1],
+			CA: caFile, Cert: agentCert, Key: agentKey, HealthPort: ports[4], AdminPort: ports[5]}.Args()...)
 		return p
 	}
 	pairs := []*pair{start("http-connect"), start("grpc")}

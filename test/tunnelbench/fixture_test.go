@@ -132,22 +132,10 @@ func (f *fixture) startPairs(b *testing.B, impl, serverBin, agentBin string) []*
 			agentAdmin:  fmt.Sprintf("http://127.0.0.1:%d", ports[4]),
 		}
 		id := "tunnelbench-" + impl + "-" + mode.name
-		serverArgs := []string{
-			// --server-port=0: upstream's server refuses a socket and a
-			// port together.
-			"--mode=" + mode.mode, "--uds-name=" + p.socket, "--server-port=0", "--server-id=" + id,
-			"--agent-bind-address=127.0.0.1", "--health-bind-address=127.0.0.1", "--admin-bind-address=127.0.0.1",
-			"--agent-port=" + strconv.Itoa(ports[0]), "--health-port=" + strconv.Itoa(ports[1]),
-			"--admin-port=" + strconv.Itoa(ports[2]),
-			"--cluster-cert=" + f.certs.serverCert, "--cluster-key=" + f.certs.serverKey, "--cluster-ca-cert=" + f.certs.ca,
-		}
-		agentArgs := []string{
-			"--agent-id=" + id,
-			"--proxy-server-host=localhost", "--proxy-server-port=" + strconv.Itoa(ports[0]),
-			"--ca-cert=" + f.certs.ca, "--agent-cert=" + f.certs.agentCert, "--agent-key=" + f.certs.agentKey,
-			"--health-server-host=127.0.0.1", "--health-server-port=" + strconv.Itoa(ports[3]),
-			"--admin-bind-address=127.0.0.1", "--admin-server-port=" + strconv.Itoa(ports[4]),
-		}
+		serverArgs := proctest.ServerFlags{Mode: mode.mode, ID: id, Socket: p.socket, AgentPort: ports[0], HealthPort: ports[1], AdminPort: ports[2],
+			Cert: f.certs.serverCert, Key: f.certs.serverKey, CA: f.certs.ca}.Args()
+		agentArgs := proctest.AgentFlags{ID: id, ServerPort: ports[0], CA: f.certs.ca, Cert: f.certs.agentCert, Key: f.certs.agentKey,
+			HealthPort: ports[3], AdminPort: ports[4]}.Args()
 		if f.profiling {
 			serverArgs = append(serverArgs, "--enable-profiling")
 			agentArgs = append(agentArgs, "--enable-profiling")
