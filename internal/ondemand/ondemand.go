@@ -67,6 +67,12 @@ func (l *Loop) Next(take func() bool) bool {
 // does whatever that goroutine would have done last (drops a queue,
 // releases a count); called by the running goroutine itself, or a second
 // time, it reports false.
+//
+// A goroutine that runs when another calls End is not told: it goes on
+// until its Next finds no work, and then stops like any idle one, its
+// last work undone. A caller that may End a running Loop therefore
+// first gives it work that ends it (closes its queue), as it would to
+// stop it without End.
 func (l *Loop) End() (stopped bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

