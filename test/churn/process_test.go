@@ -79,10 +79,10 @@ func TestChurnProcesses(t *testing.T) {
 	// Behind upstream's server, what share of tunnels each agent fails,
 	// in the same churn: reported, not held. Every failure is upstream's
 	// server's (it resets a client that still writes when the target's
-	// close reaches it). Upstream's agent's share moves widely from run to
-	// run (62 % to 87 % in four runs), ours less (86 % to 88 %), and ours
-	// was the higher in three of the four: whether our agent can stop
-	// exposing that race as often is open (see docs/benchmarks.md).
+	// close reaches it). In three runs of 20 s upstream's agent's share
+	// moved from 62 % to 87 %, ours only from 86 % to 88 %, and ours was
+	// the higher in two: whether our agent can stop exposing that race as
+	// often is open (see docs/benchmarks.md).
 	for _, mode := range []string{"http-connect", "grpc"} {
 		mine, okMine := progressed["server=upstream/agent=ours/mode="+mode]
 		theirs, okTheirs := progressed["server=upstream/agent=upstream/mode="+mode]
