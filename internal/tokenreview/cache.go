@@ -31,7 +31,10 @@ type verdict struct {
 }
 
 // join returns the review of key that is under way, or starts one, and
-// counts the caller as waiting for it. Callers that share a review do not
+// counts the caller as waiting for it; or, with a nil review, the verdict
+// that a review which ended since the caller looked at the cache left
+// there (a review is remembered before it leaves a.reviews, so a caller
+// finds one or the other). Callers that share a review do not
 // share a context: the review runs on its own, bounded by ReviewTimeout.
 // It waits for the rate limit and a slot for as long as any of them
 // waits; once sent, it runs to the answer, and holds its slot until then,
@@ -39,14 +42,17 @@ type verdict struct {
 // client hung up, so a slot freed at once would let more than
 // MaxInFlight run there at once. Its verdict is cached for a caller who
 // comes back.
-func (a *Authenticator) join(key [sha256.Size]byte, token string) (*review, error) {
+func (a *Authenticator) join(key [sha256.Size]byte, token string) (*review, verdict, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := a.reviews[key]
 	if r == nil {
+		if v, ok := a.cachedLocked(key); ok {
+			return nil, v, nil
+		}
 		if a.pending >= a.cfg.MaxInFlight+a.cfg.MaxQueued {
 			a.metrics.overloaded.Inc()
-			return nil, ErrOverloaded
+			return nil, verdict{}, ErrOverloaded
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ReviewTimeout)
 		waitCtx, cancelWait := context.WithCancel(ctx)
@@ -57,7 +63,7 @@ func (a *Authenticator) join(key [sha256.Size]byte, token string) (*review, erro
 		go a.run(waitCtx, ctx, key, token, r)
 	}
 	r.waiters++
-	return r, nil
+	return r, verdict{}, nil
 }
 
 // leave counts a caller that stopped waiting for r. The last one ends its
@@ -96,6 +102,11 @@ func (a *Authenticator) run(waitCtx, ctx context.Context, key [sha256.Size]byte,
 func (a *Authenticator) cached(key [sha256.Size]byte) (verdict, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.cachedLocked(key)
+}
+
+// cachedLocked is cached with a.mu held.
+func (a *Authenticator) cachedLocked(key [sha256.Size]byte) (verdict, bool) {
 	v, ok := a.cache[key]
 	if ok && !a.cfg.Clock.Now().Before(v.until) {
 		delete(a.cache, key)

@@ -289,6 +289,62 @@ func TestCacheCoalescesAndBoundsReviews(t *testing.T) {
 	assert.Equal(t, int32(2), rs.maxFlight.Load(), "never more than MaxInFlight at once")
 }
 
+// A caller who finds no verdict in the cache and, before it joins, sees
+// the review of its token end, takes that review's verdict: it does not
+// ask again. pausingClock holds the late caller between its look at the
+// cache and its join (in the precheck, which reads the clock) while the
+// first caller's review ends.
+func TestCacheCoalescesACallerWhoArrivesAsTheReviewEnds(t *testing.T) {
+	rs := newReviewServer(t, map[string]authenticationv1.TokenReviewStatus{
+		"agent": {Authenticated: true, User: agentUser, Audiences: audience},
+	})
+	rs.gate = make(chan struct{})
+	clk := &pausingClock{Clock: clocktest.New(time.Now())}
+	a, _, _ := newCached(t, rs, func(c *tokenreview.Config) { c.Clock = clk })
+	token := tok("agent")
+
+	first := make(chan error, 1)
+	go func() { first <- a.AuthenticateToken(t.Context(), token) }()
+	require.Eventually(t, func() bool { return rs.inFlight.Load() == 1 }, 10*time.Second, time.Millisecond, "the first caller's review")
+
+	paused, resume := clk.pauseNext()
+	late := make(chan error, 1)
+	go func() { late <- a.AuthenticateToken(t.Context(), token) }()
+	<-paused // the late caller has missed the cache and not yet joined
+	close(rs.gate)
+	require.NoError(t, <-first)
+	close(resume)
+	require.NoError(t, <-late)
+	assert.Equal(t, int32(1), rs.reviews.Load(), "the late caller takes the verdict the review left")
+}
+
+// pausingClock is a clock whose next Now, once armed by pauseNext, says so
+// and waits to be resumed.
+type pausingClock struct {
+	*clocktest.Clock
+	mu             sync.Mutex
+	paused, resume chan struct{} // nil: not armed; guarded by mu
+}
+
+func (c *pausingClock) pauseNext() (paused <-chan struct{}, resume chan<- struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paused, c.resume = make(chan struct{}), make(chan struct{})
+	return c.paused, c.resume
+}
+
+func (c *pausingClock) Now() time.Time {
+	c.mu.Lock()
+	paused, resume := c.paused, c.resume
+	c.paused, c.resume = nil, nil
+	c.mu.Unlock()
+	if paused != nil {
+		close(paused)
+		<-resume
+	}
+	return c.Clock.Now()
+}
+
 func TestCacheIsBoundedAndSkipsErrors(t *testing.T) {
 	rs := newReviewServer(t, nil) // every token unknown: refused
 	a, _, reg := newCached(t, rs, func(c *tokenreview.Config) { c.MaxEntries = 3 })
