@@ -271,17 +271,11 @@ func (s *Server) addBackend(be *agentStream) (contested map[string]*agentStream,
 	}
 	a.streams = append(a.streams, be)
 	contested = s.routes.add(be)
-	s.swept.add(be)
-	s.nBackends++
+	s.live.addLocked(be, &s.wg, s.quit)
 	s.metrics.addBackends(1)
 	s.metrics.addGRPCConns(methodAgentConnect, 1)
 	s.countReadyBackend(be, 1)
 	s.wg.Add(1)
-	if !s.sweeping {
-		// The liveness sweep runs from the first agent on.
-		s.sweeping = true
-		s.wg.Go(s.sweepLoop)
-	}
 	s.mu.Unlock()
 	s.goStream(be.peer, func() { s.serveAgent(be) })
 	return contested, nil
@@ -319,15 +313,10 @@ func (s *Server) removeBackendLocked(be *agentStream) {
 		}
 		be.gone = true
 		s.routes.remove(be)
-		s.swept.remove(be)
-		s.nBackends--
+		s.live.removeLocked(be)
 		s.metrics.addBackends(-1)
 		s.metrics.addGRPCConns(methodAgentConnect, -1)
 		s.countReadyBackend(be, -1)
-		if !be.unresponsive.IsZero() {
-			s.nUnresponsive--
-			s.metrics.addUnresponsive(-1)
-		}
 		return
 	}
 }

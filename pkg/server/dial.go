@@ -1,7 +1,6 @@
 package server
 
 import (
-	"math/rand/v2"
 	"time"
 
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
@@ -43,10 +42,8 @@ func (s *Server) startDialLocked(fe frontend, be *agentStream, st Strategy, prot
 		return nil, errShuttingDown
 	}
 	if random == 0 {
-		for random == 0 || s.pending[random] != nil {
-			random = rand.Int64()
-		}
-	} else if s.pending[random] != nil {
+		random = s.dials.unusedRandom()
+	} else if s.dials.has(random) {
 		s.metrics.observeDuplicateDial()
 		return nil, errDuplicateDial
 	}
@@ -55,70 +52,19 @@ func (s *Server) startDialLocked(fe frontend, be *agentStream, st Strategy, prot
 		return nil, errNoAgent
 	}
 	t := &tunnel{fe: fe, be: be, random: random, protocol: protocol, address: address, strategy: st, dialed: time.Now()}
-	s.pending[random] = t
-	be.pending[random] = t
+	s.dials.add(t)
 	fe.track(t)
-	s.armDialTimerLocked(t)
-	s.metrics.addPendingDials(1)
 	return t, nil
 }
 
-// armDialTimerLocked starts the BackendDialTimeout of t's attempt, the
-// last one's stopped. Called with Server.mu held.
-func (s *Server) armDialTimerLocked(t *tunnel) {
-	t.attempt++
-	if t.timer != nil {
-		t.timer.Stop()
-	}
-	if d := s.cfg.BackendDialTimeout; d > 0 {
-		attempt := t.attempt
-		t.timer = time.AfterFunc(d, func() { s.dialTimedOut(t, attempt) })
-	}
-}
-
-// retryLocked sends pending dial t, if it was not sent again already, to
-// another agent that t's strategy accepts and that answers dials, and
-// tells its agent (DIAL_CLS) that it need not answer. It reports whether
-// it did; send then queues the packets, once Server.mu is unlocked.
-// Called with Server.mu held.
-func (s *Server) retryLocked(t *tunnel, reason retryReason) (send func(), ok bool) {
-	if t.attempt > 1 || s.pending[t.random] != t {
-		return nil, false
-	}
-	old := t.be
-	nb, tier, _ := s.routes.choose([]Strategy{t.strategy}, dialHostKey(t.address), old)
-	if nb == nil || tier == tierUnresponsive {
-		return nil, false
-	}
-	delete(old.pending, t.random)
-	nb.pending[t.random] = t
-	t.be, t.dialed = nb, time.Now()
-	s.armDialTimerLocked(t)
-	s.metrics.observeDialRetry(reason)
-	s.log.V(2).Info("Sent a dial to another agent", "reason", reason, "agentID", old.logID, "newAgentID", nb.logID, "dialID", t.random)
-	req := wire.DialReq(t.protocol, t.address, t.random)
-	return func() {
-		// Without waiting: a sweep or a timer sends them, never a
-		// frontend's loop; an agent that leaves too many unread loses
-		// its stream.
-		nb.peer.sendTunnelControl(req, t.random)
-		old.peer.sendTunnelControl(wire.DialCls(t.random), t.random)
-	}, true
-}
-
 // dropPendingLocked forgets a pending dial everywhere, counting it as a
-// failure for reason. It reports whether t was pending.
+// failure for reason. It reports whether t was pending. Called with
+// Server.mu held.
 func (s *Server) dropPendingLocked(t *tunnel, reason dialFailureReason) bool {
-	if s.pending[t.random] != t {
+	if !s.dials.remove(t) {
 		return false
 	}
-	delete(s.pending, t.random)
-	delete(t.be.pending, t.random)
-	if t.timer != nil {
-		t.timer.Stop()
-	}
 	t.fe.forget(t)
-	s.metrics.addPendingDials(-1)
 	s.tunnelMayHaveEnded()
 	if reason != "" {
 		s.metrics.observeDialFailure(reason)
@@ -128,13 +74,13 @@ func (s *Server) dropPendingLocked(t *tunnel, reason dialFailureReason) bool {
 
 // dialTimedOut handles a dial whose agent did not answer within
 // Config.BackendDialTimeout (of attempt): it is sent to another agent if
-// it can be (retryLocked), else answered with an error. A late DIAL_RSP
+// it can be (pendingDials.retry), else answered with an error. A late DIAL_RSP
 // then finds no pending dial, and a connection it opened is closed. An
 // agent that leaves backendDialTimeouts dials in a row unanswered is
 // taken for unresponsive.
 func (s *Server) dialTimedOut(t *tunnel, attempt int) {
 	s.mu.Lock()
-	if s.closed || s.pending[t.random] != t || t.attempt != attempt {
+	if s.closed || s.dials.get(t.random) != t || t.attempt != attempt {
 		s.mu.Unlock()
 		return
 	}
@@ -142,9 +88,9 @@ func (s *Server) dialTimedOut(t *tunnel, attempt int) {
 	be.timeouts++
 	var sends []func()
 	if be.timeouts >= backendDialTimeouts {
-		sends = s.markUnresponsiveLocked(be, time.Now(), "dials in a row timed out")
+		sends = s.live.markUnresponsiveLocked(be, time.Now(), "dials in a row timed out")
 	}
-	if send, ok := s.retryLocked(t, retryTimeout); ok {
+	if send, ok := s.dials.retry(t, retryTimeout); ok {
 		sends = append(sends, send)
 		s.mu.Unlock()
 		for _, send := range sends {
@@ -168,7 +114,7 @@ func (s *Server) dialTimedOut(t *tunnel, attempt int) {
 func (s *Server) cancelDial(fe frontend, random int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if t := s.pending[random]; t != nil && t.fe == fe {
+	if t := s.dials.get(random); t != nil && t.fe == fe {
 		s.dropPendingLocked(t, dialFailureFrontendClose)
 	}
 }
@@ -180,7 +126,7 @@ func (s *Server) onDialResponse(be *agentStream, pkt *client.Packet) {
 	t := be.pending[rsp.GetRandom()]
 	if t == nil {
 		// A late answer is an answer: the agent is responsive.
-		s.answeredLocked(be)
+		s.live.answeredLocked(be)
 		s.mu.Unlock()
 		s.metrics.observeDialFailure(dialFailureUnrecognizedResponse)
 		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
@@ -189,7 +135,7 @@ func (s *Server) onDialResponse(be *agentStream, pkt *client.Packet) {
 		}
 		return
 	}
-	s.answeredLocked(be)
+	s.live.answeredLocked(be)
 	failed := rsp.GetError() != "" || rsp.GetConnectID() == 0
 	reason := dialFailureReason("")
 	if failed {

@@ -60,22 +60,13 @@ type Server struct {
 	// logs bounds the level-0 lines that many peers can cause at once:
 	// rejected agent streams, streams ended, refused claims.
 	logs logLimiter
-	// nBackends counts the agent streams in agents. Guarded by mu.
-	nBackends int
-	// swept holds the agent streams in agents for the liveness sweep,
-	// with when each is next due for its checks. Guarded by mu.
-	swept sweepList
+	// live checks the agent streams in agents. Guarded by mu.
+	live liveness
 	// nextSeq orders agent streams by age. Guarded by mu.
 	nextSeq uint64
-	// nUnresponsive counts the agent streams taken for unresponsive.
+	// dials holds the dials sent to an agent and not yet answered.
 	// Guarded by mu.
-	nUnresponsive int
-	// sweeping is set when the liveness sweep has started. Guarded by
-	// mu.
-	sweeping bool
-	// pending holds the dials sent to an agent and not yet answered, by
-	// the dial's random. Guarded by mu.
-	pending map[int64]*tunnel
+	dials pendingDials
 	// httpTunnels holds the HTTP CONNECT tunnels, so that Close can end
 	// them. Guarded by mu.
 	httpTunnels map[*httpTunnel]struct{}
@@ -106,9 +97,11 @@ func New(cfg Config) (*Server, error) {
 		handshakes:  handshakes{perAddress: cfg.MaxHandshakesPerAddress},
 		preAuth:     preAuthConns{m: m, byAddr: cfg.MaxHandshakesPerAddress >= 0},
 		mono:        clock.NewMonotonic(nil),
-		pending:     map[int64]*tunnel{},
 		httpTunnels: map[*httpTunnel]struct{}{},
 	}
+	s.live = liveness{mu: &s.mu, cfg: cfg, mono: s.mono, metrics: m, log: s.log, logs: &s.logs, routes: s.routes, dials: &s.dials}
+	s.dials = pendingDials{byRandom: map[int64]*tunnel{}, routes: s.routes, metrics: m, log: s.log,
+		timeout: cfg.BackendDialTimeout, timedOut: s.dialTimedOut}
 	return s, nil
 }
 
@@ -128,11 +121,7 @@ func (s *Server) Close() {
 		return
 	}
 	s.closed = true
-	for _, t := range s.pending {
-		if t.timer != nil {
-			t.timer.Stop()
-		}
-	}
+	s.dials.stopTimers()
 	var hts []*httpTunnel
 	for ht := range s.httpTunnels {
 		hts = append(hts, ht)
@@ -208,7 +197,7 @@ func (s *Server) Shutdown(ctx context.Context) (cut int) {
 func (s *Server) openTunnels() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := len(s.pending) + len(s.httpTunnels) + s.frontendStreams
+	n := s.dials.len() + len(s.httpTunnels) + s.frontendStreams
 	for _, a := range s.agents {
 		for _, be := range a.streams {
 			n += len(be.conns) + len(be.closing)
@@ -229,7 +218,7 @@ func (s *Server) tunnelMayHaveEnded() {
 func (s *Server) Backends() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.nBackends
+	return s.live.streams()
 }
 
 // goStream starts p's receive loop recv. The caller has done s.wg.Add(1)

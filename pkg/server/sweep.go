@@ -5,12 +5,17 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
+	"k8s.io/klog/v2"
+
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// The liveness sweep: one goroutine per Server, whatever the number of
+// liveness is the part of a Server that proves its agent streams alive:
+// the liveness sweep, one goroutine per Server, whatever the number of
 // agents, checks the agent streams. An idle fleet of thousands of agents
 // then costs one wake-up per period, not one per stream; and each round
 // touches only the streams its checks may act on, since at 5,000 agents
@@ -33,26 +38,71 @@ import (
 //   - an agent that leaves a dial unanswered for UnansweredDialTimeout
 //     with nothing received since but plain HEARTBEATs (a deaf agent
 //     still sends them) is taken for unresponsive: its dials go
-//     to other agents (retryLocked), it gets new ones only when nobody
+//     to other agents (pendingDials.retry), it gets new ones only when nobody
 //     else can take them (pickLocked), and after StreamStallTimeout so,
 //     its stream is ended, within the bounds of mayEndLocked.
 //
 // The first three are checked each streamPeriod, on the streams that are
 // due: each check gives the earliest time at which it could next act
-// (checkStream), and Server.swept keeps those times in one array, so that
+// (checkStream), and liveness.swept keeps those times in one array, so that
 // a round reads a few bytes a stream and visits only the streams due. The
 // last needs a shorter period: it runs each answerPeriod, on the streams
 // with a pending dial (or on all while one is unresponsive).
+//
+// Its state is guarded by Server.mu (mu), not a lock of its own: taking
+// an agent for unresponsive sends its pending dials elsewhere, and a
+// dial's answer takes it back, in one step with the dials' state.
+type liveness struct {
+	mu      *sync.Mutex // Server.mu
+	cfg     Config
+	mono    clock.Monotonic
+	metrics *metrics
+	log     klog.Logger
+	logs    *logLimiter
+	routes  *routes
+	dials   *pendingDials
+	// swept holds every agent stream with when it is next due for its
+	// checks. Guarded by mu.
+	swept sweepList
+	// nUnresponsive counts the agent streams taken for unresponsive.
+	// Guarded by mu.
+	nUnresponsive int
+	// sweeping is set when the sweep has started. Guarded by mu.
+	sweeping bool
+}
 
-// sweepLoop runs the sweep until the Server closes.
-func (s *Server) sweepLoop() {
-	answerPeriod, streamPeriod := s.cfg.sweepPeriods()
+// addLocked starts checking be, and starts the sweep with wg at the
+// first stream, to run until quit closes. Called with mu held.
+func (l *liveness) addLocked(be *agentStream, wg *sync.WaitGroup, quit <-chan struct{}) {
+	l.swept.add(be)
+	if !l.sweeping {
+		l.sweeping = true
+		wg.Go(func() { l.sweepLoop(quit) })
+	}
+}
+
+// removeLocked stops checking be, which is gone. Called with mu held.
+func (l *liveness) removeLocked(be *agentStream) {
+	l.swept.remove(be)
+	if !be.unresponsive.IsZero() {
+		l.nUnresponsive--
+		l.metrics.addUnresponsive(-1)
+	}
+}
+
+// streams returns the number of agent streams checked. Called with mu
+// held.
+func (l *liveness) streams() int { return len(l.swept.streams) }
+
+// sweepLoop runs the sweep until quit closes.
+func (l *liveness) sweepLoop(quit <-chan struct{}) {
+	answerPeriod, streamPeriod := l.cfg.sweepPeriods()
 	ticker := time.NewTicker(answerPeriod)
 	defer ticker.Stop()
 	var sw sweeper
 	for {
 		select {
-		case <-s.quit:
+		case <-quit:
 			return
 		case now := <-ticker.C:
 			// A round is due once streamPeriod less half a tick has
@@ -62,7 +112,7 @@ func (s *Server) sweepLoop() {
 			if all {
 				sw.lastAll = now
 			}
-			s.sweep(now, &sw, all)
+			l.sweep(now, &sw, all)
 		}
 	}
 }
@@ -128,34 +178,28 @@ type sweeper struct {
 
 // sweep does one round at now: the answer checks of the streams that may
 // need them, and, when all is set, the checks of the streams due.
-func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
-	s.mu.Lock()
+func (l *liveness) sweep(now time.Time, sw *sweeper, all bool) {
+	l.mu.Lock()
 	streams := sw.streams[:0]
 	switch {
-	case s.nUnresponsive > 0:
-		streams = append(streams, s.swept.streams...)
-	case len(s.pending) > 0:
+	case l.nUnresponsive > 0:
+		streams = append(streams, l.swept.streams...)
+	case l.dials.len() > 0:
 		if sw.seen == nil {
 			sw.seen = map[*agentStream]struct{}{}
 		}
-		for _, t := range s.pending {
-			if _, ok := sw.seen[t.be]; !ok {
-				sw.seen[t.be] = struct{}{}
-				streams = append(streams, t.be)
-			}
-		}
-		clear(sw.seen)
+		streams = l.dials.appendStreams(streams, sw.seen)
 	}
 	var actions []func()
 	for _, be := range streams {
-		actions = append(actions, s.checkAnswersLocked(be, now)...)
+		actions = append(actions, l.checkAnswersLocked(be, now)...)
 	}
-	mono := s.mono.Of(now)
+	mono := l.mono.Of(now)
 	due := sw.due[:0]
 	if all {
-		due = s.swept.appendDue(due, mono)
+		due = l.swept.appendDue(due, mono)
 	}
-	s.mu.Unlock()
+	l.mu.Unlock()
 	for _, act := range actions {
 		act()
 	}
@@ -163,16 +207,16 @@ func (s *Server) sweep(now time.Time, sw *sweeper, all bool) {
 		next := sw.next[:0]
 		for _, be := range due {
 			t := int64(math.MaxInt64)
-			if wait := s.checkStream(be, mono); wait != never {
+			if wait := l.checkStream(be, mono); wait != never {
 				t = mono + int64(wait)
 			}
 			next = append(next, t)
 		}
-		s.mu.Lock()
+		l.mu.Lock()
 		for i, be := range due {
-			s.swept.setDue(be, next[i])
+			l.swept.setDue(be, next[i])
 		}
-		s.mu.Unlock()
+		l.mu.Unlock()
 		sw.next = next
 		sw.checked = len(due)
 	}
@@ -192,7 +236,7 @@ const never = time.Duration(math.MaxInt64)
 // stream meanwhile, since what moves on a stream moves these times later
 // (but for a moment's preemption between reading the clock and storing a
 // time).
-func (s *Server) checkStream(be *agentStream, now int64) (wait time.Duration) {
+func (l *liveness) checkStream(be *agentStream, now int64) (wait time.Duration) {
 	p := be.peer
 	if p.ended.Load() {
 		return never
@@ -204,13 +248,13 @@ func (s *Server) checkStream(be *agentStream, now int64) (wait time.Duration) {
 	after := func(t int64, d time.Duration) time.Duration {
 		return time.Duration(cmp.Or(t, now)-now) + d
 	}
-	if d := s.cfg.StreamStallTimeout; d > 0 {
+	if d := l.cfg.StreamStallTimeout; d > 0 {
 		if p.stalled(now, d) {
-			s.endStream(be, streamEndedStalled, errStalled, "Ended an agent stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", d)
+			l.endStream(be, streamEndedStalled, errStalled, "Ended an agent stream on which nothing moved while packets waited; the agent will connect again", "stallTimeout", d)
 			return never
 		}
 		if p.busy(now) >= d {
-			s.endStream(be, streamEndedReceiveStuck, errReceiveStuck, "Ended an agent stream whose receive loop was stuck inside one packet; the agent will connect again", "stallTimeout", d)
+			l.endStream(be, streamEndedReceiveStuck, errReceiveStuck, "Ended an agent stream whose receive loop was stuck inside one packet; the agent will connect again", "stallTimeout", d)
 			return never
 		}
 		// A writer that starts later sets moved when it starts (startWriter).
@@ -225,24 +269,24 @@ func (s *Server) checkStream(be *agentStream, now int64) (wait time.Duration) {
 	}
 	silence := wire.Silence(be.peerHeartbeat)
 	if p.idle(now) >= silence {
-		s.endStream(be, streamEndedSilent, errSilent, "Ended the stream of an agent that sent nothing, not even a heartbeat, for too long: its process is stopped or the path to it is broken", "silence", silence, "agentHeartbeat", be.peerHeartbeat)
+		l.endStream(be, streamEndedSilent, errSilent, "Ended the stream of an agent that sent nothing, not even a heartbeat, for too long: its process is stopped or the path to it is broken", "silence", silence, "agentHeartbeat", be.peerHeartbeat)
 		return never
 	}
 	wait = min(wait, after(p.waiting.Load(), silence))
 	sent := p.sent.Load()
-	if since(now, sent) >= s.cfg.Heartbeat {
+	if since(now, sent) >= l.cfg.Heartbeat {
 		p.sendControl(wire.Heartbeat(), 0)
 		sent = now // the writer sets sent once it has sent it
 	}
-	return min(wait, after(sent, s.cfg.Heartbeat))
+	return min(wait, after(sent, l.cfg.Heartbeat))
 }
 
 // endStream ends be for reason (err, the stream's status), logged at
 // level 0 with msg and kv (the lines of each reason bounded: a broken
 // network can end thousands at once) and counted.
-func (s *Server) endStream(be *agentStream, reason streamEndedReason, err error, msg string, kv ...any) {
-	s.metrics.observeStreamEnded(reason)
-	s.logs.info(s.log, "ended/"+string(reason), msg, append([]any{"agentID", be.logID}, kv...)...)
+func (l *liveness) endStream(be *agentStream, reason streamEndedReason, err error, msg string, kv ...any) {
+	l.metrics.observeStreamEnded(reason)
+	l.logs.info(l.log, "ended/"+string(reason), msg, append([]any{"agentID", be.logID}, kv...)...)
 	be.peer.end(err)
 }
 
@@ -252,16 +296,16 @@ func (s *Server) endStream(be *agentStream, reason streamEndedReason, err error,
 // ends the stream of one that has been unresponsive for
 // StreamStallTimeout. It returns what to do once Server.mu is unlocked.
 // Called with Server.mu held.
-func (s *Server) checkAnswersLocked(be *agentStream, now time.Time) []func() {
+func (l *liveness) checkAnswersLocked(be *agentStream, now time.Time) []func() {
 	if !be.unresponsive.IsZero() {
-		if d := s.cfg.StreamStallTimeout; d > 0 && now.Sub(be.unresponsive) >= d && s.mayEndLocked(be) {
+		if d := l.cfg.StreamStallTimeout; d > 0 && now.Sub(be.unresponsive) >= d && l.mayEndLocked(be) {
 			return []func(){func() {
-				s.endStream(be, streamEndedUnresponsive, errUnresponsive, "Ended the stream of an agent that answered no dial for too long; its pending dials fail, and it may connect again", "unresponsiveFor", now.Sub(be.unresponsive).Round(time.Second).String())
+				l.endStream(be, streamEndedUnresponsive, errUnresponsive, "Ended the stream of an agent that answered no dial for too long; its pending dials fail, and it may connect again", "unresponsiveFor", now.Sub(be.unresponsive).Round(time.Second).String())
 			}}
 		}
 		return nil
 	}
-	d := s.cfg.UnansweredDialTimeout
+	d := l.cfg.UnansweredDialTimeout
 	if d <= 0 || len(be.pending) == 0 {
 		return nil
 	}
@@ -271,10 +315,10 @@ func (s *Server) checkAnswersLocked(be *agentStream, now time.Time) []func() {
 			oldest = t.dialed
 		}
 	}
-	if now.Sub(oldest) < d || be.peer.received.Load() >= s.mono.Of(oldest) {
+	if now.Sub(oldest) < d || be.peer.received.Load() >= l.mono.Of(oldest) {
 		return nil
 	}
-	return s.markUnresponsiveLocked(be, now, "a dial waited with nothing received from the agent since")
+	return l.markUnresponsiveLocked(be, now, "a dial waited with nothing received from the agent since")
 }
 
 // markUnresponsiveLocked takes be for unresponsive, unless it is already
@@ -282,42 +326,42 @@ func (s *Server) checkAnswersLocked(be *agentStream, now time.Time) []func() {
 // agents left to pick are never fewer than half. Its pending dials are
 // sent to other agents. It returns what to do once Server.mu is unlocked:
 // the retries' packets and the log. Called with Server.mu held.
-func (s *Server) markUnresponsiveLocked(be *agentStream, now time.Time, why string) []func() {
+func (l *liveness) markUnresponsiveLocked(be *agentStream, now time.Time, why string) []func() {
 	if !be.unresponsive.IsZero() {
 		return nil
 	}
-	if 2*(s.nUnresponsive+1) > s.nBackends {
-		s.log.V(2).Info("Agent answers no dials, but half the agent streams are taken for unresponsive already: it keeps its share", "agentID", be.logID, "why", why)
+	if 2*(l.nUnresponsive+1) > l.streams() {
+		l.log.V(2).Info("Agent answers no dials, but half the agent streams are taken for unresponsive already: it keeps its share", "agentID", be.logID, "why", why)
 		return nil
 	}
 	be.unresponsive = now
-	s.routes.setUnresponsive(be, true)
-	s.nUnresponsive++
-	s.metrics.addUnresponsive(1)
+	l.routes.setUnresponsive(be, true)
+	l.nUnresponsive++
+	l.metrics.addUnresponsive(1)
 	var actions []func()
-	for _, t := range be.pending { // retryLocked deletes t from be.pending: safe in a range
-		if send, ok := s.retryLocked(t, retryUnresponsive); ok {
+	for _, t := range be.pending { // retry deletes t from be.pending: safe in a range
+		if send, ok := l.dials.retry(t, retryUnresponsive); ok {
 			actions = append(actions, send)
 		}
 	}
 	retried := len(actions)
 	return append(actions, func() {
-		be.answering.Failed(s.log, errors.New(why), "agentID", be.logID, "retriedDials", retried)
+		be.answering.Failed(l.log, errors.New(why), "agentID", be.logID, "retriedDials", retried)
 	})
 }
 
 // answeredLocked records that be answered a dial: it is responsive. Called
 // with Server.mu held.
-func (s *Server) answeredLocked(be *agentStream) {
+func (l *liveness) answeredLocked(be *agentStream) {
 	be.timeouts = 0
 	if be.unresponsive.IsZero() {
 		return
 	}
 	be.unresponsive = time.Time{}
-	s.routes.setUnresponsive(be, false)
-	s.nUnresponsive--
-	s.metrics.addUnresponsive(-1)
-	be.answering.Recovered(s.log, "agentID", be.logID)
+	l.routes.setUnresponsive(be, false)
+	l.nUnresponsive--
+	l.metrics.addUnresponsive(-1)
+	be.answering.Recovered(l.log, "agentID", be.logID)
 }
 
 // mayEndLocked reports whether the stream of unresponsive agent be may be
@@ -325,6 +369,6 @@ func (s *Server) answeredLocked(be *agentStream) {
 // another agent that answers dials claims one of be's hosts: that host's
 // dials have nowhere else to go, and an agent that may yet answer is
 // better than none. Called with Server.mu held.
-func (s *Server) mayEndLocked(be *agentStream) bool {
-	return !slices.Contains(s.cfg.Strategies, StrategyDestHost) || s.routes.servedElsewhere(be)
+func (l *liveness) mayEndLocked(be *agentStream) bool {
+	return !slices.Contains(l.cfg.Strategies, StrategyDestHost) || l.routes.servedElsewhere(be)
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +22,8 @@ import (
 // stall timeout, though the rounds before visited nothing.
 func TestSweepChecksEachStreamWhenDue(t *testing.T) {
 	m := testMetrics(t)
-	s := &Server{cfg: Config{Heartbeat: 5 * time.Second, StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background(), mono: clock.NewMonotonic(nil)}
+	s := &liveness{mu: new(sync.Mutex), cfg: Config{Heartbeat: 5 * time.Second, StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background(),
+		mono: clock.NewMonotonic(nil), logs: new(logLimiter), dials: new(pendingDials)}
 	stream := func() (*peer, *heldStream) {
 		hs := &heldStream{release: make(chan struct{})}
 		close(hs.release) // Send does not wait
@@ -124,7 +126,8 @@ func TestSweepListKeepsEachStreamsPlace(t *testing.T) {
 func TestSweepEndsAStalledWriterWhenDue(t *testing.T) {
 	p, _, m := heldPeer(t, segmentToAgent)
 	t0 := time.Now() // after the writer started
-	s := &Server{cfg: Config{StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background(), mono: p.mono}
+	s := &liveness{mu: new(sync.Mutex), cfg: Config{StreamStallTimeout: 30 * time.Second}, metrics: m, log: klog.Background(),
+		mono: p.mono, logs: new(logLimiter), dials: new(pendingDials)}
 	be := &agentStream{peer: p}
 	s.swept.add(be)
 	var sw sweeper
