@@ -16,6 +16,7 @@ import (
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -56,7 +57,8 @@ const (
 // handshakes counts the agent handshakes in progress, by peer address,
 // and the tokens each address had refused.
 type handshakes struct {
-	perAddress int // the bound per address; negative: none
+	perAddress int         // the bound per address; negative: none
+	clock      clock.Clock // the buckets' time
 	mu         sync.Mutex
 	n          int
 	byAddr     map[netip.Prefix]int
@@ -89,7 +91,7 @@ func (h *handshakes) enter(ctx context.Context) (leave func(refused bool), err e
 		return nil, errTooManyHandshakes
 	}
 	b := h.refused[addr]
-	if b != nil && b.lim.Tokens() < float64(b.checking+1) {
+	if b != nil && b.lim.TokensAt(h.clock.Now()) < float64(b.checking+1) {
 		return nil, errTooManyRefused
 	}
 	if h.byAddr == nil {
@@ -141,7 +143,7 @@ func (h *handshakes) refusedLocked(addr netip.Prefix) {
 		b = &refusedBucket{lim: rate.NewLimiter(refusedPerSecond, refusedBurst)}
 		h.refused[addr] = b
 	}
-	b.lim.Allow() // takes one if there is one; the bucket stays empty else
+	b.lim.AllowN(h.clock.Now(), 1) // takes one if there is one; the bucket stays empty else
 }
 
 // peerPrefix is the address of ctx's gRPC peer, an IPv6 address's /64

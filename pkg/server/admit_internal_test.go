@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/time/rate"
+
+	"github.com/servercount/servercount/pkg/clock"
 	grpcpeer "google.golang.org/grpc/peer"
 )
 
@@ -20,7 +22,7 @@ func fromAddr(ip string) context.Context {
 // refused, however many come at once; one whose token is accepted gives
 // it back, one whose token is refused spends it.
 func TestRefusedBucketIsTakenAtEntry(t *testing.T) {
-	h := &handshakes{perAddress: 16}
+	h := &handshakes{perAddress: 16, clock: clock.Real{}}
 	ctx := fromAddr("10.0.0.7")
 	h.refused = map[netip.Prefix]*refusedBucket{peerPrefix(ctx): {lim: rate.NewLimiter(0, 1)}} // one left, none to come
 
@@ -51,7 +53,7 @@ func TestRefusedBucketIsTakenAtEntry(t *testing.T) {
 // At maxRefusingAddrs, a new address's first refusal forgets another:
 // the map stays bounded and the new one is counted.
 func TestRefusingAddressesAreBounded(t *testing.T) {
-	h := &handshakes{perAddress: 16}
+	h := &handshakes{perAddress: 16, clock: clock.Real{}}
 	for i := range maxRefusingAddrs + 10 {
 		ctx := fromAddr(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}).String())
 		leave, err := h.enter(ctx)

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/adversarytest"
+	"github.com/servercount/servercount/internal/clocktest"
 	"github.com/servercount/servercount/internal/metricstest"
 	"github.com/servercount/servercount/pkg/server"
 	"github.com/servercount/servercount/pkg/wire"
@@ -251,7 +252,8 @@ func (c *countingAuth) AuthenticateToken(ctx context.Context, token string) erro
 func TestAddressWithRefusedTokensIsNotChecked(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	auth := &countingAuth{TokenAuthenticator: tokenFileAuth(t, "good\n")}
-	e := startEnv(t, server.Config{Registerer: reg, Authenticator: auth})
+	clk := clocktest.New(time.Now()) // the buckets refill only when it steps
+	e := startEnv(t, server.Config{Registerer: reg, Authenticator: auth, Clock: clk})
 	from := func(ip, id, token string) error {
 		a, err := adversarytest.DialDeafAgent(t.Context(), adversarytest.AgentConfig{Conn: connFrom(t, e, ip), ID: id, Token: token})
 		if err == nil {
@@ -260,17 +262,18 @@ func TestAddressWithRefusedTokensIsNotChecked(t *testing.T) {
 		return err
 	}
 	var codesSeen []codes.Code
-	start := time.Now()
 	for i := range 40 {
 		codesSeen = append(codesSeen, status.Code(from("127.0.0.1", fmt.Sprint("bogus-", i), "bogus")))
 	}
-	// The bucket holds 10 refusals and gains one a second: however slow
-	// the machine, no more are checked than that allows.
-	allowed := 10 + int64(time.Since(start)/time.Second) + 1
+	// The bucket holds 10 refusals and gains one a second.
 	assert.Equal(t, codes.Unauthenticated, codesSeen[0])
-	assert.Contains(t, codesSeen, codes.ResourceExhausted, "refused without a check")
-	assert.LessOrEqual(t, auth.checks.Load(), allowed, "tokens checked of 40 refused ones: codes %v", codesSeen)
-	assert.Positive(t, gaugeOf(reg, "servercount_server_agent_rejections_total", map[string]string{"reason": "too_many_refused_tokens"})())
+	assert.Equal(t, codes.ResourceExhausted, codesSeen[39], "refused without a check")
+	assert.Equal(t, int64(10), auth.checks.Load(), "tokens checked of 40 refused ones: codes %v", codesSeen)
+	assert.Equal(t, 30.0, gaugeOf(reg, "servercount_server_agent_rejections_total", map[string]string{"reason": "too_many_refused_tokens"})())
+	clk.Step(time.Second)
+	assert.Equal(t, codes.Unauthenticated, status.Code(from("127.0.0.1", "bogus-41", "bogus")), "checked again a second later")
+	assert.Equal(t, codes.ResourceExhausted, status.Code(from("127.0.0.1", "bogus-42", "bogus")), "one check a second")
+	assert.Equal(t, int64(11), auth.checks.Load())
 
 	require.NoError(t, from("127.0.0.2", "real", "good"))
 	waitBackends(t, e, 1)
@@ -335,7 +338,10 @@ func sendBeforeAuth(t *testing.T, e *env, ip string) (readErr, writeErr error) {
 func TestConnectionsSendLittleBeforeTheyAuthenticate(t *testing.T) {
 	reviews := newHeldReviews(t)
 	reg := prometheus.NewRegistry()
-	e := startEnv(t, server.Config{Authenticator: reviews, Registerer: reg})
+	// The buckets refill only when clk steps: ten cuts take longer than
+	// a second on a loaded machine.
+	clk := clocktest.New(time.Now())
+	e := startEnv(t, server.Config{Authenticator: reviews, Registerer: reg, Clock: clk})
 	rejections := func(reason string) float64 {
 		v, _ := metricstest.Value(reg, "servercount_server_agent_rejections_total", "reason", reason)
 		return v
@@ -384,6 +390,12 @@ func TestConnectionsSendLittleBeforeTheyAuthenticate(t *testing.T) {
 	_, writeErr = sendBeforeAuth(t, e, "127.0.0.2")
 	require.Error(t, writeErr)
 	require.Equal(t, 11.0, rejections("too_many_bytes_before_auth"), "another address is cut, not refused")
+	// A second later the address has one connection again: its TLS
+	// handshake is served, and it is cut for what it sends.
+	clk.Step(time.Second)
+	_, writeErr = sendBeforeAuth(t, e, "127.0.0.1")
+	require.Error(t, writeErr)
+	require.Equal(t, 12.0, rejections("too_many_bytes_before_auth"), "a connection a second later is read")
 
 	// An admitted stream's connection is not bound: 4 MiB of DATA (for a
 	// connection the server does not know, which it answers once). From
@@ -399,6 +411,6 @@ func TestConnectionsSendLittleBeforeTheyAuthenticate(t *testing.T) {
 	pkt, err := a.Recv()
 	require.NoError(t, err, "the admitted stream was ended")
 	require.Equal(t, client.PacketType_CLOSE_REQ, pkt.GetType())
-	require.Equal(t, 11.0, rejections("too_many_bytes_before_auth"))
+	require.Equal(t, 12.0, rejections("too_many_bytes_before_auth"))
 	require.Zero(t, unauthenticated())
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
+	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
@@ -202,6 +203,12 @@ type Config struct {
 	// refusals, for agents that reach the server through one SNAT
 	// address.
 	MaxHandshakesPerAddress int
+	// Clock tells the time of the per-address buckets of refused tokens
+	// and of connections cut before they authenticated (see
+	// MaxHandshakesPerAddress and [Server.AgentListener]), so that a test
+	// can hold it still; nil means [clock.Real]. Liveness is timed on the
+	// monotonic clock.
+	Clock clock.Clock
 	// Logger receives the server's logs, named "proxy-server". The zero
 	// value is klog's global logger.
 	Logger klog.Logger
@@ -223,6 +230,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = klog.Background()
 	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.Strategies == nil {
 		cfg.Strategies = []Strategy{StrategyDefault}
 	} else if len(cfg.Strategies) == 0 {

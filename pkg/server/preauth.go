@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/time/rate"
+
+	"github.com/servercount/servercount/pkg/clock"
 )
 
 // MaxPreAuthBytes bounds what the server reads from an agent connection
@@ -45,8 +47,9 @@ func (s *Server) AgentListener(l net.Listener) net.Listener {
 // authenticated (refusedBurst, refilled at refusedPerSecond, as refused
 // tokens are counted).
 type preAuthConns struct {
-	m      *metrics // set by New
-	byAddr bool     // whether addresses are told apart; set by New
+	m      *metrics    // set by New
+	byAddr bool        // whether addresses are told apart; set by New
+	clock  clock.Clock // the buckets' time; set by New
 	mu     sync.Mutex
 	conns  map[string]*preAuthConn        // guarded by mu
 	cut    map[netip.Prefix]*rate.Limiter // guarded by mu
@@ -75,7 +78,7 @@ func (p *preAuthConns) strike(addr netip.Prefix) {
 		lim = rate.NewLimiter(refusedPerSecond, refusedBurst)
 		p.cut[addr] = lim
 	}
-	lim.Allow() // takes one if there is one; the bucket stays empty else
+	lim.AllowN(p.clock.Now(), 1) // takes one if there is one; the bucket stays empty else
 }
 
 // refusing reports whether addr's bucket is empty: its connections are
@@ -84,7 +87,7 @@ func (p *preAuthConns) refusing(addr netip.Prefix) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	lim := p.cut[addr]
-	return lim != nil && lim.Tokens() < 1
+	return lim != nil && lim.TokensAt(p.clock.Now()) < 1
 }
 
 // suspect reports whether addr had a connection cut of late, its bucket
@@ -96,7 +99,7 @@ func (p *preAuthConns) suspect(addr netip.Prefix) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	lim := p.cut[addr]
-	return lim != nil && lim.Tokens() < refusedBurst
+	return lim != nil && lim.TokensAt(p.clock.Now()) < refusedBurst
 }
 
 // open lifts the bound of the connection from remote, if it has one.

@@ -94,8 +94,8 @@ func New(cfg Config) (*Server, error) {
 		tunnelEnded: make(chan struct{}, 1),
 		agents:      map[string]*agent{},
 		routes:      newRoutes(),
-		handshakes:  handshakes{perAddress: cfg.MaxHandshakesPerAddress},
-		preAuth:     preAuthConns{m: m, byAddr: cfg.MaxHandshakesPerAddress >= 0},
+		handshakes:  handshakes{perAddress: cfg.MaxHandshakesPerAddress, clock: cfg.Clock},
+		preAuth:     preAuthConns{m: m, byAddr: cfg.MaxHandshakesPerAddress >= 0, clock: cfg.Clock},
 		mono:        clock.NewMonotonic(nil),
 		httpTunnels: map[*httpTunnel]struct{}{},
 	}
