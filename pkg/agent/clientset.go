@@ -309,16 +309,20 @@ func (cs *ClientSet) add(ctx context.Context, c *client) dialResult {
 	// while it winds down.
 	if old, dup := cs.clients[c.serverID]; dup && !old.dropped.Load() || ctx.Err() != nil {
 		cs.mu.Unlock()
-		c.closeUnstarted()
+		res := dialError
 		if ctx.Err() == nil {
-			cs.metrics.serverDialed(dialDuplicate)
+			res = dialDuplicate
+		}
+		// Counted before the stream closes: whoever sees it end sees
+		// its count.
+		cs.metrics.serverDialed(res)
+		c.closeUnstarted()
+		if res == dialDuplicate {
 			// The stream is closed, but its count is news: with
 			// SyncForever that is how counts are learnt, as upstream does.
 			cs.policy.observeReceived(c.serverCount)
-			return dialDuplicate
 		}
-		cs.metrics.serverDialed(dialError)
-		return dialError
+		return res
 	}
 	cs.metrics.serverDialed(dialOK)
 	cs.clients[c.serverID] = c

@@ -158,13 +158,18 @@ func TestClosingEveryTunnelAtOnceKeepsTheStream(t *testing.T) {
 		_ = nettest.WriteUntilFailed(c)
 	}()
 	defer func() { c.Close(); <-writerDone }()
-	require.Eventually(t, func() bool { return a.stuck(200 * time.Millisecond) }, waitFor, tick, "the stream did not get stuck")
+	// Filling the windows and buffers on the way takes seconds under
+	// the race detector, many more on a loaded machine.
+	require.Eventually(t, func() bool { return a.stuck(200 * time.Millisecond) }, 4*waitFor, tick, "the stream did not get stuck")
 
-	// connectIDs are 1 to n: the server closes them all.
+	// connectIDs are 1 to n: the server closes them all. A writer that a
+	// loaded machine held up for the 200 ms, not the full windows, may
+	// send a few CLOSE_RSPs before it is stuck for good: more than the
+	// answer bound must wait in the queue, and the stream must stay.
 	for id := int64(1); id <= n; id++ {
 		ss.Send(t, wire.CloseReq(id))
 	}
-	require.Eventually(t, func() bool { return queued() == n }, 4*waitFor, tick, "the CLOSE_RSPs were not queued")
+	require.Eventually(t, func() bool { return queued() > maxControl }, 4*waitFor, tick, "the CLOSE_RSPs were not queued")
 	require.Equal(t, float64(0), backlog(), "the stream was ended for closing its own tunnels")
 	require.Equal(t, int64(1), srv.Opened())
 

@@ -24,10 +24,6 @@ import (
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// testHeartbeat is the heartbeat interval of these tests: a silent peer
-// is dead after wire.SilenceLimit of it.
-const testHeartbeat = 40 * time.Millisecond
-
 // heartbeatMD is the handshake header of an agent that offers
 // heartbeats every d.
 func heartbeatMD(d time.Duration) []string {
@@ -40,12 +36,45 @@ func heartbeatMD(d time.Duration) []string {
 // its pending dial fails at once, saying why.
 func TestSilentAgentIsEndedAndItsDialFails(t *testing.T) {
 	t.Parallel()
+	// Longer than testHeartbeat: the agent's heartbeats must keep it
+	// until the dial, however late a loaded machine runs their sender.
+	const heartbeat = 200 * time.Millisecond
 	reg := prometheus.NewPedanticRegistry()
-	e := startEnv(t, server.Config{Registerer: reg, Heartbeat: testHeartbeat})
-	a, err := connectAgent(t, e, agentOpts{id: "silent", extraMD: heartbeatMD(testHeartbeat)})
+	e := startEnv(t, server.Config{Registerer: reg, Heartbeat: heartbeat})
+	a, err := connectAgent(t, e, agentOpts{id: "silent", extraMD: heartbeatMD(heartbeat)})
 	require.NoError(t, err)
-	assert.Equal(t, []string{wire.FormatHeartbeat(testHeartbeat)}, a.Header().Get(wire.HeaderHeartbeat), "the server did not take up the offer")
+	assert.Equal(t, []string{wire.FormatHeartbeat(heartbeat)}, a.Header().Get(wire.HeaderHeartbeat), "the server did not take up the offer")
 	waitBackends(t, e, 1)
+
+	// The agent sends HEARTBEATs until the dial reaches it and then falls
+	// silent: its silence must not end it before the frontend, slow to
+	// connect on a loaded machine, has dialled.
+	heard := make(chan struct{}) // closed once it stops reading: the dial came, or the stream ended
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		defer close(heard)
+		for {
+			p, err := a.Recv()
+			if err != nil || p.GetType() == client.PacketType_DIAL_REQ {
+				return
+			}
+		}
+	})
+	wg.Go(func() {
+		tick := time.NewTicker(heartbeat / 4)
+		defer tick.Stop()
+		for {
+			select {
+			case <-heard:
+				return
+			case <-tick.C:
+				if a.Send(wire.Heartbeat()) != nil {
+					return
+				}
+			}
+		}
+	})
 
 	f, err := adversarytest.DialDeafFrontend(t.Context(), adversarytest.FrontendConfig{Addr: e.frontAddr, TLS: e.frontTLS})
 	require.NoError(t, err)
