@@ -77,8 +77,14 @@ const (
 // Result is what a run did.
 type Result struct {
 	// Tunnels is the number of short tunnels that finished, and Failed
-	// the number that failed with an error (a refused dial included).
+	// the number that failed with an error (a refused dial included):
+	// Tunnels+Failed were tried, and the failed share is
+	// Failed/(Tunnels+Failed).
 	Tunnels, Failed int64
+	// FrontendCloses and EndpointCloses split Tunnels and Failed by the
+	// kind of short tunnel: closed by the frontend while the source still
+	// sends, or by the closer while the frontend still writes.
+	FrontendCloses, EndpointCloses ShortCount
 	// Probes is the number of probe round trips that succeeded.
 	Probes int64
 	// Uploaded and Downloaded are the bytes the long transfers moved.
@@ -91,6 +97,22 @@ type Result struct {
 	// Errors counts the failed short tunnels by the kind of their error:
 	// what the worker was doing, and the error's last words.
 	Errors map[string]int64
+}
+
+// ShortCount is how many short tunnels of one kind finished and how many
+// failed.
+type ShortCount struct{ Finished, Failed int64 }
+
+// Share is the failed share of the tunnels tried, in percent; 0 for none.
+func (c ShortCount) Share() float64 {
+	if c.Finished+c.Failed == 0 {
+		return 0
+	}
+	return 100 * float64(c.Failed) / float64(c.Finished+c.Failed)
+}
+
+func (c ShortCount) String() string {
+	return fmt.Sprintf("%d of %d failed (%.1f %%)", c.Failed, c.Finished+c.Failed, c.Share())
 }
 
 func (r Result) String() string {
@@ -107,8 +129,11 @@ type run struct {
 	cfg Config
 
 	tunnels, failed, probes atomic.Int64
-	up, down                atomic.Int64
-	slowest                 atomic.Int64 // nanoseconds
+	// byKind counts finished [0] and failed [1] short tunnels, frontend
+	// closes first.
+	byKind   [2][2]atomic.Int64
+	up, down atomic.Int64
+	slowest  atomic.Int64 // nanoseconds
 
 	mu       sync.Mutex
 	firstErr error            // guarded by mu
@@ -158,6 +183,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	res := Result{
 		Tunnels: r.tunnels.Load(), Failed: r.failed.Load(), Probes: r.probes.Load(),
 		Uploaded: r.up.Load(), Downloaded: r.down.Load(), SlowestProbe: time.Duration(r.slowest.Load()),
+		FrontendCloses: ShortCount{r.byKind[0][0].Load(), r.byKind[0][1].Load()},
+		EndpointCloses: ShortCount{r.byKind[1][0].Load(), r.byKind[1][1].Load()},
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -295,8 +322,10 @@ func (r *run) worker(ctx context.Context, i int) {
 			r.lockedUp("a short tunnel neither finished nor failed within %v (worker %d)", r.cfg.Stall, i)
 			return
 		case err != nil:
+			r.byKind[i%2][1].Add(1)
 			r.tunnelFailed(err)
 		default:
+			r.byKind[i%2][0].Add(1)
 			r.tunnels.Add(1)
 		}
 	}

@@ -63,6 +63,7 @@ func TestChurnProcesses(t *testing.T) {
 					gentle := srv.name != "ours" || ag.name != "ours"
 					res, err := churn.Run(t.Context(), churn.Config{Dial: dial, Targets: targets, Duration: *processDuration, Gentle: gentle})
 					t.Logf("%v; first tunnel error: %v; failed tunnels by error: %v", res, res.FirstError, res.Errors)
+					t.Logf("frontend closes: %v; endpoint closes: %v", res.FrontendCloses, res.EndpointCloses)
 					if err == nil {
 						progressed[name] = res
 					}
@@ -78,11 +79,15 @@ func TestChurnProcesses(t *testing.T) {
 	}
 	// Behind upstream's server, what share of tunnels each agent fails,
 	// in the same churn: reported, not held. Every failure is upstream's
-	// server's (it resets a client that still writes when the target's
-	// close reaches it). In three runs of 20 s upstream's agent's share
-	// moved from 62 % to 87 %, ours only from 86 % to 88 %, and ours was
-	// the higher in two: whether our agent can stop exposing that race as
-	// often is open (see docs/benchmarks.md).
+	// server's: in HTTP-CONNECT mode it closes the client's connection on
+	// the agent's CLOSE_RSP with the client's last bytes unread, which
+	// resets the client. Nearly every endpoint close meets it, whichever
+	// the agent (98-99 % with ours, 99-100 % with upstream's, three runs
+	// of 20 s, 2026-12-07); no frontend close does. The share of all
+	// tunnels tried (about 46 %, 41-47 % with upstream's agent) follows
+	// the mix of the two kinds, not the agent's failures: compare the
+	// endpoint closes.
+	all := func(r churn.Result) churn.ShortCount { return churn.ShortCount{Finished: r.Tunnels, Failed: r.Failed} }
 	for _, mode := range []string{"http-connect", "grpc"} {
 		mine, okMine := progressed["server=upstream/agent=ours/mode="+mode]
 		theirs, okTheirs := progressed["server=upstream/agent=upstream/mode="+mode]
@@ -90,20 +95,13 @@ func TestChurnProcesses(t *testing.T) {
 		case !okMine:
 			continue // failed above
 		case !okTheirs:
-			t.Logf("%s, behind upstream's server: our agent failed %d of %d tunnels; upstream's own pair locked up", mode, mine.Failed, mine.Tunnels)
+			t.Logf("%s, behind upstream's server: with our agent %v of the tunnels tried, %v of the endpoint closes; upstream's own pair locked up", mode,
+				all(mine), mine.EndpointCloses)
 			continue
 		}
-		t.Logf("%s, behind upstream's server: our agent failed %d of %d tunnels (%.1f %%), upstream's %d of %d (%.1f %%)", mode,
-			mine.Failed, mine.Tunnels, percent(mine.Failed, mine.Tunnels), theirs.Failed, theirs.Tunnels, percent(theirs.Failed, theirs.Tunnels))
+		t.Logf("%s, behind upstream's server: of the tunnels tried, with our agent %v, with upstream's %v; of the endpoint closes, ours %v, upstream's %v", mode,
+			all(mine), all(theirs), mine.EndpointCloses, theirs.EndpointCloses)
 	}
-}
-
-// percent is 100 n / of, 0 for none of none.
-func percent(n, of int64) float64 {
-	if of == 0 {
-		return 0
-	}
-	return 100 * float64(n) / float64(of)
 }
 
 func writeCerts(t *testing.T) pkitest.Files {
