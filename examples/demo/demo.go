@@ -164,17 +164,13 @@ func (d *demo) scale(ctx context.Context, n int) error {
 
 func (d *demo) startServer(ctx context.Context, ip string) error {
 	o := serveroptions.NewOptions()
-	args := []string{
-		"--server-id=server-" + ip, "--mode=http-connect",
-		"--server-bind-address=" + ip, "--agent-bind-address=" + ip, "--health-bind-address=" + ip, "--admin-bind-address=" + ip,
-		fmt.Sprintf("--agent-port=%d", d.ports.agent), fmt.Sprintf("--server-port=%d", d.ports.frontend),
-		fmt.Sprintf("--health-port=%d", d.ports.health), fmt.Sprintf("--admin-port=%d", d.ports.admin),
-		"--cluster-cert=" + d.file("server.crt"), "--cluster-key=" + d.file("server.key"),
-		"--server-cert=" + d.file("server.crt"), "--server-key=" + d.file("server.key"), "--server-ca-cert=" + d.file("ca.crt"),
-		// The servers count themselves through DNS too, so that upstream
-		// agents would also learn the right count from their headers.
-		"--server-count-dns=" + svc, "--server-count-dns-server=" + d.dns.Addr(), "--server-count-cache-ttl=200ms", "--server-count-cache-ttl-min=100ms",
-	}
+	flags := proctest.ServerFlags{Mode: "http-connect", ID: "server-" + ip, Host: ip,
+		FrontendPort: d.ports.frontend, AgentPort: d.ports.agent, HealthPort: d.ports.health, AdminPort: d.ports.admin,
+		Cert: d.file("server.crt"), Key: d.file("server.key"), CA: d.file("ca.crt")}
+	// The servers count themselves through DNS too, so that upstream
+	// agents would also learn the right count from their headers.
+	args := flags.Args("--server-count-dns="+svc, "--server-count-dns-server="+d.dns.Addr(),
+		"--server-count-cache-ttl=200ms", "--server-count-cache-ttl-min=100ms")
 	if err := o.Flags().Parse(args); err != nil {
 		return err
 	}
@@ -193,15 +189,15 @@ func (d *demo) startServer(ctx context.Context, ip string) error {
 
 func (d *demo) startAgent(ctx context.Context) (health string, stop func(), err error) {
 	o := agentoptions.NewOptions()
-	args := []string{
-		"--agent-id=demo-agent", "--proxy-server-host=localhost", fmt.Sprintf("--proxy-server-port=%d", d.ports.agent),
-		"--ca-cert=" + d.file("ca.crt"), "--agent-cert=" + d.file("agent.crt"), "--agent-key=" + d.file("agent.key"),
-		"--health-server-host=127.0.0.1", fmt.Sprintf("--health-server-port=%d", d.ports.health),
-		fmt.Sprintf("--admin-server-port=%d", d.ports.admin),
+	counting := []string{
 		"--server-count-dns=" + svc, "--server-count-dns-server=" + d.dns.Addr(), "--server-dial-mode=resolved",
 		"--server-count-cache-ttl=200ms", "--server-count-cache-ttl-min=100ms",
 		"--server-count-hold-down=2s", "--sync-interval=200ms",
 	}
+	flags := proctest.AgentFlags{ID: "demo-agent", ServerPort: d.ports.agent,
+		CA: d.file("ca.crt"), Cert: d.file("agent.crt"), Key: d.file("agent.key"),
+		HealthPort: d.ports.health, AdminPort: d.ports.admin}
+	args := flags.Args(counting...)
 	if err := o.Flags().Parse(args); err != nil {
 		return "", nil, err
 	}
@@ -211,7 +207,7 @@ func (d *demo) startAgent(ctx context.Context) (health string, stop func(), err 
 	actx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- app.Run(actx, context.Background(), o.Config()) }()
-	d.say("proxy-agent %s\n\n", strings.Join(args[len(args)-7:], " "))
+	d.say("proxy-agent %s\n\n", strings.Join(counting, " "))
 	return fmt.Sprintf("http://127.0.0.1:%d", d.ports.health), func() { cancel(); <-done }, nil
 }
 

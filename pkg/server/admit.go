@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 
 	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/wire"
@@ -190,28 +191,100 @@ func AgentGRPCServerOptions() []grpc.ServerOption {
 	return append(GRPCServerOptions(), grpc.MaxConcurrentStreams(MaxAgentStreamsPerConn))
 }
 
+// admission is the part of a Server that decides whether an agent stream
+// is served, before it is: the bounds on connections that have proven
+// nothing (preAuth), on handshakes in progress and refused tokens
+// (handshakes), the token check and the metadata checks. It takes no lock
+// of its own; preAuth and handshakes have theirs.
+type admission struct {
+	// authenticator is Config.Authenticator: nil means no token is
+	// asked for.
+	authenticator   TokenAuthenticator
+	bindIdentifiers bool // Config.BindIdentifiers
+	handshakes      handshakes
+	preAuth         preAuthConns
+	metrics         *metrics
+	log             klog.Logger
+	logs            *logLimiter
+}
+
+// handshake checks the agent's metadata and returns its ID and identifiers,
+// or a gRPC status error. Every rejection is logged once, with what the
+// agent sent cut by capPeer.
+//
+// The token is checked first (see admit), and a refused one is answered only
+// "authentication failed": why it was refused (which may name a token
+// file or carry a TokenReview's error) is logged, never sent to a peer
+// that has not proven who it is. The metadata checks come after, so their
+// detailed answers reach only agents the server accepts.
+func (a *admission) handshake(ctx context.Context) (string, wire.Identifiers, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	agentIDs := md.Get(wire.HeaderAgentID)
+	var id Identity
+	if a.authenticator != nil {
+		var err error
+		if id, err = a.admit(ctx, md); err != nil {
+			return "", wire.Identifiers{}, err
+		}
+	} else {
+		id, _ = certIdentity(ctx) // none proves nothing
+	}
+	// Proven: the connection may send what agents send.
+	a.preAuth.open(remoteAddr(ctx))
+	invalid := func(err error) (string, wire.Identifiers, error) {
+		a.rejected(ctx, md, rejectInvalidMetadata, err)
+		return "", wire.Identifiers{}, status.Error(codes.InvalidArgument, capPeer(err.Error()))
+	}
+	if len(agentIDs) != 1 || agentIDs[0] == "" {
+		return invalid(fmt.Errorf("want exactly one non-empty %s metadata value, got %d", wire.HeaderAgentID, len(agentIDs)))
+	}
+	agentID := agentIDs[0]
+	var ids wire.Identifiers
+	switch v := md.Get(wire.HeaderAgentIdentifiers); len(v) {
+	case 0:
+	case 1:
+		var err error
+		if ids, err = wire.ParseIdentifiers(v[0]); err != nil {
+			return invalid(err)
+		}
+		if err := checkIdentifierBounds(ids); err != nil {
+			return invalid(err)
+		}
+	default:
+		return invalid(fmt.Errorf("want at most one %s metadata value, got %d", wire.HeaderAgentIdentifiers, len(v)))
+	}
+	if a.bindIdentifiers {
+		var dropped []string
+		if ids, dropped = id.bind(ids); len(dropped) > 0 {
+			a.metrics.observeUnboundClaims(len(dropped))
+			a.logs.info(a.log, "unbound", "Dropped agent identifiers that its credential does not prove: it gets none of their dials", "agentID", capPeer(agentID), "dropped", capPeer(strings.Join(dropped, "&")), "proven", capPeer(id.String()), "remote", remoteAddr(ctx))
+		}
+	}
+	return agentID, ids, nil
+}
+
 // admit authenticates the token in md within the handshake bounds, and
 // returns the identity it proves (see Config.BindIdentifiers). The error
 // is a gRPC status for the peer; why the token was refused is logged and
 // counted, not sent.
-func (s *Server) admit(ctx context.Context, md metadata.MD) (Identity, error) {
-	if s.preAuth.suspect(peerPrefix(ctx)) {
-		s.rejected(ctx, md, rejectTooManyCut, errCutOfLate)
+func (a *admission) admit(ctx context.Context, md metadata.MD) (Identity, error) {
+	if a.preAuth.suspect(peerPrefix(ctx)) {
+		a.rejected(ctx, md, rejectTooManyCut, errCutOfLate)
 		return Identity{}, status.Error(codes.ResourceExhausted, errCutOfLate.Error())
 	}
-	leave, err := s.handshakes.enter(ctx)
+	leave, err := a.handshakes.enter(ctx)
 	switch {
 	case errors.Is(err, errTooManyRefused):
-		s.rejected(ctx, md, rejectTooManyRefused, fmt.Errorf("%w (past %d, %d a second)", err, refusedBurst, refusedPerSecond))
+		a.rejected(ctx, md, rejectTooManyRefused, fmt.Errorf("%w (past %d, %d a second)", err, refusedBurst, refusedPerSecond))
 		return Identity{}, status.Error(codes.ResourceExhausted, err.Error())
 	case err != nil:
-		s.rejected(ctx, md, rejectTooManyHandshakes, fmt.Errorf("%w (at most %d from one address, %d in all)", err, s.handshakes.perAddress, MaxHandshakes))
+		a.rejected(ctx, md, rejectTooManyHandshakes, fmt.Errorf("%w (at most %d from one address, %d in all)", err, a.handshakes.perAddress, MaxHandshakes))
 		return Identity{}, status.Error(codes.ResourceExhausted, err.Error())
 	}
-	id, err := s.authenticate(ctx, md)
+	id, err := a.authenticate(ctx, md)
 	leave(errors.Is(err, ErrTokenRefused))
 	if err != nil {
-		s.rejected(ctx, md, rejectUnauthenticated, err)
+		a.rejected(ctx, md, rejectUnauthenticated, err)
 		return Identity{}, status.Error(codes.Unauthenticated, errTextUnauthenticated)
 	}
 	return id, nil
@@ -220,8 +293,44 @@ func (s *Server) admit(ctx context.Context, md metadata.MD) (Identity, error) {
 // rejected logs and counts a refused agent stream. err may quote what the
 // agent sent: it is cut as a whole. The lines of each reason are bounded
 // (logLimiter); the metric counts every rejection.
-func (s *Server) rejected(ctx context.Context, md metadata.MD, reason rejectReason, err error) {
-	s.metrics.observeAgentRejection(reason)
-	s.logs.error(s.log, "reject/"+string(reason), errors.New(capPeer(err.Error())), "Rejected agent stream",
+func (a *admission) rejected(ctx context.Context, md metadata.MD, reason rejectReason, err error) {
+	a.metrics.observeAgentRejection(reason)
+	a.logs.error(a.log, "reject/"+string(reason), errors.New(capPeer(err.Error())), "Rejected agent stream",
 		"agentID", capPeer(strings.Join(md.Get(wire.HeaderAgentID), ",")), "reason", reason, "remote", remoteAddr(ctx))
+}
+
+// errTextUnauthenticated is all an agent learns about a refused token.
+const errTextUnauthenticated = "authentication failed"
+
+// authenticate checks the bearer token in md with Config.Authenticator.
+// The error says why it was refused, for the log only.
+func (a *admission) authenticate(ctx context.Context, md metadata.MD) (Identity, error) {
+	auth := md.Get(wire.HeaderAuthorization)
+	if len(auth) != 1 {
+		return Identity{}, fmt.Errorf("want exactly one %s metadata value \"Bearer <token>\", got %d", wire.HeaderAuthorization, len(auth))
+	}
+	scheme, token, ok := strings.Cut(auth[0], " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return Identity{}, fmt.Errorf("%s metadata is not of the form \"Bearer <token>\"", wire.HeaderAuthorization)
+	}
+	token = strings.TrimSpace(token)
+	var id Identity
+	var err error
+	if ti, ok := a.authenticator.(TokenIdentifier); ok && a.bindIdentifiers {
+		id, err = ti.IdentifyToken(ctx, token)
+	} else {
+		err = a.authenticator.AuthenticateToken(ctx, token)
+	}
+	if err != nil {
+		return Identity{}, fmt.Errorf("agent token rejected: %w", err)
+	}
+	return id, nil
+}
+
+// refuseTooManyStreams logs, counts and returns the refusal of a stream of
+// an agent that holds MaxStreamsPerAgent.
+func (a *admission) refuseTooManyStreams(ctx context.Context, agentID string) error {
+	err := fmt.Errorf("agent %q: %w (%d)", capPeer(agentID), errTooManyStreams, MaxStreamsPerAgent)
+	a.rejected(ctx, metadata.MD{wire.HeaderAgentID: {agentID}}, rejectTooManyStreams, err)
+	return status.Error(codes.ResourceExhausted, err.Error())
 }

@@ -86,7 +86,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 		s.metrics.observeAgentRejection(rejectShuttingDown)
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
-	agentID, ids, err := s.handshake(ctx)
+	agentID, ids, err := s.admission.handshake(ctx)
 	if err != nil {
 		return err
 	}
@@ -94,7 +94,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 		// Refused before the response headers, which tell the agent it
 		// is served; addBackend checks again, under the same lock as it
 		// adds.
-		return s.refuseTooManyStreams(ctx, agentID)
+		return s.admission.refuseTooManyStreams(ctx, agentID)
 	}
 	count := s.cfg.Counter.CountServers()
 	hdr := metadata.Pairs(wire.HeaderServerID, s.cfg.ServerID, wire.HeaderServerCount, strconv.Itoa(count))
@@ -126,7 +126,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	contested, err := s.addBackend(be)
 	switch {
 	case errors.Is(err, errTooManyStreams):
-		return s.refuseTooManyStreams(ctx, agentID)
+		return s.admission.refuseTooManyStreams(ctx, agentID)
 	case err != nil:
 		s.metrics.observeAgentRejection(rejectShuttingDown)
 		return status.Error(codes.Unavailable, err.Error())
@@ -134,14 +134,6 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	s.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
 	s.logContested(be, contested, remoteAddr(ctx))
 	return s.waitStream(be.peer)
-}
-
-// refuseTooManyStreams logs, counts and returns the refusal of a stream of
-// an agent that holds MaxStreamsPerAgent.
-func (s *Server) refuseTooManyStreams(ctx context.Context, agentID string) error {
-	err := fmt.Errorf("agent %q: %w (%d)", capPeer(agentID), errTooManyStreams, MaxStreamsPerAgent)
-	s.rejected(ctx, metadata.MD{wire.HeaderAgentID: {agentID}}, rejectTooManyStreams, err)
-	return status.Error(codes.ResourceExhausted, err.Error())
 }
 
 // agentStreams returns how many streams agentID has.
@@ -161,92 +153,9 @@ func (s *Server) stopping() bool {
 	return s.closed || s.shuttingDown
 }
 
-// handshake checks the agent's metadata and returns its ID and identifiers,
-// or a gRPC status error. Every rejection is logged once, with what the
-// agent sent cut by capPeer.
-//
-// The token is checked first (see admit), and a refused one is answered only
-// "authentication failed": why it was refused (which may name a token
-// file or carry a TokenReview's error) is logged, never sent to a peer
-// that has not proven who it is. The metadata checks come after, so their
-// detailed answers reach only agents the server accepts.
-func (s *Server) handshake(ctx context.Context) (string, wire.Identifiers, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	agentIDs := md.Get(wire.HeaderAgentID)
-	var id Identity
-	if s.cfg.Authenticator != nil {
-		var err error
-		if id, err = s.admit(ctx, md); err != nil {
-			return "", wire.Identifiers{}, err
-		}
-	} else {
-		id, _ = certIdentity(ctx) // none proves nothing
-	}
-	// Proven: the connection may send what agents send.
-	s.preAuth.open(remoteAddr(ctx))
-	invalid := func(err error) (string, wire.Identifiers, error) {
-		s.rejected(ctx, md, rejectInvalidMetadata, err)
-		return "", wire.Identifiers{}, status.Error(codes.InvalidArgument, capPeer(err.Error()))
-	}
-	if len(agentIDs) != 1 || agentIDs[0] == "" {
-		return invalid(fmt.Errorf("want exactly one non-empty %s metadata value, got %d", wire.HeaderAgentID, len(agentIDs)))
-	}
-	agentID := agentIDs[0]
-	var ids wire.Identifiers
-	switch v := md.Get(wire.HeaderAgentIdentifiers); len(v) {
-	case 0:
-	case 1:
-		var err error
-		if ids, err = wire.ParseIdentifiers(v[0]); err != nil {
-			return invalid(err)
-		}
-		if err := checkIdentifierBounds(ids); err != nil {
-			return invalid(err)
-		}
-	default:
-		return invalid(fmt.Errorf("want at most one %s metadata value, got %d", wire.HeaderAgentIdentifiers, len(v)))
-	}
-	if s.cfg.BindIdentifiers {
-		var dropped []string
-		if ids, dropped = id.bind(ids); len(dropped) > 0 {
-			s.metrics.observeUnboundClaims(len(dropped))
-			s.logs.info(s.log, "unbound", "Dropped agent identifiers that its credential does not prove: it gets none of their dials", "agentID", capPeer(agentID), "dropped", capPeer(strings.Join(dropped, "&")), "proven", capPeer(id.String()), "remote", remoteAddr(ctx))
-		}
-	}
-	return agentID, ids, nil
-}
-
 // errTooManyStreams refuses a stream of an agent that holds
 // MaxStreamsPerAgent.
 var errTooManyStreams = errors.New("this agent holds the most streams to this server that one agent may: it needs one")
-
-// errTextUnauthenticated is all an agent learns about a refused token.
-const errTextUnauthenticated = "authentication failed"
-
-// authenticate checks the bearer token in md with Config.Authenticator.
-// The error says why it was refused, for the log only.
-func (s *Server) authenticate(ctx context.Context, md metadata.MD) (Identity, error) {
-	auth := md.Get(wire.HeaderAuthorization)
-	if len(auth) != 1 {
-		return Identity{}, fmt.Errorf("want exactly one %s metadata value \"Bearer <token>\", got %d", wire.HeaderAuthorization, len(auth))
-	}
-	scheme, token, ok := strings.Cut(auth[0], " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return Identity{}, fmt.Errorf("%s metadata is not of the form \"Bearer <token>\"", wire.HeaderAuthorization)
-	}
-	token = strings.TrimSpace(token)
-	var id Identity
-	var err error
-	if ti, ok := s.cfg.Authenticator.(TokenIdentifier); ok && s.cfg.BindIdentifiers {
-		id, err = ti.IdentifyToken(ctx, token)
-	} else {
-		err = s.cfg.Authenticator.AuthenticateToken(ctx, token)
-	}
-	if err != nil {
-		return Identity{}, fmt.Errorf("agent token rejected: %w", err)
-	}
-	return id, nil
-}
 
 // addBackend registers be and starts its goroutines. It returns the hosts
 // be claims that other agents hold, with the stream that holds each, or

@@ -46,9 +46,9 @@ func FuzzHandshake(f *testing.F) {
 		ctx := metadata.NewIncomingContext(context.Background(), md)
 		// Spellings other than "Bearer good" may be the same token
 		// ("bearer good"): the authenticator says which are.
-		_, authErr := s.authenticate(ctx, md)
+		_, authErr := s.admission.authenticate(ctx, md)
 		tokenOK := authErr == nil
-		gotID, _, err := s.handshake(ctx)
+		gotID, _, err := s.admission.handshake(ctx)
 		if err == nil {
 			if !tokenOK || gotID != id || id == "" {
 				t.Fatalf("accepted agent %q with authorization %q as %q", id, authz, gotID)

@@ -38,7 +38,7 @@ var errPreAuthBytes = errors.New("agent connection sent too much before it authe
 // Config.MaxHandshakesPerAddress negative, addresses are not told
 // apart: neither applies). Serve the agent gRPC server on it.
 func (s *Server) AgentListener(l net.Listener) net.Listener {
-	return &preAuthListener{Listener: l, conns: &s.preAuth}
+	return &preAuthListener{Listener: l, conns: &s.admission.preAuth}
 }
 
 // preAuthConns holds the agent connections not yet admitted, by remote

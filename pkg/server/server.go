@@ -49,11 +49,8 @@ type Server struct {
 	// routes indexes the agent streams in agents for choosing one for a
 	// dial; it has its own lock.
 	routes *routes
-	// handshakes counts the agent handshakes being authenticated.
-	handshakes handshakes
-	// preAuth holds the agent connections that AgentListener accepted
-	// and no stream of which has been admitted yet; it has its own lock.
-	preAuth preAuthConns
+	// admission decides which agent streams are served.
+	admission admission
 	// mono reads the times of the streams' liveness checks and of the
 	// sweep: the monotonic clock, which no step of the wall clock moves.
 	mono clock.Monotonic
@@ -94,11 +91,13 @@ func New(cfg Config) (*Server, error) {
 		tunnelEnded: make(chan struct{}, 1),
 		agents:      map[string]*agent{},
 		routes:      newRoutes(),
-		handshakes:  handshakes{perAddress: cfg.MaxHandshakesPerAddress, clock: cfg.Clock},
-		preAuth:     preAuthConns{m: m, byAddr: cfg.MaxHandshakesPerAddress >= 0, clock: cfg.Clock},
 		mono:        clock.NewMonotonic(nil),
 		httpTunnels: map[*httpTunnel]struct{}{},
 	}
+	s.admission = admission{authenticator: cfg.Authenticator, bindIdentifiers: cfg.BindIdentifiers,
+		handshakes: handshakes{perAddress: cfg.MaxHandshakesPerAddress, clock: cfg.Clock},
+		preAuth:    preAuthConns{m: m, byAddr: cfg.MaxHandshakesPerAddress >= 0, clock: cfg.Clock},
+		metrics:    m, log: s.log, logs: &s.logs}
 	s.live = liveness{mu: &s.mu, cfg: cfg, mono: s.mono, metrics: m, log: s.log, logs: &s.logs, routes: s.routes, dials: &s.dials}
 	s.dials = pendingDials{byRandom: map[int64]*tunnel{}, routes: s.routes, metrics: m, log: s.log,
 		timeout: cfg.BackendDialTimeout, timedOut: s.dialTimedOut}
