@@ -5,16 +5,178 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
+	"github.com/servercount/servercount/internal/flow"
 	"github.com/servercount/servercount/pkg/wire"
 )
+
+// startDial chooses an agent for a dial to address over protocol and
+// records a pending dial for fe. A zero random means "choose one" (for
+// HTTP CONNECT). The caller then queues the DIAL_REQ on the returned
+// stream, which is t.be as startDial returns (t.be may change later, if
+// the dial is retried).
+func (s *Server) startDial(fe frontend, protocol, address string, random int64) (*tunnel, *agentStream, error) {
+	key := dialHostKey(address)
+	for {
+		// Chosen without Server.mu, which every packet takes; a stream
+		// that ended or stopped answering since is chosen again.
+		be, tier, st := s.routes.choose(s.cfg.Strategies, key, nil)
+		s.mu.Lock()
+		if be != nil && (be.gone || tier < tierUnresponsive && !be.unresponsive.IsZero()) {
+			// It ended, or was taken for unresponsive, meanwhile.
+			s.mu.Unlock()
+			continue
+		}
+		t, err := s.startDialLocked(fe, be, st, protocol, address, random)
+		s.mu.Unlock()
+		if err != nil {
+			return nil, nil, err
+		}
+		return t, be, nil
+	}
+}
+
+// startDialLocked records a pending dial on be, found by strategy st (nil
+// when none found one). Called with Server.mu held.
+func (s *Server) startDialLocked(fe frontend, be *agentStream, st Strategy, protocol, address string, random int64) (*tunnel, error) {
+	if s.closed || s.shuttingDown {
+		return nil, errShuttingDown
+	}
+	if random == 0 {
+		random = s.dials.unusedRandom()
+	} else if s.dials.has(random) {
+		s.metrics.observeDuplicateDial()
+		return nil, errDuplicateDial
+	}
+	if be == nil {
+		s.metrics.observeDialFailure(dialFailureNoAgent)
+		return nil, errNoAgent
+	}
+	t := &tunnel{fe: fe, be: be, random: random, protocol: protocol, address: address, strategy: st, dialed: time.Now()}
+	s.dials.add(t)
+	fe.track(t)
+	return t, nil
+}
+
+// dropPendingLocked forgets a pending dial everywhere, counting it as a
+// failure for reason. It reports whether t was pending. Called with
+// Server.mu held.
+func (s *Server) dropPendingLocked(t *tunnel, reason dialFailureReason) bool {
+	if !s.dials.remove(t) {
+		return false
+	}
+	t.fe.forget(t)
+	s.tunnelMayHaveEnded()
+	if reason != "" {
+		s.metrics.observeDialFailure(reason)
+	}
+	return true
+}
+
+// dialTimedOut handles a dial whose agent did not answer within
+// Config.BackendDialTimeout (of attempt): it is sent to another agent if
+// it can be (pendingDials.retry), else answered with an error. A late DIAL_RSP
+// then finds no pending dial, and a connection it opened is closed. An
+// agent that leaves backendDialTimeouts dials in a row unanswered is
+// taken for unresponsive.
+func (s *Server) dialTimedOut(t *tunnel, attempt int) {
+	s.mu.Lock()
+	if s.closed || s.dials.get(t.random) != t || t.attempt != attempt {
+		s.mu.Unlock()
+		return
+	}
+	be := t.be
+	be.timeouts++
+	var sends []func()
+	if be.timeouts >= backendDialTimeouts {
+		sends = s.live.markUnresponsiveLocked(be, time.Now(), "dials in a row timed out")
+	}
+	if send, ok := s.dials.retry(t, retryTimeout); ok {
+		sends = append(sends, send)
+		s.mu.Unlock()
+		for _, send := range sends {
+			send()
+		}
+		return
+	}
+	s.dropPendingLocked(t, dialFailureBackendDialTimeout)
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+	for _, send := range sends {
+		send()
+	}
+	s.log.V(2).Info("Backend dial timed out", "agentID", be.logID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
+	t.fe.answer(wire.DialRsp(t.random, 0, errTextDialTimeout))
+}
+
+// cancelDial drops fe's pending dial random (DIAL_CLS, or the frontend
+// gave up).
+func (s *Server) cancelDial(fe frontend, random int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := s.dials.get(random); t != nil && t.fe == fe {
+		s.dropPendingLocked(t, dialFailureFrontendClose)
+	}
+}
+
+// onDialResponse handles DIAL_RSP from agent stream be.
+func (s *Server) onDialResponse(be *agentStream, pkt *client.Packet) {
+	rsp := pkt.GetDialResponse()
+	s.mu.Lock()
+	t := be.pending[rsp.GetRandom()]
+	if t == nil {
+		// A late answer is an answer: the agent is responsive.
+		s.live.answeredLocked(be)
+		s.mu.Unlock()
+		s.metrics.observeDialFailure(dialFailureUnrecognizedResponse)
+		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
+		if id := rsp.GetConnectID(); id != 0 {
+			be.peer.sendControl(wire.CloseReq(id), id)
+		}
+		return
+	}
+	s.live.answeredLocked(be)
+	failed := rsp.GetError() != "" || rsp.GetConnectID() == 0
+	reason := dialFailureReason("")
+	if failed {
+		reason = dialFailureErrorResponse
+	}
+	s.dropPendingLocked(t, reason)
+	if failed {
+		s.mu.Unlock()
+		t.fe.answer(pkt)
+		return
+	}
+	t.connectID = rsp.GetConnectID()
+	if _, dup := be.conns[t.connectID]; dup || !t.fe.established(t) {
+		s.metrics.observeDuplicateDial()
+		s.mu.Unlock()
+		// About the dial this stream held: one per dial.
+		be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
+		t.fe.answer(wire.DialRsp(t.random, 0, errTextDuplicateID))
+		return
+	}
+	be.conns[t.connectID] = t
+	t.established = time.Now()
+	s.metrics.addEstablished(1)
+	s.metrics.observeDialDuration(t.established.Sub(t.dialed))
+	if be.peerWindow > 0 && !s.closed {
+		t.q = flow.NewQueue(s.cfg.TunnelWindow)
+		t.credit = flow.NewWindow(be.peerWindow)
+		s.pumps.Add(1) // until a pump has delivered the queue's end
+	}
+	s.mu.Unlock()
+	t.fe.answer(pkt)
+}
 
 // pendingDials is the part of a Server that holds the dials sent to
 // agents and not yet answered: by random, for a frontend's DIAL_CLS and
 // the sweep, and on each agent stream (agentStream.pending), for its
 // DIAL_RSPs; each with the timer of its attempt, and sent to another
 // agent once at most. What a dial's end means to the frontend, the agent
-// and Shutdown is the Server's (dial.go).
+// and Shutdown is the Server's (above).
 //
 // Its state is guarded by Server.mu, not a lock of its own: a dial's
 // answer changes the dial, its agent stream's answer count and whether

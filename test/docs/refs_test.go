@@ -146,9 +146,9 @@ func addMembers(n goNames, s *ast.TypeSpec) {
 }
 
 // Every code reference in README.md and docs/ exists: a path of the
-// repository (`pkg/server/dial.go`, `test/churn/`), a Go name of ours
+// repository (`pkg/server/dials.go`, `test/churn/`), a Go name of ours
 // written as pkg.Name, pkg.Type.Member or Type.Member, and a name right
-// after a Go file's base name (`dial.go` `retryLocked`) in a file of
+// after a Go file's base name (`dials.go` `startDial`) in a file of
 // that name. A name
 // qualified by a package or type that is not ours (`net.Dialer`) is not
 // checked, nor a bare identifier, which prose cannot tell from a word.
@@ -170,7 +170,7 @@ func TestCodeReferencesExist(t *testing.T) {
 		spans := code.FindAllStringSubmatchIndex(text, -1)
 		for i, m := range spans {
 			ref := text[m[2]:m[3]]
-			// "`dial.go` `retryLocked`": the name is declared in a file
+			// "`dials.go` `startDial`": the name is declared in a file
 			// of that name.
 			if goFile.MatchString(ref) && i+1 < len(spans) && strings.TrimSpace(text[m[1]:spans[i+1][0]]) == "" {
 				idents++
