@@ -34,7 +34,8 @@ type verdict struct {
 // counts the caller as waiting for it; or, with a nil review, the verdict
 // that a review which ended since the caller looked at the cache left
 // there (a review is remembered before it leaves a.reviews, so a caller
-// finds one or the other). Callers that share a review do not
+// finds one or the other, unless its verdict was not cached: an API
+// server error or a full cache, and the caller starts a review). Callers that share a review do not
 // share a context: the review runs on its own, bounded by ReviewTimeout.
 // It waits for the rate limit and a slot for as long as any of them
 // waits; once sent, it runs to the answer, and holds its slot until then,

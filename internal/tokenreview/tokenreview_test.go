@@ -293,15 +293,26 @@ func TestCacheCoalescesAndBoundsReviews(t *testing.T) {
 // the review of its token end, takes that review's verdict: it does not
 // ask again. pausingClock holds the late caller between its look at the
 // cache and its join (in the precheck, which reads the clock) while the
-// first caller's review ends.
+// first caller's review ends. (cached reads no clock on a miss: a pause
+// there would hold the cache's lock.)
 func TestCacheCoalescesACallerWhoArrivesAsTheReviewEnds(t *testing.T) {
 	rs := newReviewServer(t, map[string]authenticationv1.TokenReviewStatus{
 		"agent": {Authenticated: true, User: agentUser, Audiences: audience},
 	})
 	rs.gate = make(chan struct{})
 	clk := &pausingClock{Clock: clocktest.New(time.Now())}
-	a, _, _ := newCached(t, rs, func(c *tokenreview.Config) { c.Clock = clk })
+	a, _, reg := newCached(t, rs, func(c *tokenreview.Config) { c.Clock = clk })
 	token := tok("agent")
+	wait := func(c <-chan error, what string) error {
+		t.Helper()
+		select {
+		case err := <-c:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s did not return", what)
+			return nil
+		}
+	}
 
 	first := make(chan error, 1)
 	go func() { first <- a.AuthenticateToken(t.Context(), token) }()
@@ -310,12 +321,18 @@ func TestCacheCoalescesACallerWhoArrivesAsTheReviewEnds(t *testing.T) {
 	paused, resume := clk.pauseNext()
 	late := make(chan error, 1)
 	go func() { late <- a.AuthenticateToken(t.Context(), token) }()
-	<-paused // the late caller has missed the cache and not yet joined
+	select {
+	case <-paused: // the late caller has missed the cache and not yet joined
+	case <-time.After(10 * time.Second):
+		t.Fatal("the late caller did not read the clock")
+	}
 	close(rs.gate)
-	require.NoError(t, <-first)
+	require.NoError(t, wait(first, "the first caller"))
 	close(resume)
-	require.NoError(t, <-late)
+	require.NoError(t, wait(late, "the late caller"))
 	assert.Equal(t, int32(1), rs.reviews.Load(), "the late caller takes the verdict the review left")
+	hits, _ := metricstest.Value(reg, "servercount_server_token_review_cache_hits_total")
+	assert.Equal(t, 1.0, hits, "the late caller's verdict came from the cache")
 }
 
 // pausingClock is a clock whose next Now, once armed by pauseNext, says so

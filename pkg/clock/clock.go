@@ -1,9 +1,9 @@
 // Package clock is the time servercount's packages take. A Clock tells
 // the time and runs functions after a delay: the count cache's expiry, the
 // DNS counter's timeouts and back-off, the lease counter's expiry, the
-// TokenReview cache and the agent's hold-down all take time from one, so
-// that a test can step time instead of waiting for it. A nil Clock in a
-// configuration means [Real].
+// TokenReview cache, the agent's hold-down and the server's per-address
+// buckets all take time from one, so that a test can step time instead
+// of waiting for it. A nil Clock in a configuration means [Real].
 package clock
 
 import "time"

@@ -59,7 +59,7 @@ const (
 // and the tokens each address had refused.
 type handshakes struct {
 	perAddress int         // the bound per address; negative: none
-	clock      clock.Clock // the buckets' time
+	clock      clock.Clock // the buckets' time; set by New
 	mu         sync.Mutex
 	n          int
 	byAddr     map[netip.Prefix]int
@@ -203,9 +203,10 @@ type admission struct {
 	bindIdentifiers bool // Config.BindIdentifiers
 	handshakes      handshakes
 	preAuth         preAuthConns
-	metrics         *metrics
-	log             klog.Logger
-	logs            *logLimiter
+	// Set by New; logs is the Server's, shared with its other parts.
+	metrics *metrics
+	log     klog.Logger
+	logs    *logLimiter
 }
 
 // handshake checks the agent's metadata and returns its ID and identifiers,

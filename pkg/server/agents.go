@@ -32,7 +32,7 @@ type agentStream struct {
 	seq      uint64 // connection order: lower is older
 	// gone is set when the stream is unregistered. Guarded by Server.mu.
 	gone bool
-	// sweepIndex is the stream's place in Server.swept while it is
+	// sweepIndex is the stream's place in liveness.swept while it is
 	// registered. Guarded by Server.mu.
 	sweepIndex int
 	// route is the stream's agent in Server.routes and routeTier its

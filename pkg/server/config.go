@@ -263,7 +263,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	return cfg, errors.Join(errs...)
 }
 
-// sweepPeriods are how often the liveness sweep (Server.sweep) runs its
+// sweepPeriods are how often the liveness sweep (liveness.sweep) runs its
 // checks: often enough for each to act within a fifth of its interval or
 // a quarter of its timeout, and at least every second. answer is the
 // period of the unanswered-dial checks, streams that of the others, a

@@ -36,8 +36,9 @@ func heartbeatMD(d time.Duration) []string {
 // its pending dial fails at once, saying why.
 func TestSilentAgentIsEndedAndItsDialFails(t *testing.T) {
 	t.Parallel()
-	// Longer than testHeartbeat: the agent's heartbeats must keep it
-	// until the dial, however late a loaded machine runs their sender.
+	// Longer than the 40 ms of the other tests: the agent's heartbeats
+	// must keep it until the dial, however late a loaded machine runs
+	// their sender.
 	const heartbeat = 200 * time.Millisecond
 	reg := prometheus.NewPedanticRegistry()
 	e := startEnv(t, server.Config{Registerer: reg, Heartbeat: heartbeat})
@@ -51,7 +52,10 @@ func TestSilentAgentIsEndedAndItsDialFails(t *testing.T) {
 	// connect on a loaded machine, has dialled.
 	heard := make(chan struct{}) // closed once it stops reading: the dial came, or the stream ended
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		a.Close() // ends the two below if the dial never came
+		wg.Wait()
+	}()
 	wg.Go(func() {
 		defer close(heard)
 		for {

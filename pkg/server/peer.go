@@ -141,7 +141,7 @@ type peer struct {
 	// packet, 0 while it handles one; handling is when it began to
 	// handle one, 0 while it waits. A peer is silent
 	// only while the loop waits, and the loop is stuck only while it
-	// handles: see Server.checkStream.
+	// handles: see liveness.checkStream.
 	waiting, handling atomic.Int64
 	// ended is set once done is closed, for the sweep to skip the stream
 	// without touching the channel.

@@ -28,7 +28,7 @@ type Server struct {
 	wg      sync.WaitGroup
 
 	// tunnelEnded wakes Shutdown when a tunnel may have ended: a buffer
-	// of 1 and a non-blocking send (endedLocked), so that ends coalesce.
+	// of 1 and a non-blocking send (tunnelMayHaveEnded), so that ends coalesce.
 	tunnelEnded chan struct{}
 	// pumps counts the flow-controlled tunnels whose pump still delivers
 	// the agent's last data: over at the agent, not yet at the frontend.

@@ -39,7 +39,7 @@ import (
 //     with nothing received since but plain HEARTBEATs (a deaf agent
 //     still sends them) is taken for unresponsive: its dials go
 //     to other agents (pendingDials.retry), it gets new ones only when nobody
-//     else can take them (pickLocked), and after StreamStallTimeout so,
+//     else can take them (routes.choose), and after StreamStallTimeout so,
 //     its stream is ended, within the bounds of mayEndLocked.
 //
 // The first three are checked each streamPeriod, on the streams that are
@@ -53,6 +53,8 @@ import (
 // an agent for unresponsive sends its pending dials elsewhere, and a
 // dial's answer takes it back, in one step with the dials' state.
 type liveness struct {
+	// All set by New. cfg is a copy of the Server's: the sweep reads its
+	// timeouts, heartbeat and strategies.
 	mu      *sync.Mutex // Server.mu
 	cfg     Config
 	mono    clock.Monotonic

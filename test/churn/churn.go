@@ -111,6 +111,7 @@ func (c ShortCount) Share() float64 {
 	return 100 * float64(c.Failed) / float64(c.Finished+c.Failed)
 }
 
+// String says how many failed of how many tried, and the share.
 func (c ShortCount) String() string {
 	return fmt.Sprintf("%d of %d failed (%.1f %%)", c.Failed, c.Finished+c.Failed, c.Share())
 }
