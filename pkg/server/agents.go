@@ -29,7 +29,7 @@ type agentStream struct {
 	// each once: what destHost finds the stream by.
 	hostKeys []string
 	peer     *peer
-	seq      uint64 // connection order: lower is older
+	seq      uint64 // connection order, lower is older; set by routes.add
 	// gone is set when the stream is unregistered. Guarded by Server.mu.
 	gone bool
 	// sweepIndex is the stream's place in liveness.swept while it is
@@ -71,12 +71,6 @@ type agentStream struct {
 	closing map[int64]struct{}
 }
 
-// agent is every stream of one agentID, oldest first. Its streams field is
-// guarded by Server.mu.
-type agent struct {
-	streams []*agentStream
-}
-
 // Connect implements wire.AgentServiceServer: it checks the handshake
 // metadata, sends the serverID and serverCount response headers, and then
 // serves the stream as an agentStream until it ends or the Server closes.
@@ -90,7 +84,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	if err != nil {
 		return err
 	}
-	if s.agentStreams(agentID) >= MaxStreamsPerAgent {
+	if s.routes.streams(agentID) >= MaxStreamsPerAgent {
 		// Refused before the response headers, which tell the agent it
 		// is served; addBackend checks again, under the same lock as it
 		// adds.
@@ -136,16 +130,6 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 	return s.waitStream(be.peer)
 }
 
-// agentStreams returns how many streams agentID has.
-func (s *Server) agentStreams(agentID string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if a := s.agents[agentID]; a != nil {
-		return len(a.streams)
-	}
-	return 0
-}
-
 // stopping reports whether Shutdown or Close has begun.
 func (s *Server) stopping() bool {
 	s.mu.Lock()
@@ -167,19 +151,10 @@ func (s *Server) addBackend(be *agentStream) (contested map[string]*agentStream,
 		s.mu.Unlock()
 		return nil, errShuttingDown
 	}
-	if a := s.agents[be.agentID]; a != nil && len(a.streams) >= MaxStreamsPerAgent {
+	if contested, err = s.routes.add(be); err != nil {
 		s.mu.Unlock()
-		return nil, errTooManyStreams
+		return nil, err
 	}
-	s.nextSeq++
-	be.seq = s.nextSeq
-	a := s.agents[be.agentID]
-	if a == nil {
-		a = &agent{}
-		s.agents[be.agentID] = a
-	}
-	a.streams = append(a.streams, be)
-	contested = s.routes.add(be)
 	s.live.addLocked(be, &s.wg, s.quit)
 	s.metrics.addBackends(1)
 	s.metrics.addGRPCConns(methodAgentConnect, 1)
@@ -206,28 +181,17 @@ func (s *Server) logContested(be *agentStream, contested map[string]*agentStream
 	s.logs.info(s.log, "contested", "Agent claims hosts that other agents hold: it gets none of their dials while those are connected", "agentID", be.logID, "heldBy", capPeer(strings.Join(holders, ",")), "remote", remote)
 }
 
-// removeBackendLocked unregisters be, once.
+// removeBackendLocked unregisters be, which addBackend registered, once.
 func (s *Server) removeBackendLocked(be *agentStream) {
-	a := s.agents[be.agentID]
-	if a == nil {
+	if be.gone {
 		return
 	}
-	for i, b := range a.streams {
-		if b != be {
-			continue
-		}
-		a.streams = append(a.streams[:i:i], a.streams[i+1:]...)
-		if len(a.streams) == 0 {
-			delete(s.agents, be.agentID)
-		}
-		be.gone = true
-		s.routes.remove(be)
-		s.live.removeLocked(be)
-		s.metrics.addBackends(-1)
-		s.metrics.addGRPCConns(methodAgentConnect, -1)
-		s.countReadyBackend(be, -1)
-		return
-	}
+	be.gone = true
+	s.routes.remove(be)
+	s.live.removeLocked(be)
+	s.metrics.addBackends(-1)
+	s.metrics.addGRPCConns(methodAgentConnect, -1)
+	s.countReadyBackend(be, -1)
 }
 
 // serveAgent is be's receive loop.

@@ -42,8 +42,11 @@ const (
 // and a later claimant gets none of its dials.
 type routes struct {
 	mu sync.Mutex
-	// agents holds every agent with a stream, by agentID.
+	// agents holds every agent with a stream, by agentID: the one index
+	// of the agent streams by agent.
 	agents map[string]*routeAgent
+	// nextSeq orders the streams by age (agentStream.seq).
+	nextSeq uint64
 	// all and defaultRoute are the agents the default and defaultRoute
 	// strategies pick among.
 	all, defaultRoute agentPool
@@ -163,11 +166,18 @@ func dialHostKey(address string) string {
 
 // add registers be, the newest stream: it claims be.hostKeys. It returns,
 // for each host that a stream of another agent claimed first, that
-// stream: be gets none of that host's dials while it is connected.
-func (r *routes) add(be *agentStream) (shadowedBy map[string]*agentStream) {
+// stream: be gets none of that host's dials while it is connected; or
+// errTooManyStreams, registering nothing, when be's agent holds
+// MaxStreamsPerAgent.
+func (r *routes) add(be *agentStream) (shadowedBy map[string]*agentStream, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a := r.agents[be.agentID]
+	if a != nil && len(a.streams) >= MaxStreamsPerAgent {
+		return nil, errTooManyStreams
+	}
+	r.nextSeq++
+	be.seq = r.nextSeq
 	if a == nil {
 		a = &routeAgent{slot: [pools]poolSlot{{tier: tiers}, {tier: tiers}}}
 		r.agents[be.agentID] = a
@@ -190,7 +200,17 @@ func (r *routes) add(be *agentStream) (shadowedBy map[string]*agentStream) {
 		p.insert(be)
 	}
 	r.placeLocked(a)
-	return shadowedBy
+	return shadowedBy, nil
+}
+
+// streams returns how many streams agentID has.
+func (r *routes) streams(agentID string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if a := r.agents[agentID]; a != nil {
+		return len(a.streams)
+	}
+	return 0
 }
 
 // remove unregisters be.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -19,13 +20,29 @@ import (
 type routesFixture struct {
 	r       *routes
 	streams []*agentStream // every registered stream, oldest first
-	seq     uint64
 }
 
+// add registers a stream of agentID, or, when the agent holds
+// MaxStreamsPerAgent already, checks that routes refused it and returns
+// nil.
 func (f *routesFixture) add(agentID string, ids wire.Identifiers) *agentStream {
-	f.seq++
-	be := &agentStream{agentID: agentID, ids: ids, hostKeys: hostKeys(ids), seq: f.seq}
-	f.r.add(be)
+	be := &agentStream{agentID: agentID, ids: ids, hostKeys: hostKeys(ids)}
+	held := 0
+	for _, b := range f.streams {
+		if b.agentID == agentID {
+			held++
+		}
+	}
+	_, err := f.r.add(be)
+	if held >= MaxStreamsPerAgent {
+		if !errors.Is(err, errTooManyStreams) {
+			panic(fmt.Sprintf("agent %s holds %d streams, and routes took one more (%v)", agentID, held, err))
+		}
+		return nil
+	}
+	if err != nil {
+		panic(err)
+	}
 	f.streams = append(f.streams, be)
 	return be
 }
@@ -161,7 +178,7 @@ func TestRoutesChooseAsAScanWould(t *testing.T) {
 // scanChooser is the choice as it was before routes: a scan of every
 // agent's streams under Server.mu, kept as the benchmarks' baseline. With
 // destHost it picked at random among the claimants.
-type scanChooser map[string]*agent
+type scanChooser map[string][]*agentStream
 
 func (sc scanChooser) choose(strategies []Strategy, address string) *agentStream {
 	for _, st := range strategies {
@@ -177,10 +194,10 @@ func (sc scanChooser) choose(strategies []Strategy, address string) *agentStream
 			match = func(b *agentStream) bool { return b.ids.DefaultRoute }
 		}
 		var byTier [tiers][]*agentStream
-		for _, a := range sc {
+		for _, streams := range sc {
 			var best *agentStream
 			bestTier := tiers
-			for _, b := range a.streams {
+			for _, b := range streams {
 				if match != nil && !match(b) {
 					continue
 				}
@@ -230,7 +247,7 @@ func benchFleet(n int, hostile bool) (*routes, scanChooser) {
 	sc := scanChooser{}
 	add := func(id string, ids wire.Identifiers) {
 		be := f.add(id, ids)
-		sc[id] = &agent{streams: []*agentStream{be}}
+		sc[id] = []*agentStream{be}
 	}
 	for i := range n {
 		add(fmt.Sprintf("agent-%d", i), wire.Identifiers{

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -44,9 +45,7 @@ type Server struct {
 	// shuttingDown is set by Shutdown: new dials and agent streams are
 	// refused. Guarded by mu.
 	notReady, shuttingDown bool
-	// agents holds the connected agents by agentID. Guarded by mu.
-	agents map[string]*agent
-	// routes indexes the agent streams in agents for choosing one for a
+	// routes indexes the agent streams by agent, for choosing one for a
 	// dial; it has its own lock.
 	routes *routes
 	// admission decides which agent streams are served.
@@ -57,10 +56,9 @@ type Server struct {
 	// logs bounds the level-0 lines that many peers can cause at once:
 	// rejected agent streams, streams ended, refused claims.
 	logs logLimiter
-	// live checks the agent streams in agents. Guarded by mu.
+	// live holds and checks the registered agent streams. Guarded by
+	// mu.
 	live liveness
-	// nextSeq orders agent streams by age. Guarded by mu.
-	nextSeq uint64
 	// dials holds the dials sent to an agent and not yet answered.
 	// Guarded by mu.
 	dials pendingDials
@@ -89,7 +87,6 @@ func New(cfg Config) (*Server, error) {
 		metrics:     m,
 		quit:        make(chan struct{}),
 		tunnelEnded: make(chan struct{}, 1),
-		agents:      map[string]*agent{},
 		routes:      newRoutes(),
 		mono:        clock.NewMonotonic(nil),
 		httpTunnels: map[*httpTunnel]struct{}{},
@@ -138,7 +135,7 @@ func (s *Server) Close() {
 func (s *Server) Ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.agents) > 0 && !s.notReady
+	return s.live.streams() > 0 && !s.notReady
 }
 
 // StopReadiness makes Ready, and so /readyz, fail from now on, while the
@@ -163,12 +160,9 @@ func (s *Server) StopReadiness() {
 func (s *Server) Shutdown(ctx context.Context) (cut int) {
 	s.mu.Lock()
 	s.notReady, s.shuttingDown = true, true
-	var agents []*agentStream
-	for _, a := range s.agents {
-		agents = append(agents, a.streams...)
-	}
+	streams := slices.Clone(s.live.all())
 	s.mu.Unlock()
-	for _, be := range agents {
+	for _, be := range streams {
 		be.peer.sendControl(wire.Drain(), 0)
 	}
 	for {
@@ -197,10 +191,8 @@ func (s *Server) openTunnels() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := s.dials.len() + len(s.httpTunnels) + s.frontendStreams
-	for _, a := range s.agents {
-		for _, be := range a.streams {
-			n += len(be.conns) + len(be.closing)
-		}
+	for _, be := range s.live.all() {
+		n += len(be.conns) + len(be.closing)
 	}
 	return n + int(s.pumps.Load())
 }

@@ -96,6 +96,10 @@ func (l *liveness) removeLocked(be *agentStream) {
 // held.
 func (l *liveness) streams() int { return len(l.swept.streams) }
 
+// all returns the agent streams checked, in no order, for the caller to
+// read while it holds mu. Called with mu held.
+func (l *liveness) all() []*agentStream { return l.swept.streams }
+
 // sweepLoop runs the sweep until quit closes.
 func (l *liveness) sweepLoop(quit <-chan struct{}) {
 	answerPeriod, streamPeriod := l.cfg.sweepPeriods()
