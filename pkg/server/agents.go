@@ -134,7 +134,7 @@ func (s *Server) Connect(stream wire.AgentConnectServer) error {
 func (s *Server) stopping() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.closed || s.shuttingDown
+	return s.life.stoppingLocked()
 }
 
 // errTooManyStreams refuses a stream of an agent that holds
@@ -147,7 +147,7 @@ var errTooManyStreams = errors.New("this agent holds the most streams to this se
 // MaxStreamsPerAgent streams already.
 func (s *Server) addBackend(be *agentStream) (contested map[string]*agentStream, err error) {
 	s.mu.Lock()
-	if s.closed || s.shuttingDown {
+	if s.life.stoppingLocked() {
 		s.mu.Unlock()
 		return nil, errShuttingDown
 	}
@@ -155,11 +155,11 @@ func (s *Server) addBackend(be *agentStream) (contested map[string]*agentStream,
 		s.mu.Unlock()
 		return nil, err
 	}
-	s.live.addLocked(be, &s.wg, s.quit)
+	s.live.addLocked(be, &s.life.wg, s.life.quit)
 	s.metrics.addBackends(1)
 	s.metrics.addGRPCConns(methodAgentConnect, 1)
 	s.countReadyBackend(be, 1)
-	s.wg.Add(1)
+	s.life.wg.Add(1)
 	s.mu.Unlock()
 	s.goStream(be.peer, func() { s.serveAgent(be) })
 	return contested, nil

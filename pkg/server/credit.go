@@ -18,15 +18,15 @@ import (
 // none, and drops what an idle tunnel queued, as a running pump does
 // when it sees the Server close.
 func (s *Server) kickPumpLocked(t *tunnel) {
-	if s.closed {
+	if s.life.closed {
 		if t.pump.End() {
 			s.metrics.addQueuedBytes(-t.q.Close())
-			s.pumps.Add(-1)
+			s.life.pumps.Add(-1)
 		}
 		return
 	}
 	t.pump.Kick(func() {
-		s.wg.Add(1)
+		s.life.wg.Add(1)
 		go s.pump(t)
 	})
 }
@@ -49,7 +49,7 @@ func (s *Server) kickPump(t *tunnel) {
 // the CLOSE_RSP that closed it, if any, and forgets the tunnel at the
 // frontend.
 func (s *Server) pump(t *tunnel) {
-	defer s.wg.Done()
+	defer s.life.wg.Done()
 	for {
 		var b []byte
 		if !t.pump.Next(func() bool {
@@ -59,7 +59,7 @@ func (s *Server) pump(t *tunnel) {
 		}) {
 			return // idle: the next kick starts another
 		}
-		quitting := isClosed(s.quit)
+		quitting := isClosed(s.life.quit)
 		if b == nil || quitting {
 			t.pump.End()
 			if quitting {
@@ -71,11 +71,11 @@ func (s *Server) pump(t *tunnel) {
 		s.metrics.addQueuedBytes(-len(b))
 		t.fe.deliver(wire.Data(t.connectID, b), nil)
 		if grant := t.q.Release(len(b)); grant > 0 {
-			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), 0, s.quit, nil)
+			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), 0, s.life.quit, nil)
 		}
 	}
-	defer s.tunnelMayHaveEnded()
-	defer s.pumps.Add(-1)
+	defer s.life.tunnelMayHaveEnded()
+	defer s.life.pumps.Add(-1)
 	s.mu.Lock()
 	last := t.last
 	s.mu.Unlock()
@@ -178,7 +178,7 @@ func (s *Server) queueAgentData(be *agentStream, t *tunnel, data []byte) {
 // tunnel, which frees the frontend's receive loop if it waits for room in
 // the outbox.
 func (s *Server) sendOutbox(t *tunnel, ob *flow.Queue, feDone <-chan struct{}) {
-	defer s.wg.Done()
+	defer s.life.wg.Done()
 	for {
 		b, ok := ob.Next(wire.MaxDataPayload, feDone)
 		if !ok {
@@ -320,7 +320,7 @@ func (s *Server) sendToAgent(be *agentStream, pkt *client.Packet, feDone <-chan 
 		return true
 	case <-be.peer.done:
 	case <-feDone:
-	case <-s.quit:
+	case <-s.life.quit:
 	}
 	return false
 }

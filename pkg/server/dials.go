@@ -40,7 +40,7 @@ func (s *Server) startDial(fe frontend, protocol, address string, random int64) 
 // startDialLocked records a pending dial on be, found by strategy st (nil
 // when none found one). Called with Server.mu held.
 func (s *Server) startDialLocked(fe frontend, be *agentStream, st Strategy, protocol, address string, random int64) (*tunnel, error) {
-	if s.closed || s.shuttingDown {
+	if s.life.stoppingLocked() {
 		return nil, errShuttingDown
 	}
 	if random == 0 {
@@ -67,7 +67,7 @@ func (s *Server) dropPendingLocked(t *tunnel, reason dialFailureReason) bool {
 		return false
 	}
 	t.fe.forget(t)
-	s.tunnelMayHaveEnded()
+	s.life.tunnelMayHaveEnded()
 	if reason != "" {
 		s.metrics.observeDialFailure(reason)
 	}
@@ -82,7 +82,7 @@ func (s *Server) dropPendingLocked(t *tunnel, reason dialFailureReason) bool {
 // taken for unresponsive.
 func (s *Server) dialTimedOut(t *tunnel, attempt int) {
 	s.mu.Lock()
-	if s.closed || s.dials.get(t.random) != t || t.attempt != attempt {
+	if s.life.closed || s.dials.get(t.random) != t || t.attempt != attempt {
 		s.mu.Unlock()
 		return
 	}
@@ -101,9 +101,9 @@ func (s *Server) dialTimedOut(t *tunnel, attempt int) {
 		return
 	}
 	s.dropPendingLocked(t, dialFailureBackendDialTimeout)
-	s.wg.Add(1)
+	s.life.wg.Add(1)
 	s.mu.Unlock()
-	defer s.wg.Done()
+	defer s.life.wg.Done()
 	for _, send := range sends {
 		send()
 	}
@@ -162,10 +162,10 @@ func (s *Server) onDialResponse(be *agentStream, pkt *client.Packet) {
 	t.established = time.Now()
 	s.metrics.addEstablished(1)
 	s.metrics.observeDialDuration(t.established.Sub(t.dialed))
-	if be.peerWindow > 0 && !s.closed {
+	if be.peerWindow > 0 && !s.life.closed {
 		t.q = flow.NewQueue(s.cfg.TunnelWindow)
 		t.credit = flow.NewWindow(be.peerWindow)
-		s.pumps.Add(1) // until a pump has delivered the queue's end
+		s.life.pumps.Add(1) // until a pump has delivered the queue's end
 	}
 	s.mu.Unlock()
 	t.fe.answer(pkt)

@@ -31,11 +31,11 @@ type grpcFrontend struct {
 func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
 	f := &grpcFrontend{s: s, peer: newPeer(stream, s.metrics, segmentToClient, s.mono), pending: map[int64]*tunnel{}, conns: map[int64]*tunnel{}}
 	s.mu.Lock()
-	if s.closed {
+	if s.life.closed {
 		s.mu.Unlock()
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
-	s.wg.Add(1)
+	s.life.wg.Add(1)
 	s.frontendStreams++
 	s.metrics.addGRPCConns(methodProxy, 1)
 	s.mu.Unlock()
@@ -43,7 +43,7 @@ func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
 		s.mu.Lock()
 		s.frontendStreams--
 		s.mu.Unlock()
-		s.tunnelMayHaveEnded()
+		s.life.tunnelMayHaveEnded()
 	}()
 	s.log.V(2).Info("Frontend connected", "remote", remoteAddr(stream.Context()))
 	s.goStream(f.peer, f.serve)
@@ -189,13 +189,13 @@ func (f *grpcFrontend) sendCredited(t *tunnel, data []byte) {
 	}
 	if ob == nil {
 		s.mu.Lock()
-		if t.be.conns[t.connectID] != t || s.closed {
+		if t.be.conns[t.connectID] != t || s.life.closed {
 			s.mu.Unlock()
 			return // the tunnel is over: its data goes nowhere
 		}
 		ob = flow.NewBoundedQueue(max(t.be.peerWindow, wire.MaxDataPayload))
 		t.outbox = ob
-		s.wg.Add(1)
+		s.life.wg.Add(1)
 		s.mu.Unlock()
 		go s.sendOutbox(t, ob, f.peer.done)
 	}
@@ -244,7 +244,7 @@ func (f *grpcFrontend) gone() {
 }
 
 func (f *grpcFrontend) deliver(pkt *client.Packet, abort <-chan struct{}) {
-	if err := f.peer.send(pkt, f.s.cfg.FrontendWriteTimeout, f.s.quit, abort); errors.Is(err, errSlowFrontend) {
+	if err := f.peer.send(pkt, f.s.cfg.FrontendWriteTimeout, f.s.life.quit, abort); errors.Is(err, errSlowFrontend) {
 		f.s.logs.info(f.s.log, "slow-frontend", "Ended a frontend stream that did not read for too long", "timeout", f.s.cfg.FrontendWriteTimeout)
 		f.peer.end(errSlowFrontend)
 	}

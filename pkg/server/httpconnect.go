@@ -129,7 +129,7 @@ func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunne
 		case <-r.Context().Done():
 			s.closeFromFrontend(t)
 			return nil, false
-		case <-s.quit:
+		case <-s.life.quit:
 			http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
 			return nil, false
 		}
@@ -149,7 +149,7 @@ func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, 
 		return false
 	}
 	s.mu.Lock()
-	if s.closed {
+	if s.life.closed {
 		s.mu.Unlock()
 		conn.Close()
 		return false
@@ -158,7 +158,7 @@ func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, 
 	s.httpTunnels[ht] = struct{}{}
 	// relay is counted until it returns, after the last writer: writers
 	// start only meanwhile, from goroutines Close waits for.
-	s.wg.Add(1)
+	s.life.wg.Add(1)
 	s.mu.Unlock()
 	go s.relay(ht, t, conn, clientReader(conn, brw.Reader), log)
 	return true
@@ -167,7 +167,7 @@ func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, 
 // relay answers 200 on the client's connection and relays until either
 // side ends the tunnel.
 func (s *Server) relay(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, log klog.Logger) {
-	defer s.wg.Done()
+	defer s.life.wg.Done()
 	defer ht.queued.stop()
 	s.metrics.addHTTPConns(1)
 	defer s.metrics.addHTTPConns(-1)
@@ -192,7 +192,7 @@ func (s *Server) relay(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, lo
 		// timeout, so this wait is bounded too.
 		select {
 		case <-ht.closed:
-		case <-s.quit:
+		case <-s.life.quit:
 		}
 	}
 	// The client closed, the agent closed (a writer then writes what is
@@ -213,7 +213,7 @@ func (s *Server) relay(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, lo
 	s.mu.Lock()
 	delete(s.httpTunnels, ht)
 	s.mu.Unlock()
-	s.tunnelMayHaveEnded()
+	s.life.tunnelMayHaveEnded()
 	log.V(2).Info("HTTP CONNECT tunnel closed", "connectionID", t.connectID)
 }
 
@@ -310,7 +310,7 @@ func (ht *httpTunnel) deliver(pkt *client.Packet, abort <-chan struct{}) {
 			ht.queued.add(dataLen(pkt))
 			ht.kick()
 		case <-ht.closed:
-		case <-ht.s.quit:
+		case <-ht.s.life.quit:
 		case <-abort:
 		case <-timer.C:
 			ht.s.logs.info(ht.s.log, "slow-client", "Closed an HTTP CONNECT client that did not read for too long", "timeout", ht.s.cfg.FrontendWriteTimeout)

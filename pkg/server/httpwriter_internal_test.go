@@ -28,9 +28,9 @@ import (
 // five with it, which slows the test's side more than the writer's:
 // make test runs it both ways.
 func TestHTTPWriterWritesWhatCameBeforeCloseRsp(t *testing.T) {
-	s := &Server{quit: make(chan struct{}), metrics: testMetrics(t)}
+	s := &Server{life: newLifecycle(), metrics: testMetrics(t)}
 	s.cfg.FrontendWriteTimeout = time.Minute
-	t.Cleanup(s.wg.Wait)
+	t.Cleanup(s.life.wg.Wait)
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

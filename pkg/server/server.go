@@ -7,7 +7,6 @@ import (
 	"io"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,26 +24,11 @@ type Server struct {
 	cfg     Config
 	log     klog.Logger
 	metrics *metrics
-	quit    chan struct{} // closed by Close: every stream and tunnel ends
-	wg      sync.WaitGroup
-
-	// tunnelEnded wakes Shutdown when a tunnel may have ended: a buffer
-	// of 1 and a non-blocking send (tunnelMayHaveEnded), so that ends coalesce.
-	tunnelEnded chan struct{}
-	// pumps counts the flow-controlled tunnels whose pump still delivers
-	// the agent's last data: over at the agent, not yet at the frontend.
-	pumps atomic.Int64
+	// life says whether the Server serves, drains or is closed; its
+	// flags are guarded by mu.
+	life *lifecycle
 
 	mu sync.Mutex
-	// closed is set by Close; no goroutine is added to wg once it is set,
-	// but by goroutines that wg counts already (an HTTP CONNECT tunnel's
-	// writer, started by its relay, a receive loop or a pump), whose
-	// count keeps Close's Wait from returning meanwhile. Guarded by mu.
-	closed bool
-	// notReady is set by StopReadiness: /readyz fails from then on.
-	// shuttingDown is set by Shutdown: new dials and agent streams are
-	// refused. Guarded by mu.
-	notReady, shuttingDown bool
 	// routes indexes the agent streams by agent, for choosing one for a
 	// dial; it has its own lock.
 	routes *routes
@@ -85,8 +69,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:         cfg,
 		log:         cfg.Logger.WithName("proxy-server"),
 		metrics:     m,
-		quit:        make(chan struct{}),
-		tunnelEnded: make(chan struct{}, 1),
+		life:        newLifecycle(),
 		routes:      newRoutes(),
 		mono:        clock.NewMonotonic(nil),
 		httpTunnels: map[*httpTunnel]struct{}{},
@@ -111,23 +94,23 @@ func (s *Server) Config() Config { return s.cfg }
 // once.
 func (s *Server) Close() {
 	s.mu.Lock()
-	if s.closed {
+	if s.life.closed {
 		s.mu.Unlock()
-		s.wg.Wait()
+		s.life.wg.Wait()
 		return
 	}
-	s.closed = true
+	s.life.closed = true
 	s.dials.stopTimers()
 	var hts []*httpTunnel
 	for ht := range s.httpTunnels {
 		hts = append(hts, ht)
 	}
 	s.mu.Unlock()
-	close(s.quit)
+	close(s.life.quit)
 	for _, ht := range hts {
 		ht.closeConn()
 	}
-	s.wg.Wait()
+	s.life.wg.Wait()
 }
 
 // Ready reports whether at least one agent is connected and the Server
@@ -135,7 +118,7 @@ func (s *Server) Close() {
 func (s *Server) Ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.live.streams() > 0 && !s.notReady
+	return s.live.streams() > 0 && !s.life.notReady
 }
 
 // StopReadiness makes Ready, and so /readyz, fail from now on, while the
@@ -145,7 +128,7 @@ func (s *Server) Ready() bool {
 func (s *Server) StopReadiness() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.notReady = true
+	s.life.notReady = true
 }
 
 // Shutdown stops the Server gracefully. It stops readiness, refuses new
@@ -159,7 +142,7 @@ func (s *Server) StopReadiness() {
 // its listeners first: Shutdown does not listen.
 func (s *Server) Shutdown(ctx context.Context) (cut int) {
 	s.mu.Lock()
-	s.notReady, s.shuttingDown = true, true
+	s.life.notReady, s.life.shuttingDown = true, true
 	streams := slices.Clone(s.live.all())
 	s.mu.Unlock()
 	for _, be := range streams {
@@ -171,7 +154,7 @@ func (s *Server) Shutdown(ctx context.Context) (cut int) {
 			break
 		}
 		select {
-		case <-s.tunnelEnded:
+		case <-s.life.tunnelEnded:
 			continue
 		case <-ctx.Done():
 			cut = n
@@ -194,15 +177,7 @@ func (s *Server) openTunnels() int {
 	for _, be := range s.live.all() {
 		n += len(be.conns) + len(be.closing)
 	}
-	return n + int(s.pumps.Load())
-}
-
-// tunnelMayHaveEnded wakes a waiting Shutdown.
-func (s *Server) tunnelMayHaveEnded() {
-	select {
-	case s.tunnelEnded <- struct{}{}:
-	default: // a wake-up is pending already
-	}
+	return n + int(s.life.pumps.Load())
 }
 
 // Backends returns the number of connected agent streams.
@@ -212,12 +187,12 @@ func (s *Server) Backends() int {
 	return s.live.streams()
 }
 
-// goStream starts p's receive loop recv. The caller has done s.wg.Add(1)
-// under s.mu, having checked s.closed, so that Close waits for it, and
+// goStream starts p's receive loop recv. The caller has done s.life.wg.Add(1)
+// under s.mu, having checked s.life.closed, so that Close waits for it, and
 // through it for p's writer (stopWriter).
 func (s *Server) goStream(p *peer, recv func()) {
 	go func() {
-		defer s.wg.Done()
+		defer s.life.wg.Done()
 		defer p.stopWriter()
 		recv()
 	}()
@@ -236,7 +211,7 @@ func (s *Server) waitStream(p *peer) error {
 	case <-p.done:
 	case <-p.stream.Context().Done():
 		p.end(p.stream.Context().Err())
-	case <-s.quit:
+	case <-s.life.quit:
 		p.end(errShuttingDown)
 	}
 	switch err := p.reason; {

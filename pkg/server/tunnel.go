@@ -159,7 +159,7 @@ func (s *Server) forgetConnLocked(t *tunnel) {
 	}
 	s.metrics.addEstablished(-1)
 	s.metrics.observeConnection(time.Since(t.established))
-	s.tunnelMayHaveEnded()
+	s.life.tunnelMayHaveEnded()
 }
 
 // closeFromFrontend ends t because its frontend went away: the dial is
@@ -217,7 +217,7 @@ func (s *Server) sendCloseReq(t *tunnel) {
 		return
 	}
 	s.mu.Lock()
-	if s.closed || be.gone {
+	if s.life.closed || be.gone {
 		s.mu.Unlock()
 		send()
 		return
@@ -230,17 +230,17 @@ func (s *Server) sendCloseReq(t *tunnel) {
 		be.closing = map[int64]struct{}{}
 	}
 	be.closing[id] = struct{}{}
-	// Under s.mu with s.closed false, so that Close waits for it: the
-	// HTTP CONNECT handler that may call this is not counted in s.wg.
-	s.wg.Add(1)
+	// Under s.mu with s.life.closed false, so that Close waits for it: the
+	// HTTP CONNECT handler that may call this is not counted in s.life.wg.
+	s.life.wg.Add(1)
 	s.mu.Unlock()
 	time.AfterFunc(PlainAgentCloseDelay, func() {
-		defer s.wg.Done()
+		defer s.life.wg.Done()
 		send()
 		s.mu.Lock()
 		delete(be.closing, id)
 		s.mu.Unlock()
-		s.tunnelMayHaveEnded()
+		s.life.tunnelMayHaveEnded()
 	})
 }
 
