@@ -209,11 +209,11 @@ func (s *Server) serveAgent(be *agentStream) {
 		case client.PacketType_DIAL_RSP:
 			s.onDialResponse(be, pkt)
 		case client.PacketType_DATA:
-			s.onAgentData(be, pkt)
+			s.relay.onAgentData(be, pkt)
 		case client.PacketType_CLOSE_RSP:
-			s.onAgentCloseResponse(be, pkt)
+			s.relay.onAgentCloseResponse(be, pkt)
 		case wire.PacketWindow:
-			s.onWindowUpdate(be, pkt)
+			s.relay.onWindowUpdate(be, pkt)
 		case client.PacketType_DRAIN:
 			if !be.draining.Swap(true) {
 				s.routes.setDraining(be)

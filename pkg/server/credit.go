@@ -17,30 +17,30 @@ import (
 // ondemand.Loop). Called with Server.mu held: a closing Server starts
 // none, and drops what an idle tunnel queued, as a running pump does
 // when it sees the Server close.
-func (s *Server) kickPumpLocked(t *tunnel) {
-	if s.life.closed {
+func (r *relay) kickPumpLocked(t *tunnel) {
+	if r.life.closed {
 		if t.pump.End() {
-			s.metrics.addQueuedBytes(-t.q.Close())
-			s.life.pumps.Add(-1)
+			r.metrics.addQueuedBytes(-t.q.Close())
+			r.life.pumps.Add(-1)
 		}
 		return
 	}
 	t.pump.Kick(func() {
-		s.life.wg.Add(1)
-		go s.pump(t)
+		r.life.wg.Add(1)
+		go r.pump(t)
 	})
 }
 
 // kickPump is kickPumpLocked for a caller without Server.mu, which it
 // takes only to start a pump: while one runs, as it does while DATA
 // flows, a kick costs one uncontended lock, the pump's.
-func (s *Server) kickPump(t *tunnel) {
+func (r *relay) kickPump(t *tunnel) {
 	if t.pump.Running() {
 		return
 	}
-	s.mu.Lock()
-	s.kickPumpLocked(t)
-	s.mu.Unlock()
+	r.mu.Lock()
+	r.kickPumpLocked(t)
+	r.mu.Unlock()
 }
 
 // pump delivers a flow-controlled tunnel's queued DATA to its frontend,
@@ -48,8 +48,8 @@ func (s *Server) kickPump(t *tunnel) {
 // the queue is closed, or the Server closes while it runs, it delivers
 // the CLOSE_RSP that closed it, if any, and forgets the tunnel at the
 // frontend.
-func (s *Server) pump(t *tunnel) {
-	defer s.life.wg.Done()
+func (r *relay) pump(t *tunnel) {
+	defer r.life.wg.Done()
 	for {
 		var b []byte
 		if !t.pump.Next(func() bool {
@@ -59,34 +59,34 @@ func (s *Server) pump(t *tunnel) {
 		}) {
 			return // idle: the next kick starts another
 		}
-		quitting := isClosed(s.life.quit)
+		quitting := isClosed(r.life.quit)
 		if b == nil || quitting {
 			t.pump.End()
 			if quitting {
 				// What a closing Server leaves queued goes with it.
-				s.metrics.addQueuedBytes(-t.q.Close() - len(b))
+				r.metrics.addQueuedBytes(-t.q.Close() - len(b))
 			}
 			break
 		}
-		s.metrics.addQueuedBytes(-len(b))
+		r.metrics.addQueuedBytes(-len(b))
 		t.fe.deliver(wire.Data(t.connectID, b), nil)
 		if grant := t.q.Release(len(b)); grant > 0 {
-			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), 0, s.life.quit, nil)
+			t.be.peer.send(wire.WindowUpdate(t.connectID, grant), 0, r.life.quit, nil)
 		}
 	}
-	defer s.life.tunnelMayHaveEnded()
-	defer s.life.pumps.Add(-1)
-	s.mu.Lock()
+	defer r.life.tunnelMayHaveEnded()
+	defer r.life.pumps.Add(-1)
+	r.mu.Lock()
 	last := t.last
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if last != nil {
 		t.fe.deliver(last, nil)
 	}
 	// Only now, after its last packet: a frontend packet for the tunnel
 	// answered "unknown connectID" before it would overtake the data.
-	s.mu.Lock()
+	r.mu.Lock()
 	t.fe.forget(t)
-	s.mu.Unlock()
+	r.mu.Unlock()
 }
 
 // isClosed reports whether c, a channel that is only ever closed, is.
@@ -101,37 +101,37 @@ func isClosed(c <-chan struct{}) bool {
 
 // onWindowUpdate handles WINDOW from agent stream be: credit for a
 // tunnel's frontend to send more.
-func (s *Server) onWindowUpdate(be *agentStream, pkt *client.Packet) {
+func (r *relay) onWindowUpdate(be *agentStream, pkt *client.Packet) {
 	id, n, ok := wire.ParseWindowUpdate(pkt)
 	if !ok || be.peerWindow == 0 {
-		s.log.V(4).Info("Ignored a WINDOW packet", "agentID", be.logID, "flowControl", be.peerWindow > 0)
+		r.log.V(4).Info("Ignored a WINDOW packet", "agentID", be.logID, "flowControl", be.peerWindow > 0)
 		return
 	}
-	s.mu.Lock()
+	r.mu.Lock()
 	t := be.conns[id]
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if t != nil && t.credit != nil {
 		t.credit.Give(n)
 	}
 }
 
 // onAgentData handles DATA from agent stream be.
-func (s *Server) onAgentData(be *agentStream, pkt *client.Packet) {
+func (r *relay) onAgentData(be *agentStream, pkt *client.Packet) {
 	id := pkt.GetData().GetConnectID()
-	s.mu.Lock()
+	r.mu.Lock()
 	t := be.conns[id]
 	_, closing := be.closing[id]
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if t == nil {
 		if closing {
 			return // its frontend is gone, and its CLOSE_REQ on its way
 		}
-		s.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.logID, "connectionID", id)
+		r.log.V(4).Info("Data matched no connection, closing it at the agent", "agentID", be.logID, "connectionID", id)
 		be.peer.sendControl(wire.CloseReq(id), id)
 		return
 	}
 	if t.q != nil {
-		s.queueAgentData(be, t, pkt.GetData().GetData())
+		r.queueAgentData(be, t, pkt.GetData().GetData())
 		return
 	}
 	if len(pkt.GetData().GetData()) <= wire.MaxDataPayload {
@@ -149,23 +149,23 @@ func (s *Server) onAgentData(be *agentStream, pkt *client.Packet) {
 
 // queueAgentData queues DATA of a flow-controlled tunnel for pump: it
 // never waits. An agent that sends more than the window loses the tunnel.
-func (s *Server) queueAgentData(be *agentStream, t *tunnel, data []byte) {
+func (r *relay) queueAgentData(be *agentStream, t *tunnel, data []byte) {
 	err := t.q.Put(data)
 	switch {
 	case err == nil:
-		s.metrics.addQueuedBytes(len(data))
-		s.kickPump(t)
+		r.metrics.addQueuedBytes(len(data))
+		r.kickPump(t)
 		return
 	case !errors.Is(err, flow.ErrWindowExceeded):
 		return // the tunnel is ending: its data goes nowhere
 	}
-	s.log.V(2).Info("Closed a tunnel whose agent sent more than the flow-control window", "agentID", be.logID, "connectionID", t.connectID, "window", s.cfg.TunnelWindow)
-	s.mu.Lock()
+	r.log.V(2).Info("Closed a tunnel whose agent sent more than the flow-control window", "agentID", be.logID, "connectionID", t.connectID, "window", r.cfg.TunnelWindow)
+	r.mu.Lock()
 	established := be.conns[t.connectID] == t
 	if established {
-		s.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextWindowExceeded))
+		r.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextWindowExceeded))
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if established {
 		be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 	}
@@ -177,22 +177,22 @@ func (s *Server) queueAgentData(be *agentStream, t *tunnel, data []byte) {
 // FrontendWriteTimeout: an agent that grants none for so long loses the
 // tunnel, which frees the frontend's receive loop if it waits for room in
 // the outbox.
-func (s *Server) sendOutbox(t *tunnel, ob *flow.Queue, feDone <-chan struct{}) {
-	defer s.life.wg.Done()
+func (r *relay) sendOutbox(t *tunnel, ob *flow.Queue, feDone <-chan struct{}) {
+	defer r.life.wg.Done()
 	for {
 		b, ok := ob.Next(wire.MaxDataPayload, feDone)
 		if !ok {
 			break
 		}
 		for len(b) > 0 {
-			n := s.takeCreditWithin(t, len(b), feDone)
+			n := r.takeCreditWithin(t, len(b), feDone)
 			if n == 0 {
 				ob.Release(len(b))
 				return
 			}
 			// A fresh slice: the outbox's bytes are its own, and the
 			// packet's writer recycles only whole buffers of wire's.
-			if !s.sendToAgent(t.be, wire.Data(t.connectID, b[:n:n]), feDone) {
+			if !r.sendToAgent(t.be, wire.Data(t.connectID, b[:n:n]), feDone) {
 				ob.Release(len(b))
 				return
 			}
@@ -200,22 +200,22 @@ func (s *Server) sendOutbox(t *tunnel, ob *flow.Queue, feDone <-chan struct{}) {
 			b = b[n:]
 		}
 	}
-	s.mu.Lock()
+	r.mu.Lock()
 	send := t.closeAfterOutbox && t.be.conns[t.connectID] == t
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if send {
-		s.sendToAgent(t.be, wire.CloseReq(t.connectID), feDone)
+		r.sendToAgent(t.be, wire.CloseReq(t.connectID), feDone)
 	}
 }
 
 // takeCreditWithin waits up to FrontendWriteTimeout for credit for t and
 // takes up to max bytes of it. It returns 0 when the tunnel or the
 // frontend ended first, or when the time passed: then it ends t.
-func (s *Server) takeCreditWithin(t *tunnel, max int, feDone <-chan struct{}) int {
+func (r *relay) takeCreditWithin(t *tunnel, max int, feDone <-chan struct{}) int {
 	if n, open := t.credit.TryTake(max); n > 0 || !open {
 		return n
 	}
-	timer := time.NewTimer(s.cfg.FrontendWriteTimeout)
+	timer := time.NewTimer(r.cfg.FrontendWriteTimeout)
 	defer timer.Stop()
 	for {
 		n, open := t.credit.TryTake(max)
@@ -227,7 +227,7 @@ func (s *Server) takeCreditWithin(t *tunnel, max int, feDone <-chan struct{}) in
 		case <-feDone:
 			return 0
 		case <-timer.C:
-			s.endStuckTunnel(t, tunnelEndedNoCredit)
+			r.endStuckTunnel(t, tunnelEndedNoCredit)
 			return 0
 		}
 	}
@@ -236,19 +236,19 @@ func (s *Server) takeCreditWithin(t *tunnel, max int, feDone <-chan struct{}) in
 // endStuckTunnel ends established tunnel t, stuck for reason, at both
 // ends: the frontend gets CLOSE_RSP with an error after the data on its
 // way, and the agent CLOSE_REQ.
-func (s *Server) endStuckTunnel(t *tunnel, reason tunnelEndedReason) {
-	s.mu.Lock()
+func (r *relay) endStuckTunnel(t *tunnel, reason tunnelEndedReason) {
+	r.mu.Lock()
 	established := t.be.conns[t.connectID] == t
 	direct := false
 	if established {
-		direct = s.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextNoCredit))
+		direct = r.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextNoCredit))
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if !established {
 		return
 	}
-	s.metrics.observeTunnelEnded(reason)
-	s.logs.info(s.log, "no-credit", "Ended a tunnel whose agent granted no flow-control credit for too long", "agentID", t.be.logID, "connectionID", t.connectID, "timeout", s.cfg.FrontendWriteTimeout)
+	r.metrics.observeTunnelEnded(reason)
+	r.logs.info(r.log, "no-credit", "Ended a tunnel whose agent granted no flow-control credit for too long", "agentID", t.be.logID, "connectionID", t.connectID, "timeout", r.cfg.FrontendWriteTimeout)
 	if direct {
 		t.fe.deliver(wire.CloseRsp(t.connectID, errTextNoCredit), nil)
 	}
@@ -260,17 +260,17 @@ func (s *Server) endStuckTunnel(t *tunnel, reason tunnelEndedReason) {
 // flow control each piece first waits for the agent's credit; then, as
 // every packet, for room on the stream (sendToAgent). It reports whether
 // all of it was queued.
-func (s *Server) sendData(t *tunnel, pkt *client.Packet, feDone <-chan struct{}) bool {
+func (r *relay) sendData(t *tunnel, pkt *client.Packet, feDone <-chan struct{}) bool {
 	data := pkt.GetData().GetData()
 	if t.credit == nil && len(data) <= wire.MaxDataPayload {
-		return s.sendToAgent(t.be, pkt, feDone) // forwarded as it came
+		return r.sendToAgent(t.be, pkt, feDone) // forwarded as it came
 	}
 	// konnectivity-client sends each Write as one DATA packet of up to
 	// MaxMessageSize: queued whole, 32 of them would hold 512 MiB on the
 	// agent stream.
 	ok := true
 	wire.SplitData(data, func(piece []byte) bool {
-		ok = s.sendPiece(t, piece, feDone)
+		ok = r.sendPiece(t, piece, feDone)
 		return ok
 	})
 	return ok
@@ -280,7 +280,7 @@ func (s *Server) sendData(t *tunnel, pkt *client.Packet, feDone <-chan struct{})
 // agent: with flow control in as many packets as the credit it gets
 // allows. It reports false when the tunnel, the frontend or the stream
 // ended first.
-func (s *Server) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool {
+func (r *relay) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool {
 	for len(piece) > 0 {
 		n := len(piece)
 		if t.credit != nil {
@@ -294,7 +294,7 @@ func (s *Server) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool
 		if n < len(piece) {
 			p = piece[:n:n]
 		}
-		if !s.sendToAgent(t.be, wire.Data(t.connectID, p), feDone) {
+		if !r.sendToAgent(t.be, wire.Data(t.connectID, p), feDone) {
 			return false
 		}
 		piece = piece[n:]
@@ -308,19 +308,19 @@ func (s *Server) sendPiece(t *tunnel, piece []byte, feDone <-chan struct{}) bool
 // be ends, the frontend ends or the Server closes: a frontend must never
 // outlive its own end because its agent does not read. It reports whether
 // pkt was queued.
-func (s *Server) sendToAgent(be *agentStream, pkt *client.Packet, feDone <-chan struct{}) bool {
+func (r *relay) sendToAgent(be *agentStream, pkt *client.Packet, feDone <-chan struct{}) bool {
 	if be.peer.offer(pkt) {
 		return true
 	}
-	s.metrics.addWaitingForAgent(1)
-	defer s.metrics.addWaitingForAgent(-1)
+	r.metrics.addWaitingForAgent(1)
+	defer r.metrics.addWaitingForAgent(-1)
 	select {
 	case be.peer.room <- struct{}{}:
 		be.peer.push(pkt)
 		return true
 	case <-be.peer.done:
 	case <-feDone:
-	case <-s.life.quit:
+	case <-r.life.quit:
 	}
 	return false
 }

@@ -59,21 +59,6 @@ func (s *Server) startDialLocked(fe frontend, be *agentStream, st Strategy, prot
 	return t, nil
 }
 
-// dropPendingLocked forgets a pending dial everywhere, counting it as a
-// failure for reason. It reports whether t was pending. Called with
-// Server.mu held.
-func (s *Server) dropPendingLocked(t *tunnel, reason dialFailureReason) bool {
-	if !s.dials.remove(t) {
-		return false
-	}
-	t.fe.forget(t)
-	s.life.tunnelMayHaveEnded()
-	if reason != "" {
-		s.metrics.observeDialFailure(reason)
-	}
-	return true
-}
-
 // dialTimedOut handles a dial whose agent did not answer within
 // Config.BackendDialTimeout (of attempt): it is sent to another agent if
 // it can be (pendingDials.retry), else answered with an error. A late DIAL_RSP
@@ -100,7 +85,7 @@ func (s *Server) dialTimedOut(t *tunnel, attempt int) {
 		}
 		return
 	}
-	s.dropPendingLocked(t, dialFailureBackendDialTimeout)
+	s.dials.drop(t, dialFailureBackendDialTimeout)
 	s.life.wg.Add(1)
 	s.mu.Unlock()
 	defer s.life.wg.Done()
@@ -117,7 +102,7 @@ func (s *Server) cancelDial(fe frontend, random int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t := s.dials.get(random); t != nil && t.fe == fe {
-		s.dropPendingLocked(t, dialFailureFrontendClose)
+		s.dials.drop(t, dialFailureFrontendClose)
 	}
 }
 
@@ -143,7 +128,7 @@ func (s *Server) onDialResponse(be *agentStream, pkt *client.Packet) {
 	if failed {
 		reason = dialFailureErrorResponse
 	}
-	s.dropPendingLocked(t, reason)
+	s.dials.drop(t, reason)
 	if failed {
 		s.mu.Unlock()
 		t.fe.answer(pkt)
@@ -184,6 +169,7 @@ func (s *Server) onDialResponse(be *agentStream, pkt *client.Packet) {
 type pendingDials struct {
 	byRandom map[int64]*tunnel
 	routes   *routes
+	life     *lifecycle
 	metrics  *metrics
 	log      klog.Logger
 	// timeout is Config.BackendDialTimeout (0: none), and timedOut what
@@ -258,6 +244,21 @@ func (d *pendingDials) retry(t *tunnel, reason retryReason) (send func(), ok boo
 		nb.peer.sendTunnelControl(req, t.random)
 		old.peer.sendTunnelControl(wire.DialCls(t.random), t.random)
 	}, true
+}
+
+// drop forgets t everywhere, if it is pending (its frontend too), and
+// counts it as a failure for reason ("" for none). It reports whether t
+// was pending.
+func (d *pendingDials) drop(t *tunnel, reason dialFailureReason) bool {
+	if !d.remove(t) {
+		return false
+	}
+	t.fe.forget(t)
+	d.life.tunnelMayHaveEnded()
+	if reason != "" {
+		d.metrics.observeDialFailure(reason)
+	}
+	return true
 }
 
 // remove forgets t, if it is pending, and stops its timer. It reports

@@ -159,9 +159,9 @@ func TestIdleConnectTunnelHoldsOneGoroutine(t *testing.T) {
 		clients[i] = rw
 	}
 	const (
-		relay  = "github.com/servercount/servercount/pkg/server.(*Server).relay"
+		relay  = "github.com/servercount/servercount/pkg/server.(*Server).serveTunnel"
 		writer = "github.com/servercount/servercount/pkg/server.(*httpTunnel).writeLoop"
-		pump   = "github.com/servercount/servercount/pkg/server.(*Server).pump"
+		pump   = "github.com/servercount/servercount/pkg/server.(*relay).pump"
 	)
 	idle := func() bool {
 		return metricstest.GoroutinesIn(relay) == n && metricstest.GoroutinesIn(writer) == 0 && metricstest.GoroutinesIn(pump) == 0

@@ -109,7 +109,7 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 	// this frontend has, gone drops it. If the dial is retried on
 	// another agent meanwhile, the one chosen first gets DIAL_CLS after
 	// this and answers nothing that counts.
-	f.s.sendToAgent(be, pkt, f.peer.done)
+	f.s.relay.sendToAgent(be, pkt, f.peer.done)
 }
 
 // forward sends DATA or CLOSE_REQ for connectID to its agent, or answers
@@ -138,7 +138,7 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 			f.sendCredited(t, pkt.GetData().GetData())
 			return
 		}
-		f.s.sendData(t, pkt, f.peer.done)
+		f.s.relay.sendData(t, pkt, f.peer.done)
 		return
 	}
 	f.s.mu.Lock()
@@ -152,7 +152,7 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 		ob.CloseWrite()
 		return
 	}
-	f.s.sendCloseReq(t)
+	f.s.relay.sendCloseReq(t)
 }
 
 // sendCredited sends DATA of flow-controlled tunnel t to its agent
@@ -179,7 +179,7 @@ func (f *grpcFrontend) sendCredited(t *tunnel, data []byte) {
 			// a prefix for the whole buffer.
 			p = data[:n:n]
 		}
-		if !s.sendToAgent(t.be, wire.Data(t.connectID, p), f.peer.done) {
+		if !s.relay.sendToAgent(t.be, wire.Data(t.connectID, p), f.peer.done) {
 			return
 		}
 		data = data[n:]
@@ -197,7 +197,7 @@ func (f *grpcFrontend) sendCredited(t *tunnel, data []byte) {
 		t.outbox = ob
 		s.life.wg.Add(1)
 		s.mu.Unlock()
-		go s.sendOutbox(t, ob, f.peer.done)
+		go s.relay.sendOutbox(t, ob, f.peer.done)
 	}
 	var timer *time.Timer
 	for len(data) > 0 {
@@ -219,7 +219,7 @@ func (f *grpcFrontend) sendCredited(t *tunnel, data []byte) {
 		case <-f.peer.done:
 			return
 		case <-timer.C:
-			s.endStuckTunnel(t, tunnelEndedNoCredit)
+			s.relay.endStuckTunnel(t, tunnelEndedNoCredit)
 			return
 		}
 	}
@@ -238,7 +238,7 @@ func (f *grpcFrontend) gone() {
 	}
 	f.s.mu.Unlock()
 	for _, t := range ts {
-		f.s.closeFromFrontend(t)
+		f.s.relay.closeFromFrontend(t)
 	}
 	f.s.log.V(2).Info("Frontend disconnected", "connections", len(ts), "err", f.peer.reason)
 }

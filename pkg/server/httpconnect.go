@@ -68,7 +68,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 	ht := &httpTunnel{s: s, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{}),
 		queued: queuedBytes{m: s.metrics}, flushed: make(chan struct{})}
 	// Whatever is left in data when the tunnel ends is dropped with it:
-	// here, unless relay took the tunnel over.
+	// here, unless serveTunnel took the tunnel over.
 	relayed := false
 	defer func() {
 		if !relayed {
@@ -123,11 +123,11 @@ func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunne
 		case rsp := <-ht.dialed:
 			return rsp, true
 		case <-peerDone:
-			s.closeFromFrontend(t)
+			s.relay.closeFromFrontend(t)
 			http.Error(w, "sending the dial request to the agent failed: agent stream closed", http.StatusBadGateway)
 			return nil, false
 		case <-r.Context().Done():
-			s.closeFromFrontend(t)
+			s.relay.closeFromFrontend(t)
 			return nil, false
 		case <-s.life.quit:
 			http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
@@ -137,14 +137,14 @@ func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunne
 }
 
 // relayConnect takes over the client's connection once the agent has
-// dialled and hands it to relay, in a goroutine of its own: the HTTP
+// dialled and hands it to serveTunnel, in a goroutine of its own: the HTTP
 // server's goroutine returns, and with it the request, the response and
 // their buffers, and a stack grown for parsing and dialling, none of
 // which an open tunnel needs.
 func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, log klog.Logger) (relayed bool) {
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		s.closeFromFrontend(t)
+		s.relay.closeFromFrontend(t)
 		http.Error(w, "cannot take over the connection for CONNECT: "+err.Error(), http.StatusInternalServerError)
 		return false
 	}
@@ -156,17 +156,17 @@ func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, 
 	}
 	ht.conn = conn
 	s.httpTunnels[ht] = struct{}{}
-	// relay is counted until it returns, after the last writer: writers
+	// serveTunnel is counted until it returns, after the last writer: writers
 	// start only meanwhile, from goroutines Close waits for.
 	s.life.wg.Add(1)
 	s.mu.Unlock()
-	go s.relay(ht, t, conn, clientReader(conn, brw.Reader), log)
+	go s.serveTunnel(ht, t, conn, clientReader(conn, brw.Reader), log)
 	return true
 }
 
-// relay answers 200 on the client's connection and relays until either
-// side ends the tunnel.
-func (s *Server) relay(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, log klog.Logger) {
+// serveTunnel answers 200 on the client's connection and relays until
+// either side ends the tunnel.
+func (s *Server) serveTunnel(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, log klog.Logger) {
 	defer s.life.wg.Done()
 	defer ht.queued.stop()
 	s.metrics.addHTTPConns(1)
@@ -185,7 +185,7 @@ func (s *Server) relay(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, lo
 	if err == nil {
 		ht.readLoop(t, r)
 	}
-	if s.ending(t) {
+	if s.relay.ending(t) {
 		// The agent closed the tunnel while the client was sending: what
 		// the agent sent before it is still on its way (pump), and
 		// CLOSE_RSP ends it. Each delivery is bounded by the write
@@ -206,7 +206,7 @@ func (s *Server) relay(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, lo
 		<-ht.flushed
 	default:
 	}
-	s.closeFromFrontend(t)
+	s.relay.closeFromFrontend(t)
 	ht.shutdown()
 	conn.Close()
 	<-ht.flushed // shutdown started a writer, if none ran, to end it
@@ -254,7 +254,7 @@ func (ht *httpTunnel) readLoop(t *tunnel, r io.Reader) {
 			if !busy {
 				data = bytes.Clone(data)
 			}
-			if !ht.s.sendData(t, wire.Data(t.connectID, data), ht.closed) {
+			if !ht.s.relay.sendData(t, wire.Data(t.connectID, data), ht.closed) {
 				return
 			}
 		} else if busy {

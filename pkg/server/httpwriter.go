@@ -14,8 +14,8 @@ import (
 
 // kick starts a writer unless one runs, the 200 has not gone out yet, or
 // the connection is over. Whoever puts on data or closes closed calls it
-// after (relay, once it has set client, too). Its callers are goroutines
-// that Server.Close waits for (receive loops, pumps, relay), so that
+// after (serveTunnel, once it has set client, too). Its callers are goroutines
+// that Server.Close waits for (receive loops, pumps, serveTunnel), so that
 // adding to Server.wg never races with its Wait.
 func (ht *httpTunnel) kick() {
 	ht.wmu.Lock()

@@ -46,6 +46,8 @@ type Server struct {
 	// dials holds the dials sent to an agent and not yet answered.
 	// Guarded by mu.
 	dials pendingDials
+	// relay carries the tunnels' packets once their dials are answered.
+	relay relay
 	// httpTunnels holds the HTTP CONNECT tunnels, so that Close can end
 	// them. Guarded by mu.
 	httpTunnels map[*httpTunnel]struct{}
@@ -79,7 +81,8 @@ func New(cfg Config) (*Server, error) {
 		preAuth:    preAuthConns{m: m, byAddr: cfg.MaxHandshakesPerAddress >= 0, clock: cfg.Clock},
 		metrics:    m, log: s.log, logs: &s.logs}
 	s.live = liveness{mu: &s.mu, cfg: cfg, mono: s.mono, metrics: m, log: s.log, logs: &s.logs, routes: s.routes, dials: &s.dials}
-	s.dials = pendingDials{byRandom: map[int64]*tunnel{}, routes: s.routes, metrics: m, log: s.log,
+	s.relay = relay{mu: &s.mu, cfg: cfg, life: s.life, dials: &s.dials, metrics: m, log: s.log, logs: &s.logs}
+	s.dials = pendingDials{byRandom: map[int64]*tunnel{}, routes: s.routes, life: s.life, metrics: m, log: s.log,
 		timeout: cfg.BackendDialTimeout, timedOut: s.dialTimedOut}
 	return s, nil
 }

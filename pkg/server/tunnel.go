@@ -3,8 +3,10 @@ package server
 import (
 	"errors"
 	"io"
+	"sync"
 	"time"
 
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/flow"
@@ -93,7 +95,7 @@ type tunnel struct {
 	// credit is what the agent has room for. Both nil without.
 	q      *flow.Queue
 	credit *flow.Window
-	// pump runs Server.pump while q holds something (see kickPump); it
+	// pump runs relay.pump while q holds something (see kickPump); it
 	// ends once a pump has delivered the end of the queue.
 	pump ondemand.Loop
 	// last is the packet pump delivers after the queued DATA: CLOSE_RSP.
@@ -112,36 +114,54 @@ type tunnel struct {
 	ending bool
 }
 
+// relay is the part of a Server that carries a tunnel's packets between
+// its frontend and its agent stream once the dial is answered: DATA both
+// ways, with flow control (credit.go) or without, and the tunnel's end
+// from either side. Its state is the tunnels' and the agent streams'
+// (conns, closing), guarded by Server.mu (mu) as the dials are: an
+// answered dial becomes a tunnel under that lock.
+type relay struct {
+	// All set by New. cfg is a copy of the Server's: the relay reads its
+	// window and frontend write timeout.
+	mu      *sync.Mutex // Server.mu
+	cfg     Config
+	life    *lifecycle
+	dials   *pendingDials
+	metrics *metrics
+	log     klog.Logger
+	logs    *logLimiter
+}
+
 // closeFromAgentLocked forgets established tunnel t, which the agent
 // ended, and sees that pkt (its CLOSE_RSP) reaches the frontend after the
 // data sent before it: with flow control pump delivers it after the
 // queue; without, direct is true and the caller delivers it once it has
 // unlocked Server.mu. Called with Server.mu held.
-func (s *Server) closeFromAgentLocked(t *tunnel, pkt *client.Packet) (direct bool) {
-	s.forgetConnLocked(t)
+func (r *relay) closeFromAgentLocked(t *tunnel, pkt *client.Packet) (direct bool) {
+	r.forgetConnLocked(t)
 	if t.q == nil {
 		return true
 	}
 	t.last = pkt
 	t.q.CloseWrite()
-	s.kickPumpLocked(t)
+	r.kickPumpLocked(t)
 	return false
 }
 
 // onAgentCloseResponse handles CLOSE_RSP from agent stream be.
-func (s *Server) onAgentCloseResponse(be *agentStream, pkt *client.Packet) {
+func (r *relay) onAgentCloseResponse(be *agentStream, pkt *client.Packet) {
 	id := pkt.GetCloseResponse().GetConnectID()
-	s.mu.Lock()
+	r.mu.Lock()
 	t := be.conns[id]
-	direct := t != nil && s.closeFromAgentLocked(t, pkt)
-	s.mu.Unlock()
+	direct := t != nil && r.closeFromAgentLocked(t, pkt)
+	r.mu.Unlock()
 	if direct {
 		t.fe.answer(pkt)
 	}
 }
 
 // forgetConnLocked forgets an established connection everywhere.
-func (s *Server) forgetConnLocked(t *tunnel) {
+func (r *relay) forgetConnLocked(t *tunnel) {
 	if t.be.conns[t.connectID] != t {
 		return
 	}
@@ -157,34 +177,34 @@ func (s *Server) forgetConnLocked(t *tunnel) {
 	if t.outbox != nil {
 		t.outbox.Close() // nobody is left to take what waits for credit
 	}
-	s.metrics.addEstablished(-1)
-	s.metrics.observeConnection(time.Since(t.established))
-	s.life.tunnelMayHaveEnded()
+	r.metrics.addEstablished(-1)
+	r.metrics.observeConnection(time.Since(t.established))
+	r.life.tunnelMayHaveEnded()
 }
 
 // closeFromFrontend ends t because its frontend went away: the dial is
 // dropped if pending, else the agent gets CLOSE_REQ. Later packets for it
 // find nothing (an agent's DATA is then answered with CLOSE_REQ again).
-func (s *Server) closeFromFrontend(t *tunnel) {
-	s.mu.Lock()
-	if s.dropPendingLocked(t, dialFailureFrontendClose) {
-		s.mu.Unlock()
+func (r *relay) closeFromFrontend(t *tunnel) {
+	r.mu.Lock()
+	if r.dials.drop(t, dialFailureFrontendClose) {
+		r.mu.Unlock()
 		return
 	}
 	established := t.be.conns[t.connectID] == t
 	if established {
-		s.forgetConnLocked(t)
+		r.forgetConnLocked(t)
 	}
 	q := t.q
 	if q != nil {
 		// Nobody is left to read what the agent sent; a pump ends the
 		// tunnel at the frontend.
-		s.metrics.addQueuedBytes(-q.Close())
-		s.kickPumpLocked(t)
+		r.metrics.addQueuedBytes(-q.Close())
+		r.kickPumpLocked(t)
 	}
-	s.mu.Unlock()
+	r.mu.Unlock()
 	if established {
-		s.sendCloseReq(t)
+		r.sendCloseReq(t)
 	}
 }
 
@@ -209,46 +229,46 @@ const PlainAgentCloseDelay = 100 * time.Millisecond
 // agent's DATA for it is dropped rather than answered with a CLOSE_REQ
 // that would cut the wait short (onAgentData), and a graceful stop waits
 // for it (openTunnels). During Close it goes at once.
-func (s *Server) sendCloseReq(t *tunnel) {
+func (r *relay) sendCloseReq(t *tunnel) {
 	be, id := t.be, t.connectID
 	send := func() { be.peer.sendTunnelControl(wire.CloseReq(id), id) }
 	if be.peerWindow > 0 {
 		send()
 		return
 	}
-	s.mu.Lock()
-	if s.life.closed || be.gone {
-		s.mu.Unlock()
+	r.mu.Lock()
+	if r.life.closed || be.gone {
+		r.mu.Unlock()
 		send()
 		return
 	}
 	if _, waiting := be.closing[id]; waiting {
-		s.mu.Unlock()
+		r.mu.Unlock()
 		return
 	}
 	if be.closing == nil {
 		be.closing = map[int64]struct{}{}
 	}
 	be.closing[id] = struct{}{}
-	// Under s.mu with s.life.closed false, so that Close waits for it: the
-	// HTTP CONNECT handler that may call this is not counted in s.life.wg.
-	s.life.wg.Add(1)
-	s.mu.Unlock()
+	// Under r.mu with r.life.closed false, so that Close waits for it: the
+	// HTTP CONNECT handler that may call this is not counted in r.life.wg.
+	r.life.wg.Add(1)
+	r.mu.Unlock()
 	time.AfterFunc(PlainAgentCloseDelay, func() {
-		defer s.life.wg.Done()
+		defer r.life.wg.Done()
 		send()
-		s.mu.Lock()
+		r.mu.Lock()
 		delete(be.closing, id)
-		s.mu.Unlock()
-		s.life.tunnelMayHaveEnded()
+		r.mu.Unlock()
+		r.life.tunnelMayHaveEnded()
 	})
 }
 
 // ending reports whether t is over at the agent while its data is still
 // being delivered.
-func (s *Server) ending(t *tunnel) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (r *relay) ending(t *tunnel) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	return t.ending
 }
 
@@ -262,14 +282,14 @@ func (s *Server) backendGone(be *agentStream) {
 		dials = append(dials, t)
 	}
 	for _, t := range dials {
-		s.dropPendingLocked(t, dialFailureBackendClose)
+		s.dials.drop(t, dialFailureBackendClose)
 	}
 	for _, t := range be.conns {
 		conns = append(conns, t)
 	}
 	var direct []*tunnel
 	for _, t := range conns {
-		if s.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextAgentGone)) {
+		if s.relay.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextAgentGone)) {
 			direct = append(direct, t)
 		}
 	}
