@@ -160,8 +160,9 @@ func (s *Server) onDialResponse(be *agentStream, pkt *client.Packet) {
 // agents and not yet answered: by random, for a frontend's DIAL_CLS and
 // the sweep, and on each agent stream (agentStream.pending), for its
 // DIAL_RSPs; each with the timer of its attempt, and sent to another
-// agent once at most. What a dial's end means to the frontend, the agent
-// and Shutdown is the Server's (above).
+// agent once at most. drop forgets a dial at its frontend and wakes
+// Shutdown; the answers to the frontend and the agent are the Server's
+// (above).
 //
 // Its state is guarded by Server.mu, not a lock of its own: a dial's
 // answer changes the dial, its agent stream's answer count and whether
@@ -248,7 +249,7 @@ func (d *pendingDials) retry(t *tunnel, reason retryReason) (send func(), ok boo
 
 // drop forgets t everywhere, if it is pending (its frontend too), and
 // counts it as a failure for reason ("" for none). It reports whether t
-// was pending.
+// was pending. Called with Server.mu held.
 func (d *pendingDials) drop(t *tunnel, reason dialFailureReason) bool {
 	if !d.remove(t) {
 		return false

@@ -135,7 +135,7 @@ func TestAgentCloseDeliversQueuedDataFirst(t *testing.T) {
 }
 
 // An idle HTTP CONNECT tunnel holds one goroutine on the server, its
-// relay reading the client: a pump and a writer run only while there is
+// serveTunnel reading the client: a pump and a writer run only while there is
 // data for the client, and go once it is written. Not parallel: it counts
 // the process's goroutines.
 func TestIdleConnectTunnelHoldsOneGoroutine(t *testing.T) {
@@ -159,15 +159,15 @@ func TestIdleConnectTunnelHoldsOneGoroutine(t *testing.T) {
 		clients[i] = rw
 	}
 	const (
-		relay  = "github.com/servercount/servercount/pkg/server.(*Server).serveTunnel"
-		writer = "github.com/servercount/servercount/pkg/server.(*httpTunnel).writeLoop"
-		pump   = "github.com/servercount/servercount/pkg/server.(*relay).pump"
+		serving = "github.com/servercount/servercount/pkg/server.(*Server).serveTunnel"
+		writer  = "github.com/servercount/servercount/pkg/server.(*httpTunnel).writeLoop"
+		pump    = "github.com/servercount/servercount/pkg/server.(*relay).pump"
 	)
 	idle := func() bool {
-		return metricstest.GoroutinesIn(relay) == n && metricstest.GoroutinesIn(writer) == 0 && metricstest.GoroutinesIn(pump) == 0
+		return metricstest.GoroutinesIn(serving) == n && metricstest.GoroutinesIn(writer) == 0 && metricstest.GoroutinesIn(pump) == 0
 	}
 	require.Eventually(t, idle, waitFor, 5*time.Millisecond, "%d relays, %d writers, %d pumps for %d idle tunnels",
-		metricstest.GoroutinesIn(relay), metricstest.GoroutinesIn(writer), metricstest.GoroutinesIn(pump), n)
+		metricstest.GoroutinesIn(serving), metricstest.GoroutinesIn(writer), metricstest.GoroutinesIn(pump), n)
 
 	// A round trip through one tunnel: the echo comes back, and the pump
 	// and writer that carried it go.

@@ -16,7 +16,7 @@ import (
 // the connection is over. Whoever puts on data or closes closed calls it
 // after (serveTunnel, once it has set client, too). Its callers are goroutines
 // that Server.Close waits for (receive loops, pumps, serveTunnel), so that
-// adding to Server.wg never races with its Wait.
+// adding to lifecycle.wg never races with its Wait.
 func (ht *httpTunnel) kick() {
 	ht.wmu.Lock()
 	conn := ht.client

@@ -24,7 +24,7 @@ type lifecycle struct {
 
 	// closed is set by Close; no goroutine is added to wg once it is set,
 	// but by goroutines that wg counts already (an HTTP CONNECT tunnel's
-	// writer, started by its relay, a receive loop or a pump), whose
+	// writer, started by serveTunnel, a receive loop or a pump), whose
 	// count keeps Close's Wait from returning meanwhile. Guarded by
 	// Server.mu.
 	closed bool
