@@ -45,7 +45,7 @@ func (s *Server) startDialLocked(fe frontend, be *agentStream, st Strategy, prot
 	}
 	if random == 0 {
 		random = s.dials.unusedRandom()
-	} else if s.dials.has(random) {
+	} else if s.dials.get(random) != nil {
 		s.metrics.observeDuplicateDial()
 		return nil, errDuplicateDial
 	}
@@ -189,9 +189,6 @@ func (d *pendingDials) unusedRandom() int64 {
 	}
 }
 
-// has reports whether a dial with random is pending.
-func (d *pendingDials) has(random int64) bool { return d.byRandom[random] != nil }
-
 // get returns the pending dial with random, nil for none.
 func (d *pendingDials) get(random int64) *tunnel { return d.byRandom[random] }
 
@@ -251,20 +248,6 @@ func (d *pendingDials) retry(t *tunnel, reason retryReason) (send func(), ok boo
 // counts it as a failure for reason ("" for none). It reports whether t
 // was pending. Called with Server.mu held.
 func (d *pendingDials) drop(t *tunnel, reason dialFailureReason) bool {
-	if !d.remove(t) {
-		return false
-	}
-	t.fe.forget(t)
-	d.life.tunnelMayHaveEnded()
-	if reason != "" {
-		d.metrics.observeDialFailure(reason)
-	}
-	return true
-}
-
-// remove forgets t, if it is pending, and stops its timer. It reports
-// whether t was pending.
-func (d *pendingDials) remove(t *tunnel) bool {
 	if d.byRandom[t.random] != t {
 		return false
 	}
@@ -274,6 +257,11 @@ func (d *pendingDials) remove(t *tunnel) bool {
 		t.timer.Stop()
 	}
 	d.metrics.addPendingDials(-1)
+	t.fe.forget(t)
+	d.life.tunnelMayHaveEnded()
+	if reason != "" {
+		d.metrics.observeDialFailure(reason)
+	}
 	return true
 }
 

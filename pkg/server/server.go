@@ -121,7 +121,7 @@ func (s *Server) Close() {
 func (s *Server) Ready() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.live.streams() > 0 && !s.life.notReady
+	return len(s.live.all()) > 0 && !s.life.notReady
 }
 
 // StopReadiness makes Ready, and so /readyz, fail from now on, while the
@@ -187,7 +187,7 @@ func (s *Server) openTunnels() int {
 func (s *Server) Backends() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.live.streams()
+	return len(s.live.all())
 }
 
 // goStream starts p's receive loop recv. The caller has done s.life.wg.Add(1)

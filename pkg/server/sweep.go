@@ -92,10 +92,6 @@ func (l *liveness) removeLocked(be *agentStream) {
 	}
 }
 
-// streams returns the number of agent streams checked. Called with mu
-// held.
-func (l *liveness) streams() int { return len(l.swept.streams) }
-
 // all returns the agent streams checked, in no order, for the caller to
 // read while it holds mu. Called with mu held.
 func (l *liveness) all() []*agentStream { return l.swept.streams }
@@ -336,7 +332,7 @@ func (l *liveness) markUnresponsiveLocked(be *agentStream, now time.Time, why st
 	if !be.unresponsive.IsZero() {
 		return nil
 	}
-	if 2*(l.nUnresponsive+1) > l.streams() {
+	if 2*(l.nUnresponsive+1) > len(l.all()) {
 		l.log.V(2).Info("Agent answers no dials, but half the agent streams are taken for unresponsive already: it keeps its share", "agentID", be.logID, "why", why)
 		return nil
 	}

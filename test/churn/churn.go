@@ -129,7 +129,7 @@ var ErrLockedUp = errors.New("the proxy stopped making progress")
 type run struct {
 	cfg Config
 
-	tunnels, failed, probes atomic.Int64
+	probes atomic.Int64
 	// byKind counts finished [0] and failed [1] short tunnels, frontend
 	// closes first.
 	byKind   [2][2]atomic.Int64
@@ -182,11 +182,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	wg.Wait()
 
 	res := Result{
-		Tunnels: r.tunnels.Load(), Failed: r.failed.Load(), Probes: r.probes.Load(),
+		Probes:   r.probes.Load(),
 		Uploaded: r.up.Load(), Downloaded: r.down.Load(), SlowestProbe: time.Duration(r.slowest.Load()),
 		FrontendCloses: ShortCount{r.byKind[0][0].Load(), r.byKind[0][1].Load()},
 		EndpointCloses: ShortCount{r.byKind[1][0].Load(), r.byKind[1][1].Load()},
 	}
+	res.Tunnels = res.FrontendCloses.Finished + res.EndpointCloses.Finished
+	res.Failed = res.FrontendCloses.Failed + res.EndpointCloses.Failed
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res.FirstError = r.firstErr
@@ -214,7 +216,6 @@ func (r *run) lockedUp(format string, args ...any) {
 
 // tunnelFailed counts a short tunnel that failed with err.
 func (r *run) tunnelFailed(err error) {
-	r.failed.Add(1)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.firstErr == nil {
@@ -327,7 +328,6 @@ func (r *run) worker(ctx context.Context, i int) {
 			r.tunnelFailed(err)
 		default:
 			r.byKind[i%2][0].Add(1)
-			r.tunnels.Add(1)
 		}
 	}
 }
