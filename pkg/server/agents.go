@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,9 +16,12 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/outage"
+	"github.com/servercount/servercount/pkg/clock"
+	"github.com/servercount/servercount/pkg/servercounter"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
@@ -60,181 +65,212 @@ type agentStream struct {
 	// answering logs, at level 0, that the agent stopped answering dials
 	// and that it answers again, once per outage.
 	answering *outage.Outage
-	// conns holds the established connections by connectID. Guarded by
-	// Server.mu.
-	conns map[int64]*tunnel
+	// conns holds the established connections by connectID, and closing
+	// the connectIDs whose CLOSE_REQ waits out PlainAgentCloseDelay (see
+	// sendCloseReq). Both are changed with Server.mu and connMu held, and
+	// read with either: the stream's receive loop finds the tunnel of
+	// each DATA and WINDOW under connMu alone, which no other agent's
+	// packets contend on.
+	connMu  sync.Mutex
+	conns   map[int64]*tunnel
+	closing map[int64]struct{}
 	// pending holds the dials sent on this stream, by random. Guarded by
 	// Server.mu.
 	pending map[int64]*tunnel
-	// closing holds the connectIDs whose CLOSE_REQ waits out
-	// PlainAgentCloseDelay (see sendCloseReq). Guarded by Server.mu.
-	closing map[int64]struct{}
 }
 
-// Connect implements wire.AgentServiceServer: it checks the handshake
-// metadata, sends the serverID and serverCount response headers, and then
-// serves the stream as an agentStream until it ends or the Server closes.
-func (s *Server) Connect(stream wire.AgentConnectServer) error {
+// agents is the part of a Server that serves the agent streams: it has a
+// stream admitted (admission), answers its handshake, registers it with
+// the routes and the sweep (liveness), runs its receive loop, which hands
+// each packet to the dials or the relay, and when the stream ends fails
+// the dials and tunnels that went through it.
+type agents struct {
+	// All set by New. mu is Server.mu.
+	mu         *sync.Mutex
+	serverID   string
+	counter    servercounter.ServerCounter
+	strategies []Strategy
+	// window and heartbeat are Config.TunnelWindow and Config.Heartbeat:
+	// what the server offers an agent that offers flow control or
+	// heartbeats.
+	window    int
+	heartbeat time.Duration
+	admission *admission
+	routes    *routes
+	live      *liveness
+	dials     *pendingDials
+	relay     *relay
+	life      *lifecycle
+	metrics   *metrics
+	mono      clock.Monotonic
+	log       klog.Logger
+	logs      *logLimiter
+}
+
+// serve checks an agent stream's handshake metadata, sends the serverID
+// and serverCount response headers, and then serves the stream as an
+// agentStream until it ends or the Server closes.
+func (a *agents) serve(stream wire.AgentConnectServer) error {
 	ctx := stream.Context()
-	if s.stopping() {
-		s.metrics.observeAgentRejection(rejectShuttingDown)
+	if a.stopping() {
+		a.metrics.observeAgentRejection(rejectShuttingDown)
 		return status.Error(codes.Unavailable, errShuttingDown.Error())
 	}
-	agentID, ids, err := s.admission.handshake(ctx)
+	agentID, ids, err := a.admission.handshake(ctx)
 	if err != nil {
 		return err
 	}
-	if s.routes.streams(agentID) >= MaxStreamsPerAgent {
+	if a.routes.streams(agentID) >= MaxStreamsPerAgent {
 		// Refused before the response headers, which tell the agent it
-		// is served; addBackend checks again, under the same lock as it
+		// is served; add checks again, under the same lock as it
 		// adds.
-		return s.admission.refuseTooManyStreams(ctx, agentID)
+		return a.admission.refuseTooManyStreams(ctx, agentID)
 	}
-	count := s.cfg.Counter.CountServers()
-	hdr := metadata.Pairs(wire.HeaderServerID, s.cfg.ServerID, wire.HeaderServerCount, strconv.Itoa(count))
+	count := a.counter.CountServers()
+	hdr := metadata.Pairs(wire.HeaderServerID, a.serverID, wire.HeaderServerCount, strconv.Itoa(count))
 	// Flow control only when the agent offers it (upstream's does not).
 	peerWindow := 0
-	if s.cfg.TunnelWindow > 0 {
+	if a.window > 0 {
 		md, _ := metadata.FromIncomingContext(ctx)
 		if w, ok := wire.ParseTunnelWindow(md.Get(wire.HeaderTunnelWindow)); ok {
 			peerWindow = w
-			hdr.Set(wire.HeaderTunnelWindow, strconv.Itoa(s.cfg.TunnelWindow))
+			hdr.Set(wire.HeaderTunnelWindow, strconv.Itoa(a.window))
 		}
 	}
 	// Heartbeats, too, only when the agent offers them.
 	var peerHeartbeat time.Duration
-	if s.cfg.Heartbeat > 0 {
+	if a.heartbeat > 0 {
 		md, _ := metadata.FromIncomingContext(ctx)
 		if d, ok := wire.ParseHeartbeat(md.Get(wire.HeaderHeartbeat)); ok {
 			peerHeartbeat = d
-			hdr.Set(wire.HeaderHeartbeat, wire.FormatHeartbeat(s.cfg.Heartbeat))
+			hdr.Set(wire.HeaderHeartbeat, wire.FormatHeartbeat(a.heartbeat))
 		}
 	}
 	if err := stream.SendHeader(hdr); err != nil {
 		return fmt.Errorf("send handshake headers to agent %q: %w", capPeer(agentID), err)
 	}
-	s.metrics.setReportedServerCount(count)
+	a.metrics.setReportedServerCount(count)
 
-	be := &agentStream{agentID: agentID, logID: capPeer(agentID), ids: ids, hostKeys: hostKeys(ids), peer: newPeer(stream, s.metrics, segmentToAgent, s.mono), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
+	be := &agentStream{agentID: agentID, logID: capPeer(agentID), ids: ids, hostKeys: hostKeys(ids), peer: newPeer(stream, a.metrics, segmentToAgent, a.mono), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
 		answering: outage.New("have dials answered by agent "+capPeer(agentID), nil)}
-	contested, err := s.addBackend(be)
+	contested, err := a.add(be)
 	switch {
 	case errors.Is(err, errTooManyStreams):
-		return s.admission.refuseTooManyStreams(ctx, agentID)
+		return a.admission.refuseTooManyStreams(ctx, agentID)
 	case err != nil:
-		s.metrics.observeAgentRejection(rejectShuttingDown)
+		a.metrics.observeAgentRejection(rejectShuttingDown)
 		return status.Error(codes.Unavailable, err.Error())
 	}
-	s.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
-	s.logContested(be, contested, remoteAddr(ctx))
-	return s.waitStream(be.peer)
+	a.log.V(2).Info("Agent connected", "agentID", be.logID, "identifiers", capPeer(ids.String()), "serverCount", count, "remote", remoteAddr(ctx))
+	a.logContested(be, contested, remoteAddr(ctx))
+	return be.peer.wait(a.life.quit)
 }
 
 // stopping reports whether Shutdown or Close has begun.
-func (s *Server) stopping() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.life.stoppingLocked()
+func (a *agents) stopping() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.life.stoppingLocked()
 }
 
 // errTooManyStreams refuses a stream of an agent that holds
 // MaxStreamsPerAgent.
 var errTooManyStreams = errors.New("this agent holds the most streams to this server that one agent may: it needs one")
 
-// addBackend registers be and starts its goroutines. It returns the hosts
+// add registers be and starts its goroutines. It returns the hosts
 // be claims that other agents hold, with the stream that holds each, or
 // the error to end be with: the Server is closing, or be's agent holds
 // MaxStreamsPerAgent streams already.
-func (s *Server) addBackend(be *agentStream) (contested map[string]*agentStream, err error) {
-	s.mu.Lock()
-	if s.life.stoppingLocked() {
-		s.mu.Unlock()
+func (a *agents) add(be *agentStream) (contested map[string]*agentStream, err error) {
+	a.mu.Lock()
+	if a.life.stoppingLocked() {
+		a.mu.Unlock()
 		return nil, errShuttingDown
 	}
-	if contested, err = s.routes.add(be); err != nil {
-		s.mu.Unlock()
+	if contested, err = a.routes.add(be); err != nil {
+		a.mu.Unlock()
 		return nil, err
 	}
-	s.live.addLocked(be, &s.life.wg, s.life.quit)
-	s.metrics.addBackends(1)
-	s.metrics.addGRPCConns(methodAgentConnect, 1)
-	s.countReadyBackend(be, 1)
-	s.life.wg.Add(1)
-	s.mu.Unlock()
-	s.goStream(be.peer, func() { s.serveAgent(be) })
+	a.live.addLocked(be, &a.life.wg, a.life.quit)
+	a.metrics.addBackends(1)
+	a.metrics.addGRPCConns(methodAgentConnect, 1)
+	a.countReady(be, 1)
+	a.life.wg.Add(1)
+	a.mu.Unlock()
+	a.life.goStream(be.peer, func() { a.receiveLoop(be) })
 	return contested, nil
 }
 
 // logContested logs and counts the hosts that be claims and that streams
 // of other agents, holding them, are given: one line per stream, at level
 // 0, since it is what an agent claiming another node's traffic looks like.
-func (s *Server) logContested(be *agentStream, contested map[string]*agentStream, remote string) {
+func (a *agents) logContested(be *agentStream, contested map[string]*agentStream, remote string) {
 	if len(contested) == 0 {
 		return
 	}
-	s.metrics.observeContestedClaims(len(contested))
+	a.metrics.observeContestedClaims(len(contested))
 	holders := make([]string, 0, len(contested))
 	for k, holder := range contested {
 		holders = append(holders, k+" by "+holder.logID)
 	}
 	slices.Sort(holders)
-	s.logs.info(s.log, "contested", "Agent claims hosts that other agents hold: it gets none of their dials while those are connected", "agentID", be.logID, "heldBy", capPeer(strings.Join(holders, ",")), "remote", remote)
+	a.logs.info(a.log, "contested", "Agent claims hosts that other agents hold: it gets none of their dials while those are connected", "agentID", be.logID, "heldBy", capPeer(strings.Join(holders, ",")), "remote", remote)
 }
 
-// removeBackendLocked unregisters be, which addBackend registered, once.
-func (s *Server) removeBackendLocked(be *agentStream) {
+// removeLocked unregisters be, which add registered, once.
+func (a *agents) removeLocked(be *agentStream) {
 	if be.gone {
 		return
 	}
 	be.gone = true
-	s.routes.remove(be)
-	s.live.removeLocked(be)
-	s.metrics.addBackends(-1)
-	s.metrics.addGRPCConns(methodAgentConnect, -1)
-	s.countReadyBackend(be, -1)
+	a.routes.remove(be)
+	a.live.removeLocked(be)
+	a.metrics.addBackends(-1)
+	a.metrics.addGRPCConns(methodAgentConnect, -1)
+	a.countReady(be, -1)
 }
 
-// serveAgent is be's receive loop.
-func (s *Server) serveAgent(be *agentStream) {
+// receiveLoop is be's receive loop.
+func (a *agents) receiveLoop(be *agentStream) {
 	for {
 		pkt, err := be.peer.recv(segmentFromAgent)
 		if err != nil {
-			s.log.V(2).Info("Agent disconnected", "agentID", be.logID, "err", err)
-			s.backendGone(be)
+			a.log.V(2).Info("Agent disconnected", "agentID", be.logID, "err", err)
+			a.ended(be)
 			return
 		}
 		be.peer.arrived(pkt)
-		s.log.V(4).Info("Received packet from agent", "agentID", be.logID, "type", pkt.GetType())
+		a.log.V(4).Info("Received packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		switch pkt.GetType() {
 		case client.PacketType_DIAL_RSP:
-			s.onDialResponse(be, pkt)
+			a.dials.answer(be, pkt)
 		case client.PacketType_DATA:
-			s.relay.onAgentData(be, pkt)
+			a.relay.onAgentData(be, pkt)
 		case client.PacketType_CLOSE_RSP:
-			s.relay.onAgentCloseResponse(be, pkt)
+			a.relay.onAgentCloseResponse(be, pkt)
 		case wire.PacketWindow:
-			s.relay.onWindowUpdate(be, pkt)
+			a.relay.onWindowUpdate(be, pkt)
 		case client.PacketType_DRAIN:
 			if !be.draining.Swap(true) {
-				s.routes.setDraining(be)
-				s.log.V(2).Info("Agent is draining", "agentID", be.logID)
+				a.routes.setDraining(be)
+				a.log.V(2).Info("Agent is draining", "agentID", be.logID)
 			}
 		case wire.PacketHeartbeat:
 			// Its arrival is all it says: the agent is alive.
 		default:
-			s.log.V(2).Info("Ignored unexpected packet from agent", "agentID", be.logID, "type", pkt.GetType())
+			a.log.V(2).Info("Ignored unexpected packet from agent", "agentID", be.logID, "type", pkt.GetType())
 		}
 	}
 }
 
-// countReadyBackend adds n to ready_backends for each configured strategy
+// countReady adds n to ready_backends for each configured strategy
 // that could pick be.
-func (s *Server) countReadyBackend(be *agentStream, n int) {
-	for _, st := range s.cfg.Strategies {
+func (a *agents) countReady(be *agentStream, n int) {
+	for _, st := range a.strategies {
 		if st == StrategyDestHost && len(be.ids.Host)+len(be.ids.IPv4)+len(be.ids.IPv6) == 0 || st == StrategyDefaultRoute && !be.ids.DefaultRoute {
 			continue
 		}
-		s.metrics.addReadyBackend(st, n)
+		a.metrics.addReadyBackend(st, n)
 	}
 }
 
@@ -243,4 +279,40 @@ func remoteAddr(ctx context.Context) string {
 		return p.Addr.String()
 	}
 	return ""
+}
+
+// ended unregisters agent stream be and tells every frontend with a
+// dial or a connection through it.
+func (a *agents) ended(be *agentStream) {
+	a.mu.Lock()
+	a.removeLocked(be)
+	var dials, conns []*tunnel
+	for _, t := range be.pending {
+		dials = append(dials, t)
+	}
+	for _, t := range dials {
+		a.dials.drop(t, dialFailureBackendClose)
+	}
+	for _, t := range be.conns {
+		conns = append(conns, t)
+	}
+	var direct []*tunnel
+	for _, t := range conns {
+		if a.relay.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextAgentGone)) {
+			direct = append(direct, t)
+		}
+	}
+	a.mu.Unlock()
+	// The answers say why the stream ended, without waiting: this runs
+	// on the stream's receive loop.
+	why := ""
+	if err := be.peer.reason; err != nil && !errors.Is(err, io.EOF) {
+		why = ": " + capPeer(err.Error())
+	}
+	for _, t := range dials {
+		t.fe.answer(wire.DialRsp(t.random, 0, errTextBackendClosed+why))
+	}
+	for _, t := range direct {
+		t.fe.answer(wire.CloseRsp(t.connectID, errTextAgentGone+why))
+	}
 }

@@ -107,9 +107,9 @@ func (r *relay) onWindowUpdate(be *agentStream, pkt *client.Packet) {
 		r.log.V(4).Info("Ignored a WINDOW packet", "agentID", be.logID, "flowControl", be.peerWindow > 0)
 		return
 	}
-	r.mu.Lock()
+	be.connMu.Lock()
 	t := be.conns[id]
-	r.mu.Unlock()
+	be.connMu.Unlock()
 	if t != nil && t.credit != nil {
 		t.credit.Give(n)
 	}
@@ -118,10 +118,10 @@ func (r *relay) onWindowUpdate(be *agentStream, pkt *client.Packet) {
 // onAgentData handles DATA from agent stream be.
 func (r *relay) onAgentData(be *agentStream, pkt *client.Packet) {
 	id := pkt.GetData().GetConnectID()
-	r.mu.Lock()
+	be.connMu.Lock()
 	t := be.conns[id]
 	_, closing := be.closing[id]
-	r.mu.Unlock()
+	be.connMu.Unlock()
 	if t == nil {
 		if closing {
 			return // its frontend is gone, and its CLOSE_REQ on its way
@@ -159,7 +159,7 @@ func (r *relay) queueAgentData(be *agentStream, t *tunnel, data []byte) {
 	case !errors.Is(err, flow.ErrWindowExceeded):
 		return // the tunnel is ending: its data goes nowhere
 	}
-	r.log.V(2).Info("Closed a tunnel whose agent sent more than the flow-control window", "agentID", be.logID, "connectionID", t.connectID, "window", r.cfg.TunnelWindow)
+	r.log.V(2).Info("Closed a tunnel whose agent sent more than the flow-control window", "agentID", be.logID, "connectionID", t.connectID, "window", r.window)
 	r.mu.Lock()
 	established := be.conns[t.connectID] == t
 	if established {
@@ -169,6 +169,99 @@ func (r *relay) queueAgentData(be *agentStream, t *tunnel, data []byte) {
 	if established {
 		be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 	}
+}
+
+// sendCredited sends DATA of flow-controlled tunnel t, from a gRPC
+// frontend that ends when feDone closes, to its agent without waiting for
+// credit, so that one tunnel short of credit does not hold up the others
+// of that frontend's stream (nor their CLOSE_REQ and DIAL_CLS). What the
+// credit covers goes now; the rest waits in t's outbox, sent by
+// sendOutbox as credit comes. The caller, the frontend's receive loop,
+// waits only when the outbox is full too, a window's worth: that is
+// back-pressure on a frontend sending faster than its endpoint reads, and
+// it is bounded by FrontendWriteTimeout, after which the tunnel is ended.
+func (r *relay) sendCredited(t *tunnel, data []byte, feDone <-chan struct{}) {
+	ob := t.outbox.Load()
+	for ob == nil && len(data) > 0 {
+		n, _ := t.credit.TryTake(min(len(data), wire.MaxDataPayload))
+		if n == 0 {
+			break
+		}
+		p := data
+		if n < len(data) {
+			// Cut with its capacity, so that wire.Recycle does not take
+			// a prefix for the whole buffer.
+			p = data[:n:n]
+		}
+		if !r.sendToAgent(t.be, wire.Data(t.connectID, p), feDone) {
+			return
+		}
+		data = data[n:]
+	}
+	if len(data) == 0 {
+		return
+	}
+	if ob == nil {
+		if ob = r.openOutbox(t, feDone); ob == nil {
+			return // the tunnel is over: its data goes nowhere
+		}
+	}
+	var timer *time.Timer
+	for len(data) > 0 {
+		n := min(len(data), wire.MaxDataPayload)
+		err := ob.Put(data[:n:n])
+		if err == nil {
+			data = data[n:]
+			continue
+		}
+		if !errors.Is(err, flow.ErrWindowExceeded) {
+			return // the tunnel is over
+		}
+		if timer == nil {
+			timer = time.NewTimer(r.writeTimeout)
+			defer timer.Stop()
+		}
+		select {
+		case <-ob.Room():
+		case <-feDone:
+			return
+		case <-timer.C:
+			r.endStuckTunnel(t, tunnelEndedNoCredit)
+			return
+		}
+	}
+}
+
+// openOutbox gives established tunnel t its outbox and starts sendOutbox
+// on it; nil when t is over or the Server closes.
+func (r *relay) openOutbox(t *tunnel, feDone <-chan struct{}) *flow.Queue {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t.be.conns[t.connectID] != t || r.life.closed {
+		return nil
+	}
+	ob := flow.NewBoundedQueue(max(t.be.peerWindow, wire.MaxDataPayload))
+	t.outbox.Store(ob)
+	r.life.wg.Add(1)
+	go r.sendOutbox(t, ob, feDone)
+	return ob
+}
+
+// onFrontendCloseRequest handles a gRPC frontend's CLOSE_REQ for
+// established tunnel t: it goes to the agent after the frontend's data
+// that waits for credit in t's outbox, if any.
+func (r *relay) onFrontendCloseRequest(t *tunnel) {
+	r.mu.Lock()
+	ob := t.outbox.Load()
+	if ob != nil {
+		t.closeAfterOutbox = true
+	}
+	r.mu.Unlock()
+	if ob != nil {
+		ob.CloseWrite()
+		return
+	}
+	r.sendCloseReq(t)
 }
 
 // sendOutbox sends what waits in t's outbox to t's agent as credit comes,
@@ -215,7 +308,7 @@ func (r *relay) takeCreditWithin(t *tunnel, max int, feDone <-chan struct{}) int
 	if n, open := t.credit.TryTake(max); n > 0 || !open {
 		return n
 	}
-	timer := time.NewTimer(r.cfg.FrontendWriteTimeout)
+	timer := time.NewTimer(r.writeTimeout)
 	defer timer.Stop()
 	for {
 		n, open := t.credit.TryTake(max)
@@ -248,7 +341,7 @@ func (r *relay) endStuckTunnel(t *tunnel, reason tunnelEndedReason) {
 		return
 	}
 	r.metrics.observeTunnelEnded(reason)
-	r.logs.info(r.log, "no-credit", "Ended a tunnel whose agent granted no flow-control credit for too long", "agentID", t.be.logID, "connectionID", t.connectID, "timeout", r.cfg.FrontendWriteTimeout)
+	r.logs.info(r.log, "no-credit", "Ended a tunnel whose agent granted no flow-control credit for too long", "agentID", t.be.logID, "connectionID", t.connectID, "timeout", r.writeTimeout)
 	if direct {
 		t.fe.deliver(wire.CloseRsp(t.connectID, errTextNoCredit), nil)
 	}

@@ -2,34 +2,61 @@ package server
 
 import (
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
-	"github.com/servercount/servercount/internal/flow"
 	"github.com/servercount/servercount/pkg/wire"
 )
 
-// startDial chooses an agent for a dial to address over protocol and
-// records a pending dial for fe. A zero random means "choose one" (for
-// HTTP CONNECT). The caller then queues the DIAL_REQ on the returned
-// stream, which is t.be as startDial returns (t.be may change later, if
-// the dial is retried).
-func (s *Server) startDial(fe frontend, protocol, address string, random int64) (*tunnel, *agentStream, error) {
+// pendingDials is the part of a Server that holds the dials sent to
+// agents and not yet answered: by random, for a frontend's DIAL_CLS and
+// the sweep, and on each agent stream (agentStream.pending), for its
+// DIAL_RSPs; each with the timer of its attempt, and sent to another
+// agent once at most. It starts a frontend's dial (start), ends it when
+// the frontend gives up (cancel) or the agent answers (answer), and
+// retries or fails it when the agent does not (timedOut); an answered
+// dial becomes the relay's tunnel.
+//
+// Its state is guarded by Server.mu (mu), not a lock of its own: a dial's
+// answer changes the dial, its agent stream's answer count and whether
+// that agent is taken for unresponsive (the sweep's) together.
+type pendingDials struct {
+	mu       *sync.Mutex // Server.mu
+	byRandom map[int64]*tunnel
+	// strategies are Config.Strategies, in the order they are tried.
+	strategies []Strategy
+	routes     *routes
+	live       *liveness
+	relay      *relay
+	life       *lifecycle
+	metrics    *metrics
+	log        klog.Logger
+	// timeout is Config.BackendDialTimeout (0: none).
+	timeout time.Duration
+}
+
+// start chooses an agent for a dial to address over protocol and records
+// a pending dial for fe. A zero random means "choose one" (for HTTP
+// CONNECT). The caller then queues the DIAL_REQ on the returned stream,
+// which is t.be as start returns (t.be may change later, if the dial is
+// retried).
+func (d *pendingDials) start(fe frontend, protocol, address string, random int64) (*tunnel, *agentStream, error) {
 	key := dialHostKey(address)
 	for {
-		// Chosen without Server.mu, which every packet takes; a stream
-		// that ended or stopped answering since is chosen again.
-		be, tier, st := s.routes.choose(s.cfg.Strategies, key, nil)
-		s.mu.Lock()
+		// Chosen without Server.mu; a stream that ended or stopped
+		// answering since is chosen again.
+		be, tier, st := d.routes.choose(d.strategies, key, nil)
+		d.mu.Lock()
 		if be != nil && (be.gone || tier < tierUnresponsive && !be.unresponsive.IsZero()) {
 			// It ended, or was taken for unresponsive, meanwhile.
-			s.mu.Unlock()
+			d.mu.Unlock()
 			continue
 		}
-		t, err := s.startDialLocked(fe, be, st, protocol, address, random)
-		s.mu.Unlock()
+		t, err := d.startLocked(fe, be, st, protocol, address, random)
+		d.mu.Unlock()
 		if err != nil {
 			return nil, nil, err
 		}
@@ -37,146 +64,115 @@ func (s *Server) startDial(fe frontend, protocol, address string, random int64) 
 	}
 }
 
-// startDialLocked records a pending dial on be, found by strategy st (nil
+// startLocked records a pending dial on be, found by strategy st (nil
 // when none found one). Called with Server.mu held.
-func (s *Server) startDialLocked(fe frontend, be *agentStream, st Strategy, protocol, address string, random int64) (*tunnel, error) {
-	if s.life.stoppingLocked() {
+func (d *pendingDials) startLocked(fe frontend, be *agentStream, st Strategy, protocol, address string, random int64) (*tunnel, error) {
+	if d.life.stoppingLocked() {
 		return nil, errShuttingDown
 	}
 	if random == 0 {
-		random = s.dials.unusedRandom()
-	} else if s.dials.get(random) != nil {
-		s.metrics.observeDuplicateDial()
+		random = d.unusedRandom()
+	} else if d.byRandom[random] != nil {
+		d.metrics.observeDuplicateDial()
 		return nil, errDuplicateDial
 	}
 	if be == nil {
-		s.metrics.observeDialFailure(dialFailureNoAgent)
+		d.metrics.observeDialFailure(dialFailureNoAgent)
 		return nil, errNoAgent
 	}
 	t := &tunnel{fe: fe, be: be, random: random, protocol: protocol, address: address, strategy: st, dialed: time.Now()}
-	s.dials.add(t)
+	d.add(t)
 	fe.track(t)
 	return t, nil
 }
 
-// dialTimedOut handles a dial whose agent did not answer within
+// timedOut handles a dial whose agent did not answer within
 // Config.BackendDialTimeout (of attempt): it is sent to another agent if
-// it can be (pendingDials.retry), else answered with an error. A late DIAL_RSP
-// then finds no pending dial, and a connection it opened is closed. An
-// agent that leaves backendDialTimeouts dials in a row unanswered is
-// taken for unresponsive.
-func (s *Server) dialTimedOut(t *tunnel, attempt int) {
-	s.mu.Lock()
-	if s.life.closed || s.dials.get(t.random) != t || t.attempt != attempt {
-		s.mu.Unlock()
+// it can be (retry), else answered with an error. A late DIAL_RSP then
+// finds no pending dial, and a connection it opened is closed. An agent
+// that leaves backendDialTimeouts dials in a row unanswered is taken for
+// unresponsive.
+func (d *pendingDials) timedOut(t *tunnel, attempt int) {
+	d.mu.Lock()
+	if d.life.closed || d.byRandom[t.random] != t || t.attempt != attempt {
+		d.mu.Unlock()
 		return
 	}
 	be := t.be
 	be.timeouts++
 	var sends []func()
 	if be.timeouts >= backendDialTimeouts {
-		sends = s.live.markUnresponsiveLocked(be, time.Now(), "dials in a row timed out")
+		sends = d.live.markUnresponsiveLocked(be, time.Now(), "dials in a row timed out")
 	}
-	if send, ok := s.dials.retry(t, retryTimeout); ok {
+	if send, ok := d.retry(t, retryTimeout); ok {
 		sends = append(sends, send)
-		s.mu.Unlock()
+		d.mu.Unlock()
 		for _, send := range sends {
 			send()
 		}
 		return
 	}
-	s.dials.drop(t, dialFailureBackendDialTimeout)
-	s.life.wg.Add(1)
-	s.mu.Unlock()
-	defer s.life.wg.Done()
+	d.drop(t, dialFailureBackendDialTimeout)
+	d.life.wg.Add(1)
+	d.mu.Unlock()
+	defer d.life.wg.Done()
 	for _, send := range sends {
 		send()
 	}
-	s.log.V(2).Info("Backend dial timed out", "agentID", be.logID, "dialID", t.random, "timeout", s.cfg.BackendDialTimeout)
+	d.log.V(2).Info("Backend dial timed out", "agentID", be.logID, "dialID", t.random, "timeout", d.timeout)
 	t.fe.answer(wire.DialRsp(t.random, 0, errTextDialTimeout))
 }
 
-// cancelDial drops fe's pending dial random (DIAL_CLS, or the frontend
-// gave up).
-func (s *Server) cancelDial(fe frontend, random int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if t := s.dials.get(random); t != nil && t.fe == fe {
-		s.dials.drop(t, dialFailureFrontendClose)
+// cancel drops fe's pending dial random (DIAL_CLS, or the frontend gave
+// up).
+func (d *pendingDials) cancel(fe frontend, random int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if t := d.byRandom[random]; t != nil && t.fe == fe {
+		d.drop(t, dialFailureFrontendClose)
 	}
 }
 
-// onDialResponse handles DIAL_RSP from agent stream be.
-func (s *Server) onDialResponse(be *agentStream, pkt *client.Packet) {
+// answer handles DIAL_RSP from agent stream be: a dial of be's that
+// succeeded becomes a tunnel (relay.establishLocked), and its frontend
+// gets the answer.
+func (d *pendingDials) answer(be *agentStream, pkt *client.Packet) {
 	rsp := pkt.GetDialResponse()
-	s.mu.Lock()
+	d.mu.Lock()
 	t := be.pending[rsp.GetRandom()]
+	// Even a late answer is an answer: the agent is responsive.
+	d.live.answeredLocked(be)
 	if t == nil {
-		// A late answer is an answer: the agent is responsive.
-		s.live.answeredLocked(be)
-		s.mu.Unlock()
-		s.metrics.observeDialFailure(dialFailureUnrecognizedResponse)
-		s.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
+		d.mu.Unlock()
+		d.metrics.observeDialFailure(dialFailureUnrecognizedResponse)
+		d.log.V(2).Info("Dial response matched no pending dial", "agentID", be.logID, "dialID", rsp.GetRandom(), "connectionID", rsp.GetConnectID())
 		if id := rsp.GetConnectID(); id != 0 {
 			be.peer.sendControl(wire.CloseReq(id), id)
 		}
 		return
 	}
-	s.live.answeredLocked(be)
 	failed := rsp.GetError() != "" || rsp.GetConnectID() == 0
 	reason := dialFailureReason("")
 	if failed {
 		reason = dialFailureErrorResponse
 	}
-	s.dials.drop(t, reason)
+	d.drop(t, reason)
 	if failed {
-		s.mu.Unlock()
+		d.mu.Unlock()
 		t.fe.answer(pkt)
 		return
 	}
 	t.connectID = rsp.GetConnectID()
-	if _, dup := be.conns[t.connectID]; dup || !t.fe.established(t) {
-		s.metrics.observeDuplicateDial()
-		s.mu.Unlock()
+	if !d.relay.establishLocked(t) {
+		d.metrics.observeDuplicateDial()
+		d.mu.Unlock()
 		// About the dial this stream held: one per dial.
 		be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 		t.fe.answer(wire.DialRsp(t.random, 0, errTextDuplicateID))
 		return
 	}
-	be.conns[t.connectID] = t
-	t.established = time.Now()
-	s.metrics.addEstablished(1)
-	s.metrics.observeDialDuration(t.established.Sub(t.dialed))
-	if be.peerWindow > 0 && !s.life.closed {
-		t.q = flow.NewQueue(s.cfg.TunnelWindow)
-		t.credit = flow.NewWindow(be.peerWindow)
-		s.life.pumps.Add(1) // until a pump has delivered the queue's end
-	}
-	s.mu.Unlock()
+	d.mu.Unlock()
 	t.fe.answer(pkt)
-}
-
-// pendingDials is the part of a Server that holds the dials sent to
-// agents and not yet answered: by random, for a frontend's DIAL_CLS and
-// the sweep, and on each agent stream (agentStream.pending), for its
-// DIAL_RSPs; each with the timer of its attempt, and sent to another
-// agent once at most. drop forgets a dial at its frontend and wakes
-// Shutdown; the answers to the frontend and the agent are the Server's
-// (above).
-//
-// Its state is guarded by Server.mu, not a lock of its own: a dial's
-// answer changes the dial, its agent stream's answer count and whether
-// that agent is taken for unresponsive (the sweep's) together.
-type pendingDials struct {
-	byRandom map[int64]*tunnel
-	routes   *routes
-	life     *lifecycle
-	metrics  *metrics
-	log      klog.Logger
-	// timeout is Config.BackendDialTimeout (0: none), and timedOut what
-	// an attempt's timer calls when it passes.
-	timeout  time.Duration
-	timedOut func(t *tunnel, attempt int)
 }
 
 // unusedRandom returns a random no pending dial has, for a dial that
@@ -188,9 +184,6 @@ func (d *pendingDials) unusedRandom() int64 {
 		}
 	}
 }
-
-// get returns the pending dial with random, nil for none.
-func (d *pendingDials) get(random int64) *tunnel { return d.byRandom[random] }
 
 // len returns the number of pending dials.
 func (d *pendingDials) len() int { return len(d.byRandom) }

@@ -159,7 +159,7 @@ func TestIdleConnectTunnelHoldsOneGoroutine(t *testing.T) {
 		clients[i] = rw
 	}
 	const (
-		serving = "github.com/servercount/servercount/pkg/server.(*Server).serveTunnel"
+		serving = "github.com/servercount/servercount/pkg/server.(*frontends).serveTunnel"
 		writer  = "github.com/servercount/servercount/pkg/server.(*httpTunnel).writeLoop"
 		pump    = "github.com/servercount/servercount/pkg/server.(*relay).pump"
 	)

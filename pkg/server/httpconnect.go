@@ -23,7 +23,7 @@ import (
 // httpTunnel is one HTTP CONNECT connection: a frontend with exactly one
 // tunnel.
 type httpTunnel struct {
-	s      *Server
+	fs     *frontends
 	dialed chan *client.DialResponse // the DIAL_RSP; buffer of 1, written once
 	data   chan []byte               // DATA from the agent, read by writeLoop
 	closed chan struct{}             // closed by shutdown: CLOSE_RSP, or too slow
@@ -31,7 +31,7 @@ type httpTunnel struct {
 	// queued counts the bytes in data and the chunk being written.
 	queued queuedBytes
 	// conn is the hijacked connection; nil before the hijack. Guarded by
-	// Server.mu.
+	// Server.mu (frontends.mu).
 	conn net.Conn
 
 	// writer runs writeLoop while there is something to write (see
@@ -48,10 +48,12 @@ type httpTunnel struct {
 // it dials the request's host:port through an agent and then relays bytes
 // both ways. Other methods get 405.
 func (s *Server) HTTPConnect() http.Handler {
-	return http.HandlerFunc(s.serveConnect)
+	return http.HandlerFunc(s.frontends.serveConnect)
 }
 
-func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
+// serveConnect serves one HTTP CONNECT request: it dials through an agent
+// and hands the connection to serveTunnel.
+func (fs *frontends) serveConnect(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodConnect {
 		w.Header().Set("Allow", http.MethodConnect)
 		http.Error(w, "only the CONNECT method is supported", http.StatusMethodNotAllowed)
@@ -61,12 +63,12 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		// A target the agent could not dial would cost a DIAL_REQ, a
 		// pending dial and an agent's dial attempt for a certain failure:
 		// answer it here.
-		s.log.V(2).Info("Refused invalid CONNECT target", "address", capPeer(r.Host), "err", err)
+		fs.log.V(2).Info("Refused invalid CONNECT target", "address", capPeer(r.Host), "err", err)
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	ht := &httpTunnel{s: s, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{}),
-		queued: queuedBytes{m: s.metrics}, flushed: make(chan struct{})}
+	ht := &httpTunnel{fs: fs, dialed: make(chan *client.DialResponse, 1), data: make(chan []byte, queueSize), closed: make(chan struct{}),
+		queued: queuedBytes{m: fs.metrics}, flushed: make(chan struct{})}
 	// Whatever is left in data when the tunnel ends is dropped with it:
 	// here, unless serveTunnel took the tunnel over.
 	relayed := false
@@ -75,7 +77,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 			ht.queued.stop()
 		}
 	}()
-	t, be, err := s.startDial(ht, "tcp", r.Host, 0)
+	t, be, err := fs.dials.start(ht, "tcp", r.Host, 0)
 	switch {
 	case errors.Is(err, errShuttingDown):
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -84,9 +86,9 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	log := s.log.WithValues("address", capPeer(r.Host), "agentID", be.logID, "dialID", t.random)
+	log := fs.log.WithValues("address", capPeer(r.Host), "agentID", be.logID, "dialID", t.random)
 
-	rsp, ok := s.awaitDial(w, r, ht, t, be)
+	rsp, ok := fs.awaitDial(w, r, ht, t, be)
 	if !ok {
 		return
 	}
@@ -97,7 +99,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	relayed = s.relayConnect(w, ht, t, log)
+	relayed = fs.relayConnect(w, ht, t, log)
 }
 
 // awaitDial sends t's DIAL_REQ to be and waits for the agent's answer.
@@ -112,7 +114,7 @@ func (s *Server) serveConnect(w http.ResponseWriter, r *http.Request) {
 // disconnect was seen first: closeFromFrontend drops the dial if it is
 // still pending and otherwise sends CLOSE_REQ, where dropping the pending
 // dial alone would leave an established tunnel open forever.
-func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunnel, t *tunnel, be *agentStream) (rsp *client.DialResponse, ok bool) {
+func (fs *frontends) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunnel, t *tunnel, be *agentStream) (rsp *client.DialResponse, ok bool) {
 	req := wire.DialReq("tcp", r.Host, t.random)
 	room, peerDone := be.peer.room, be.peer.done
 	for {
@@ -123,13 +125,13 @@ func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunne
 		case rsp := <-ht.dialed:
 			return rsp, true
 		case <-peerDone:
-			s.relay.closeFromFrontend(t)
+			fs.relay.closeFromFrontend(t)
 			http.Error(w, "sending the dial request to the agent failed: agent stream closed", http.StatusBadGateway)
 			return nil, false
 		case <-r.Context().Done():
-			s.relay.closeFromFrontend(t)
+			fs.relay.closeFromFrontend(t)
 			return nil, false
-		case <-s.life.quit:
+		case <-fs.life.quit:
 			http.Error(w, errShuttingDown.Error(), http.StatusServiceUnavailable)
 			return nil, false
 		}
@@ -141,36 +143,36 @@ func (s *Server) awaitDial(w http.ResponseWriter, r *http.Request, ht *httpTunne
 // server's goroutine returns, and with it the request, the response and
 // their buffers, and a stack grown for parsing and dialling, none of
 // which an open tunnel needs.
-func (s *Server) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, log klog.Logger) (relayed bool) {
+func (fs *frontends) relayConnect(w http.ResponseWriter, ht *httpTunnel, t *tunnel, log klog.Logger) (relayed bool) {
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		s.relay.closeFromFrontend(t)
+		fs.relay.closeFromFrontend(t)
 		http.Error(w, "cannot take over the connection for CONNECT: "+err.Error(), http.StatusInternalServerError)
 		return false
 	}
-	s.mu.Lock()
-	if s.life.closed {
-		s.mu.Unlock()
+	fs.mu.Lock()
+	if fs.life.closed {
+		fs.mu.Unlock()
 		conn.Close()
 		return false
 	}
 	ht.conn = conn
-	s.httpTunnels[ht] = struct{}{}
+	fs.httpTunnels[ht] = struct{}{}
 	// serveTunnel is counted until it returns, after the last writer: writers
 	// start only meanwhile, from goroutines Close waits for.
-	s.life.wg.Add(1)
-	s.mu.Unlock()
-	go s.serveTunnel(ht, t, conn, clientReader(conn, brw.Reader), log)
+	fs.life.wg.Add(1)
+	fs.mu.Unlock()
+	go fs.serveTunnel(ht, t, conn, clientReader(conn, brw.Reader), log)
 	return true
 }
 
 // serveTunnel answers 200 on the client's connection and relays until
 // either side ends the tunnel.
-func (s *Server) serveTunnel(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, log klog.Logger) {
-	defer s.life.wg.Done()
+func (fs *frontends) serveTunnel(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Reader, log klog.Logger) {
+	defer fs.life.wg.Done()
 	defer ht.queued.stop()
-	s.metrics.addHTTPConns(1)
-	defer s.metrics.addHTTPConns(-1)
+	fs.metrics.addHTTPConns(1)
+	defer fs.metrics.addHTTPConns(-1)
 
 	log.V(2).Info("HTTP CONNECT tunnel established", "connectionID", t.connectID)
 	// The 200 goes out before any writer starts: a target that speaks
@@ -185,14 +187,14 @@ func (s *Server) serveTunnel(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Read
 	if err == nil {
 		ht.readLoop(t, r)
 	}
-	if s.relay.ending(t) {
+	if t.ending.Load() {
 		// The agent closed the tunnel while the client was sending: what
 		// the agent sent before it is still on its way (pump), and
 		// CLOSE_RSP ends it. Each delivery is bounded by the write
 		// timeout, so this wait is bounded too.
 		select {
 		case <-ht.closed:
-		case <-s.life.quit:
+		case <-fs.life.quit:
 		}
 	}
 	// The client closed, the agent closed (a writer then writes what is
@@ -202,18 +204,18 @@ func (s *Server) serveTunnel(ht *httpTunnel, t *tunnel, conn net.Conn, r io.Read
 	// deadline.
 	select {
 	case <-ht.closed:
-		_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.FrontendWriteTimeout))
+		_ = conn.SetWriteDeadline(time.Now().Add(fs.writeTimeout))
 		<-ht.flushed
 	default:
 	}
-	s.relay.closeFromFrontend(t)
+	fs.relay.closeFromFrontend(t)
 	ht.shutdown()
 	conn.Close()
 	<-ht.flushed // shutdown started a writer, if none ran, to end it
-	s.mu.Lock()
-	delete(s.httpTunnels, ht)
-	s.mu.Unlock()
-	s.life.tunnelMayHaveEnded()
+	fs.mu.Lock()
+	delete(fs.httpTunnels, ht)
+	fs.mu.Unlock()
+	fs.life.tunnelMayHaveEnded()
 	log.V(2).Info("HTTP CONNECT tunnel closed", "connectionID", t.connectID)
 }
 
@@ -254,7 +256,7 @@ func (ht *httpTunnel) readLoop(t *tunnel, r io.Reader) {
 			if !busy {
 				data = bytes.Clone(data)
 			}
-			if !ht.s.relay.sendData(t, wire.Data(t.connectID, data), ht.closed) {
+			if !ht.fs.relay.sendData(t, wire.Data(t.connectID, data), ht.closed) {
 				return
 			}
 		} else if busy {
@@ -276,9 +278,9 @@ func (ht *httpTunnel) shutdown() {
 
 // closeConn closes the client connection (for Server.Close).
 func (ht *httpTunnel) closeConn() {
-	ht.s.mu.Lock()
+	ht.fs.mu.Lock()
 	conn := ht.conn
-	ht.s.mu.Unlock()
+	ht.fs.mu.Unlock()
 	if conn != nil {
 		conn.Close()
 	}
@@ -303,17 +305,17 @@ func (ht *httpTunnel) deliver(pkt *client.Packet, abort <-chan struct{}) {
 		default:
 		}
 		ht.kick() // one runs already: data is full
-		timer := time.NewTimer(ht.s.cfg.FrontendWriteTimeout)
+		timer := time.NewTimer(ht.fs.writeTimeout)
 		defer timer.Stop()
 		select {
 		case ht.data <- pkt.GetData().GetData():
 			ht.queued.add(dataLen(pkt))
 			ht.kick()
 		case <-ht.closed:
-		case <-ht.s.life.quit:
+		case <-ht.fs.life.quit:
 		case <-abort:
 		case <-timer.C:
-			ht.s.logs.info(ht.s.log, "slow-client", "Closed an HTTP CONNECT client that did not read for too long", "timeout", ht.s.cfg.FrontendWriteTimeout)
+			ht.fs.logs.info(ht.fs.log, "slow-client", "Closed an HTTP CONNECT client that did not read for too long", "timeout", ht.fs.writeTimeout)
 			ht.shutdown()
 			ht.closeConn()
 		}

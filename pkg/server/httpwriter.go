@@ -25,7 +25,7 @@ func (ht *httpTunnel) kick() {
 		return
 	}
 	ht.writer.Kick(func() {
-		ht.s.life.wg.Add(1)
+		ht.fs.life.wg.Add(1)
 		go ht.writeLoop(conn)
 	})
 }
@@ -35,7 +35,7 @@ func (ht *httpTunnel) kick() {
 // ends the connection. Each slice is the whole data of a packet or a
 // copy, and this is its last user: written, it is recycled.
 func (ht *httpTunnel) writeLoop(conn net.Conn) {
-	defer ht.s.life.wg.Done()
+	defer ht.fs.life.wg.Done()
 	for {
 		var d []byte
 		var got, closing bool
@@ -52,7 +52,7 @@ func (ht *httpTunnel) writeLoop(conn net.Conn) {
 				return true
 			default:
 			}
-			return closing || isClosed(ht.s.life.quit)
+			return closing || isClosed(ht.fs.life.quit)
 		}) {
 			return // idle: the next kick starts another
 		}

@@ -28,15 +28,14 @@ import (
 // five with it, which slows the test's side more than the writer's:
 // make test runs it both ways.
 func TestHTTPWriterWritesWhatCameBeforeCloseRsp(t *testing.T) {
-	s := &Server{life: newLifecycle(), metrics: testMetrics(t)}
-	s.cfg.FrontendWriteTimeout = time.Minute
-	t.Cleanup(s.life.wg.Wait)
+	fs := &frontends{life: newLifecycle(), metrics: testMetrics(t), writeTimeout: time.Minute}
+	t.Cleanup(fs.life.wg.Wait)
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer l.Close()
 	for round := range 6000 {
-		if err := lastDataBeforeClose(s, l); err != nil {
+		if err := lastDataBeforeClose(fs, l); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 	}
@@ -44,7 +43,7 @@ func TestHTTPWriterWritesWhatCameBeforeCloseRsp(t *testing.T) {
 
 // lastDataBeforeClose runs one tunnel of the test above, through a
 // connection accepted on l, and says what went wrong, if anything.
-func lastDataBeforeClose(s *Server, l net.Listener) error {
+func lastDataBeforeClose(fs *frontends, l net.Listener) error {
 	first, second := bytes.Repeat([]byte{1}, 512), bytes.Repeat([]byte{2}, 4<<10)
 	client, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
@@ -62,8 +61,8 @@ func lastDataBeforeClose(s *Server, l net.Listener) error {
 		got <- n
 	}()
 
-	ht := &httpTunnel{s: s, data: make(chan []byte, queueSize), closed: make(chan struct{}),
-		queued: queuedBytes{m: s.metrics}, flushed: make(chan struct{})}
+	ht := &httpTunnel{fs: fs, data: make(chan []byte, queueSize), closed: make(chan struct{}),
+		queued: queuedBytes{m: fs.metrics}, flushed: make(chan struct{})}
 	ht.wmu.Lock()
 	ht.client = conn
 	ht.wmu.Unlock()

@@ -49,3 +49,14 @@ func (l *lifecycle) tunnelMayHaveEnded() {
 	default: // a wake-up is pending already
 	}
 }
+
+// goStream starts p's receive loop recv. The caller has done l.wg.Add(1)
+// under Server.mu, having checked l.closed, so that Close waits for it,
+// and through it for p's writer (stopWriter).
+func (l *lifecycle) goStream(p *peer, recv func()) {
+	go func() {
+		defer l.wg.Done()
+		defer p.stopWriter()
+		recv()
+	}()
+}

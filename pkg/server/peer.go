@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/internal/ondemand"
@@ -390,3 +393,38 @@ func (q *queuedBytes) stop() {
 // dataLen is the size of pkt's data: what it costs in a queue beyond a
 // fixed size.
 func dataLen(pkt *client.Packet) int { return len(pkt.GetData().GetData()) }
+
+// wait blocks the gRPC handler until p ends, its client goes away or quit
+// closes (the Server closes), and returns the handler's status. Returning
+// cancels the stream's context, which ends p's receive loop and writer
+// even when they are blocked in Recv or Send: that is why neither runs on
+// the handler's goroutine. The client's going away is watched here, not
+// only through Recv, because the receive loop may be waiting for room in
+// an agent's queue instead of receiving. An agent stream's liveness is
+// the sweep's (sweep.go), which ends p when it is stuck or its agent dead.
+func (p *peer) wait(quit <-chan struct{}) error {
+	select {
+	case <-p.done:
+	case <-p.stream.Context().Done():
+		p.end(p.stream.Context().Err())
+	case <-quit:
+		p.end(errShuttingDown)
+	}
+	switch err := p.reason; {
+	case err == nil, errors.Is(err, io.EOF):
+		return nil
+	case errors.Is(err, errShuttingDown):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, errSlowFrontend), errors.Is(err, errControlBacklog):
+		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, errStalled), errors.Is(err, errSilent), errors.Is(err, errReceiveStuck), errors.Is(err, errUnresponsive):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	default:
+		if _, ok := status.FromError(err); ok {
+			return err
+		}
+		return status.Error(codes.Unknown, err.Error())
+	}
+}

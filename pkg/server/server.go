@@ -2,15 +2,12 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"sync"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/apiserver-network-proxy/konnectivity-client/proto/client"
 
 	"github.com/servercount/servercount/pkg/clock"
 	"github.com/servercount/servercount/pkg/wire"
@@ -24,36 +21,31 @@ type Server struct {
 	cfg     Config
 	log     klog.Logger
 	metrics *metrics
-	// life says whether the Server serves, drains or is closed; its
-	// flags are guarded by mu.
-	life *lifecycle
-
-	mu sync.Mutex
-	// routes indexes the agent streams by agent, for choosing one for a
-	// dial; it has its own lock.
-	routes *routes
-	// admission decides which agent streams are served.
-	admission admission
 	// mono reads the times of the streams' liveness checks and of the
 	// sweep: the monotonic clock, which no step of the wall clock moves.
 	mono clock.Monotonic
 	// logs bounds the level-0 lines that many peers can cause at once:
 	// rejected agent streams, streams ended, refused claims.
 	logs logLimiter
-	// live holds and checks the registered agent streams. Guarded by
-	// mu.
-	live liveness
-	// dials holds the dials sent to an agent and not yet answered.
-	// Guarded by mu.
-	dials pendingDials
-	// relay carries the tunnels' packets once their dials are answered.
-	relay relay
-	// httpTunnels holds the HTTP CONNECT tunnels, so that Close can end
-	// them. Guarded by mu.
-	httpTunnels map[*httpTunnel]struct{}
-	// frontendStreams counts the gRPC frontend streams being served.
-	// Guarded by mu.
-	frontendStreams int
+
+	// mu is the lock of the parts whose state changes together: a dial's
+	// answer changes the dial (dials), its agent stream's answer count
+	// and unresponsive mark (live) and makes a tunnel of the relay in one
+	// step; lifecycle's flags and the frontends' counts are under it so
+	// that nothing is added once Close has begun. The packets of an
+	// established tunnel do not take it.
+	mu sync.Mutex
+
+	// The parts (docs/architecture.md, "The server's parts"), each given
+	// by New what it uses of the others, none the Server.
+	life      *lifecycle // serving, draining or closed; what Close waits for
+	admission admission  // which agent streams are served
+	routes    *routes    // the agent streams by agent, for a dial's choice
+	live      liveness   // the registered agent streams and their sweep
+	dials     pendingDials
+	relay     relay // a tunnel's packets, once its dial is answered
+	agents    agents
+	frontends frontends
 }
 
 // New validates cfg and returns a Server, or an error that lists every
@@ -68,22 +60,26 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:         cfg,
-		log:         cfg.Logger.WithName("proxy-server"),
-		metrics:     m,
-		life:        newLifecycle(),
-		routes:      newRoutes(),
-		mono:        clock.NewMonotonic(nil),
-		httpTunnels: map[*httpTunnel]struct{}{},
+		cfg:     cfg,
+		log:     cfg.Logger.WithName("proxy-server"),
+		metrics: m,
+		life:    newLifecycle(),
+		routes:  newRoutes(),
+		mono:    clock.NewMonotonic(nil),
 	}
 	s.admission = admission{authenticator: cfg.Authenticator, bindIdentifiers: cfg.BindIdentifiers,
 		handshakes: handshakes{perAddress: cfg.MaxHandshakesPerAddress, clock: cfg.Clock},
 		preAuth:    preAuthConns{m: m, byAddr: cfg.MaxHandshakesPerAddress >= 0, clock: cfg.Clock},
 		metrics:    m, log: s.log, logs: &s.logs}
 	s.live = liveness{mu: &s.mu, cfg: cfg, mono: s.mono, metrics: m, log: s.log, logs: &s.logs, routes: s.routes, dials: &s.dials}
-	s.relay = relay{mu: &s.mu, cfg: cfg, life: s.life, dials: &s.dials, metrics: m, log: s.log, logs: &s.logs}
-	s.dials = pendingDials{byRandom: map[int64]*tunnel{}, routes: s.routes, life: s.life, metrics: m, log: s.log,
-		timeout: cfg.BackendDialTimeout, timedOut: s.dialTimedOut}
+	s.relay = relay{mu: &s.mu, window: cfg.TunnelWindow, writeTimeout: cfg.FrontendWriteTimeout, life: s.life, dials: &s.dials, metrics: m, log: s.log, logs: &s.logs}
+	s.dials = pendingDials{mu: &s.mu, byRandom: map[int64]*tunnel{}, strategies: cfg.Strategies, routes: s.routes, live: &s.live,
+		relay: &s.relay, life: s.life, metrics: m, log: s.log, timeout: cfg.BackendDialTimeout}
+	s.frontends = frontends{mu: &s.mu, dials: &s.dials, relay: &s.relay, life: s.life, metrics: m, mono: s.mono, log: s.log,
+		logs: &s.logs, writeTimeout: cfg.FrontendWriteTimeout, httpTunnels: map[*httpTunnel]struct{}{}}
+	s.agents = agents{mu: &s.mu, serverID: cfg.ServerID, counter: cfg.Counter, strategies: cfg.Strategies, window: cfg.TunnelWindow,
+		heartbeat: cfg.Heartbeat, admission: &s.admission, routes: s.routes, live: &s.live, dials: &s.dials, relay: &s.relay,
+		life: s.life, metrics: m, mono: s.mono, log: s.log, logs: &s.logs}
 	return s, nil
 }
 
@@ -104,10 +100,7 @@ func (s *Server) Close() {
 	}
 	s.life.closed = true
 	s.dials.stopTimers()
-	var hts []*httpTunnel
-	for ht := range s.httpTunnels {
-		hts = append(hts, ht)
-	}
+	hts := s.frontends.httpTunnelsLocked()
 	s.mu.Unlock()
 	close(s.life.quit)
 	for _, ht := range hts {
@@ -176,7 +169,7 @@ func (s *Server) Shutdown(ctx context.Context) (cut int) {
 func (s *Server) openTunnels() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := s.dials.len() + len(s.httpTunnels) + s.frontendStreams
+	n := s.dials.len() + s.frontends.openLocked()
 	for _, be := range s.live.all() {
 		n += len(be.conns) + len(be.closing)
 	}
@@ -190,48 +183,17 @@ func (s *Server) Backends() int {
 	return len(s.live.all())
 }
 
-// goStream starts p's receive loop recv. The caller has done s.life.wg.Add(1)
-// under s.mu, having checked s.life.closed, so that Close waits for it, and
-// through it for p's writer (stopWriter).
-func (s *Server) goStream(p *peer, recv func()) {
-	go func() {
-		defer s.life.wg.Done()
-		defer p.stopWriter()
-		recv()
-	}()
+// Connect implements wire.AgentServiceServer: it checks the handshake
+// metadata, sends the serverID and serverCount response headers, and then
+// serves the agent's stream until it ends or the Server closes. Register
+// it with wire.RegisterAgentServiceServer.
+func (s *Server) Connect(stream wire.AgentConnectServer) error {
+	return s.agents.serve(stream)
 }
 
-// waitStream blocks the gRPC handler until p ends, its client goes away
-// or the Server closes, and returns the handler's status. Returning
-// cancels the stream's context, which ends p's receive loop and writer
-// even when they are blocked in Recv or Send: that is why neither runs on
-// the handler's goroutine. The client's going away is watched here, not
-// only through Recv, because the receive loop may be waiting for room in
-// an agent's queue instead of receiving. An agent stream's liveness is
-// the sweep's (sweep.go), which ends p when it is stuck or its agent dead.
-func (s *Server) waitStream(p *peer) error {
-	select {
-	case <-p.done:
-	case <-p.stream.Context().Done():
-		p.end(p.stream.Context().Err())
-	case <-s.life.quit:
-		p.end(errShuttingDown)
-	}
-	switch err := p.reason; {
-	case err == nil, errors.Is(err, io.EOF):
-		return nil
-	case errors.Is(err, errShuttingDown):
-		return status.Error(codes.Unavailable, err.Error())
-	case errors.Is(err, errSlowFrontend), errors.Is(err, errControlBacklog):
-		return status.Error(codes.ResourceExhausted, err.Error())
-	case errors.Is(err, errStalled), errors.Is(err, errSilent), errors.Is(err, errReceiveStuck), errors.Is(err, errUnresponsive):
-		return status.Error(codes.Unavailable, err.Error())
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return status.FromContextError(err).Err()
-	default:
-		if _, ok := status.FromError(err); ok {
-			return err
-		}
-		return status.Error(codes.Unknown, err.Error())
-	}
+// Proxy implements client.ProxyServiceServer: it serves one frontend
+// stream until it ends or the Server closes. Register it with
+// client.RegisterProxyServiceServer.
+func (s *Server) Proxy(stream client.ProxyService_ProxyServer) error {
+	return s.frontends.serveProxy(stream)
 }

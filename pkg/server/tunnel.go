@@ -2,8 +2,8 @@ package server
 
 import (
 	"errors"
-	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -103,33 +103,72 @@ type tunnel struct {
 	last *client.Packet
 	// outbox holds a gRPC frontend's DATA that found no credit, for
 	// sendOutbox to send as credit comes; nil until the first such DATA.
-	// closeAfterOutbox is set when the frontend sent CLOSE_REQ after it.
-	// Both guarded by Server.mu.
-	outbox           *flow.Queue
+	// It is set under Server.mu, and read without it by the frontend's
+	// receive loop for each DATA. closeAfterOutbox is set when the
+	// frontend sent CLOSE_REQ after it; guarded by Server.mu.
+	outbox           atomic.Pointer[flow.Queue]
 	closeAfterOutbox bool
 	// ending is set when a flow-controlled tunnel is over at the agent
 	// while pump still delivers what it queued: the frontend keeps the
 	// tunnel (its connectID stays taken, and what it sends for it is
-	// dropped) until pump is done. Guarded by Server.mu.
-	ending bool
+	// dropped) until pump is done. Set under Server.mu, read by the
+	// frontends without it.
+	ending atomic.Bool
 }
 
 // relay is the part of a Server that carries a tunnel's packets between
 // its frontend and its agent stream once the dial is answered: DATA both
 // ways, with flow control (credit.go) or without, and the tunnel's end
 // from either side. Its state is the tunnels' and the agent streams'
-// (conns, closing), guarded by Server.mu (mu) as the dials are: an
-// answered dial becomes a tunnel under that lock.
+// (conns, closing), changed under Server.mu (mu) as the dials are, since
+// an answered dial becomes a tunnel under that lock. The packets of a
+// tunnel take no lock that other agents' tunnels contend on: an agent's
+// DATA and WINDOW find their tunnel under its stream's connMu, a gRPC
+// frontend's under that frontend's own lock.
 type relay struct {
-	// All set by New. cfg is a copy of the Server's: the relay reads its
-	// window and frontend write timeout.
-	mu      *sync.Mutex // Server.mu
-	cfg     Config
-	life    *lifecycle
-	dials   *pendingDials
-	metrics *metrics
-	log     klog.Logger
-	logs    *logLimiter
+	// All set by New. window is Config.TunnelWindow, the room for an
+	// agent's data this server grants each flow-controlled tunnel, and
+	// writeTimeout Config.FrontendWriteTimeout.
+	mu           *sync.Mutex // Server.mu
+	window       int
+	writeTimeout time.Duration
+	life         *lifecycle
+	dials        *pendingDials
+	metrics      *metrics
+	log          klog.Logger
+	logs         *logLimiter
+}
+
+// establishLocked makes answered dial t, which its agent named
+// t.connectID, a tunnel of t.be. It reports false, and changes nothing,
+// when t.be or t's frontend has a tunnel by that ID already. The flow
+// control of t is set before t is published to the frontend and the
+// agent stream, which read it without Server.mu. Called with Server.mu
+// held.
+func (r *relay) establishLocked(t *tunnel) bool {
+	be := t.be
+	if _, dup := be.conns[t.connectID]; dup {
+		return false
+	}
+	flowControl := be.peerWindow > 0 && !r.life.closed
+	if flowControl {
+		t.q = flow.NewQueue(r.window)
+		t.credit = flow.NewWindow(be.peerWindow)
+	}
+	if !t.fe.established(t) {
+		t.q, t.credit = nil, nil
+		return false
+	}
+	be.connMu.Lock()
+	be.conns[t.connectID] = t
+	be.connMu.Unlock()
+	t.established = time.Now()
+	r.metrics.addEstablished(1)
+	r.metrics.observeDialDuration(t.established.Sub(t.dialed))
+	if flowControl {
+		r.life.pumps.Add(1) // until a pump has delivered the queue's end
+	}
+	return true
 }
 
 // closeFromAgentLocked forgets established tunnel t, which the agent
@@ -165,17 +204,19 @@ func (r *relay) forgetConnLocked(t *tunnel) {
 	if t.be.conns[t.connectID] != t {
 		return
 	}
+	t.be.connMu.Lock()
 	delete(t.be.conns, t.connectID)
+	t.be.connMu.Unlock()
 	if t.q == nil {
 		t.fe.forget(t)
 	} else {
-		t.ending = true // pump forgets it at the frontend when done
+		t.ending.Store(true) // pump forgets it at the frontend when done
 	}
 	if t.credit != nil {
 		t.credit.Close() // a frontend waiting for credit gives up
 	}
-	if t.outbox != nil {
-		t.outbox.Close() // nobody is left to take what waits for credit
+	if ob := t.outbox.Load(); ob != nil {
+		ob.Close() // nobody is left to take what waits for credit
 	}
 	r.metrics.addEstablished(-1)
 	r.metrics.observeConnection(time.Since(t.established))
@@ -246,10 +287,12 @@ func (r *relay) sendCloseReq(t *tunnel) {
 		r.mu.Unlock()
 		return
 	}
+	be.connMu.Lock()
 	if be.closing == nil {
 		be.closing = map[int64]struct{}{}
 	}
 	be.closing[id] = struct{}{}
+	be.connMu.Unlock()
 	// Under r.mu with r.life.closed false, so that Close waits for it: the
 	// HTTP CONNECT handler that may call this is not counted in r.life.wg.
 	r.life.wg.Add(1)
@@ -258,52 +301,10 @@ func (r *relay) sendCloseReq(t *tunnel) {
 		defer r.life.wg.Done()
 		send()
 		r.mu.Lock()
+		be.connMu.Lock()
 		delete(be.closing, id)
+		be.connMu.Unlock()
 		r.mu.Unlock()
 		r.life.tunnelMayHaveEnded()
 	})
-}
-
-// ending reports whether t is over at the agent while its data is still
-// being delivered.
-func (r *relay) ending(t *tunnel) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return t.ending
-}
-
-// backendGone unregisters agent stream be and tells every frontend with a
-// dial or a connection through it.
-func (s *Server) backendGone(be *agentStream) {
-	s.mu.Lock()
-	s.removeBackendLocked(be)
-	var dials, conns []*tunnel
-	for _, t := range be.pending {
-		dials = append(dials, t)
-	}
-	for _, t := range dials {
-		s.dials.drop(t, dialFailureBackendClose)
-	}
-	for _, t := range be.conns {
-		conns = append(conns, t)
-	}
-	var direct []*tunnel
-	for _, t := range conns {
-		if s.relay.closeFromAgentLocked(t, wire.CloseRsp(t.connectID, errTextAgentGone)) {
-			direct = append(direct, t)
-		}
-	}
-	s.mu.Unlock()
-	// The answers say why the stream ended, without waiting: this runs
-	// on the stream's receive loop.
-	why := ""
-	if err := be.peer.reason; err != nil && !errors.Is(err, io.EOF) {
-		why = ": " + capPeer(err.Error())
-	}
-	for _, t := range dials {
-		t.fe.answer(wire.DialRsp(t.random, 0, errTextBackendClosed+why))
-	}
-	for _, t := range direct {
-		t.fe.answer(wire.CloseRsp(t.connectID, errTextAgentGone+why))
-	}
 }
