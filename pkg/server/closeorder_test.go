@@ -246,3 +246,48 @@ func closeOrderDialer(t *testing.T, e *env, mode string) func(context.Context) (
 		return c, nil
 	}
 }
+
+// A frontend's close of a tunnel while its agent (without flow control)
+// streams DATA on it: the DATA that comes between the tunnel's end and its
+// delayed CLOSE_REQ is dropped, never answered with an early CLOSE_REQ,
+// which would cut the delay short and lose the frontend's last bytes at
+// upstream's agent. Each round closes one HTTP CONNECT tunnel while the
+// agent floods it, so that the agent's DATA is handled in every step of
+// the close (and the race detector sees the two loops cross).
+func TestPlainAgentStreamingAsFrontendClosesGetsCloseLater(t *testing.T) {
+	const rounds = 40
+	rec, dial, _ := startCloseOrder(t, "http-connect")
+	closedAt := map[int64]time.Time{}
+	for id := int64(1); id <= rounds; id++ {
+		c, err := dial(t.Context())
+		require.NoError(t, err)
+		stop, flooded := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(flooded)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					rec.send(wire.Data(id, []byte("flood")))
+				}
+			}
+		}()
+		// The flood is on its way before the client closes.
+		require.Eventually(t, func() bool {
+			_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+			n, _ := c.Read(make([]byte, 64))
+			return n > 0
+		}, waitFor, time.Millisecond)
+		closedAt[id] = time.Now()
+		require.NoError(t, c.Close())
+		require.Eventually(t, func() bool { return rec.closedCount() == int(id) }, waitFor, time.Millisecond, "tunnel %d gets CLOSE_REQ", id)
+		close(stop)
+		<-flooded
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for id, at := range rec.closedAt {
+		assert.GreaterOrEqual(t, at.Sub(closedAt[id]), server.PlainAgentCloseDelay, "tunnel %d: CLOSE_REQ after the frontend closed", id)
+	}
+}

@@ -181,7 +181,7 @@ func (r *relay) queueAgentData(be *agentStream, t *tunnel, data []byte) {
 // back-pressure on a frontend sending faster than its endpoint reads, and
 // it is bounded by FrontendWriteTimeout, after which the tunnel is ended.
 func (r *relay) sendCredited(t *tunnel, data []byte, feDone <-chan struct{}) {
-	ob := t.outbox.Load()
+	ob := t.outbox // set by this goroutine alone
 	for ob == nil && len(data) > 0 {
 		n, _ := t.credit.TryTake(min(len(data), wire.MaxDataPayload))
 		if n == 0 {
@@ -241,7 +241,7 @@ func (r *relay) openOutbox(t *tunnel, feDone <-chan struct{}) *flow.Queue {
 		return nil
 	}
 	ob := flow.NewBoundedQueue(max(t.be.peerWindow, wire.MaxDataPayload))
-	t.outbox.Store(ob)
+	t.outbox = ob
 	r.life.wg.Add(1)
 	go r.sendOutbox(t, ob, feDone)
 	return ob
@@ -252,7 +252,7 @@ func (r *relay) openOutbox(t *tunnel, feDone <-chan struct{}) *flow.Queue {
 // that waits for credit in t's outbox, if any.
 func (r *relay) onFrontendCloseRequest(t *tunnel) {
 	r.mu.Lock()
-	ob := t.outbox.Load()
+	ob := t.outbox
 	if ob != nil {
 		t.closeAfterOutbox = true
 	}

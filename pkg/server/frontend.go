@@ -16,11 +16,11 @@ import (
 type grpcFrontend struct {
 	fs   *frontends
 	peer *peer
-	// mu guards pending and conns, changed with Server.mu held too (the
-	// frontend methods below are called under it): the stream's receive
-	// loop finds a tunnel under mu alone, which no other frontend's
-	// packets contend on.
-	mu sync.Mutex
+	// connMu guards pending and conns, changed with Server.mu held too
+	// (the frontend methods below are called under it): the stream's
+	// receive loop finds a tunnel under connMu alone, which no other
+	// frontend's packets contend on.
+	connMu sync.Mutex
 	// pending holds this stream's pending dials by random.
 	pending map[int64]*tunnel
 	// conns holds this stream's connections by connectID.
@@ -106,7 +106,7 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 		return
 	}
 	f.fs.log.V(4).Info("Forwarded dial to agent", "agentID", be.logID, "address", capPeer(req.GetAddress()), "dialID", req.GetRandom())
-	// If the agent stream has ended, backendGone answers the dial; if
+	// If the agent stream has ended, agents.ended answers the dial; if
 	// this frontend has, gone drops it. If the dial is retried on
 	// another agent meanwhile, the one chosen first gets DIAL_CLS after
 	// this and answers nothing that counts.
@@ -116,9 +116,9 @@ func (f *grpcFrontend) dial(pkt *client.Packet) {
 // forward sends DATA or CLOSE_REQ for connectID to its agent, or answers
 // CLOSE_RSP with an error when the connection is unknown.
 func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
-	f.mu.Lock()
+	f.connMu.Lock()
 	t := f.conns[connectID]
-	f.mu.Unlock()
+	f.connMu.Unlock()
 	if t != nil && t.ending.Load() {
 		// The agent closed it; its CLOSE_RSP follows the data still on
 		// its way to this frontend, and answers this packet too.
@@ -147,7 +147,7 @@ func (f *grpcFrontend) forward(connectID int64, pkt *client.Packet) {
 // gone drops the frontend's pending dials and closes its connections at
 // their agents.
 func (f *grpcFrontend) gone() {
-	f.mu.Lock()
+	f.connMu.Lock()
 	var ts []*tunnel
 	for _, t := range f.pending {
 		ts = append(ts, t)
@@ -155,7 +155,7 @@ func (f *grpcFrontend) gone() {
 	for _, t := range f.conns {
 		ts = append(ts, t)
 	}
-	f.mu.Unlock()
+	f.connMu.Unlock()
 	for _, t := range ts {
 		f.fs.relay.closeFromFrontend(t)
 	}
@@ -178,14 +178,14 @@ func (f *grpcFrontend) answer(pkt *client.Packet) {
 }
 
 func (f *grpcFrontend) track(t *tunnel) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.connMu.Lock()
+	defer f.connMu.Unlock()
 	f.pending[t.random] = t
 }
 
 func (f *grpcFrontend) established(t *tunnel) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.connMu.Lock()
+	defer f.connMu.Unlock()
 	if f.conns[t.connectID] != nil {
 		return false
 	}
@@ -194,8 +194,8 @@ func (f *grpcFrontend) established(t *tunnel) bool {
 }
 
 func (f *grpcFrontend) forget(t *tunnel) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.connMu.Lock()
+	defer f.connMu.Unlock()
 	if f.pending[t.random] == t {
 		delete(f.pending, t.random)
 	}

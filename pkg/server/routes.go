@@ -24,8 +24,8 @@ const (
 // dial costs a map lookup and a random index, never a scan of the agents:
 // at 5,000 agents a scan took a third of a millisecond, and identifiers an
 // agent makes up could make it longer. It has a lock of its own because a
-// choice must not wait on Server.mu, which every packet of every tunnel
-// takes; Server.mu, when held, is taken first.
+// choice must not wait on Server.mu, which every dial's answer and every
+// tunnel's end takes; Server.mu, when held, is taken first.
 //
 // The default and defaultRoute strategies pick a random agent among those
 // of the best tier (ready, then draining, then unresponsive), and that

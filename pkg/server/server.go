@@ -32,8 +32,8 @@ type Server struct {
 	// answer changes the dial (dials), its agent stream's answer count
 	// and unresponsive mark (live) and makes a tunnel of the relay in one
 	// step; lifecycle's flags and the frontends' counts are under it so
-	// that nothing is added once Close has begun. The packets of an
-	// established tunnel do not take it.
+	// that nothing is added once Close has begun. An established
+	// tunnel's packets take it per burst, not per packet (see relay).
 	mu sync.Mutex
 
 	// The parts (docs/architecture.md, "The server's parts"), each given

@@ -79,7 +79,8 @@ type tunnel struct {
 	// nothing. Guarded by Server.mu.
 	attempt int
 	// connectID is the agent's ID for the connection, 0 while the dial is
-	// pending. Guarded by Server.mu.
+	// pending. Set under Server.mu before the tunnel is published to its
+	// frontend and agent stream; fixed after.
 	connectID int64
 	// timer fires Config.BackendDialTimeout after the dial was sent; nil
 	// without a timeout. Guarded by Server.mu.
@@ -103,10 +104,10 @@ type tunnel struct {
 	last *client.Packet
 	// outbox holds a gRPC frontend's DATA that found no credit, for
 	// sendOutbox to send as credit comes; nil until the first such DATA.
-	// It is set under Server.mu, and read without it by the frontend's
-	// receive loop for each DATA. closeAfterOutbox is set when the
-	// frontend sent CLOSE_REQ after it; guarded by Server.mu.
-	outbox           atomic.Pointer[flow.Queue]
+	// It is set under Server.mu by the frontend's receive loop, the one
+	// reader without it. closeAfterOutbox is set when the frontend sent
+	// CLOSE_REQ after it. Both guarded by Server.mu.
+	outbox           *flow.Queue
 	closeAfterOutbox bool
 	// ending is set when a flow-controlled tunnel is over at the agent
 	// while pump still delivers what it queued: the frontend keeps the
@@ -121,10 +122,12 @@ type tunnel struct {
 // ways, with flow control (credit.go) or without, and the tunnel's end
 // from either side. Its state is the tunnels' and the agent streams'
 // (conns, closing), changed under Server.mu (mu) as the dials are, since
-// an answered dial becomes a tunnel under that lock. The packets of a
-// tunnel take no lock that other agents' tunnels contend on: an agent's
-// DATA and WINDOW find their tunnel under its stream's connMu, a gRPC
-// frontend's under that frontend's own lock.
+// an answered dial becomes a tunnel under that lock. A tunnel's DATA and
+// WINDOW find it under a lock that other agents' and frontends' tunnels
+// do not contend on: an agent's under its stream's connMu, a gRPC
+// frontend's under that frontend's connMu. Server.mu is taken per burst,
+// not per packet: to start a flow-controlled tunnel's idle pump, to open
+// its outbox, and at its end.
 type relay struct {
 	// All set by New. window is Config.TunnelWindow, the room for an
 	// agent's data this server grants each flow-controlled tunnel, and
@@ -155,6 +158,7 @@ func (r *relay) establishLocked(t *tunnel) bool {
 		t.q = flow.NewQueue(r.window)
 		t.credit = flow.NewWindow(be.peerWindow)
 	}
+	t.established = time.Now()
 	if !t.fe.established(t) {
 		t.q, t.credit = nil, nil
 		return false
@@ -162,7 +166,6 @@ func (r *relay) establishLocked(t *tunnel) bool {
 	be.connMu.Lock()
 	be.conns[t.connectID] = t
 	be.connMu.Unlock()
-	t.established = time.Now()
 	r.metrics.addEstablished(1)
 	r.metrics.observeDialDuration(t.established.Sub(t.dialed))
 	if flowControl {
@@ -215,8 +218,8 @@ func (r *relay) forgetConnLocked(t *tunnel) {
 	if t.credit != nil {
 		t.credit.Close() // a frontend waiting for credit gives up
 	}
-	if ob := t.outbox.Load(); ob != nil {
-		ob.Close() // nobody is left to take what waits for credit
+	if t.outbox != nil {
+		t.outbox.Close() // nobody is left to take what waits for credit
 	}
 	r.metrics.addEstablished(-1)
 	r.metrics.observeConnection(time.Since(t.established))
@@ -225,15 +228,20 @@ func (r *relay) forgetConnLocked(t *tunnel) {
 
 // closeFromFrontend ends t because its frontend went away: the dial is
 // dropped if pending, else the agent gets CLOSE_REQ. Later packets for it
-// find nothing (an agent's DATA is then answered with CLOSE_REQ again).
+// find nothing (an agent's DATA is then answered with CLOSE_REQ again,
+// once the one on its way has gone).
 func (r *relay) closeFromFrontend(t *tunnel) {
 	r.mu.Lock()
 	if r.dials.drop(t, dialFailureFrontendClose) {
 		r.mu.Unlock()
 		return
 	}
-	established := t.be.conns[t.connectID] == t
-	if established {
+	var send func()
+	if t.be.conns[t.connectID] == t {
+		// Marked as closing before it is forgotten: an agent's DATA
+		// handled in between would find neither, and answer with a
+		// CLOSE_REQ that cuts PlainAgentCloseDelay short.
+		send = r.closeReqLocked(t)
 		r.forgetConnLocked(t)
 	}
 	q := t.q
@@ -244,8 +252,8 @@ func (r *relay) closeFromFrontend(t *tunnel) {
 		r.kickPumpLocked(t)
 	}
 	r.mu.Unlock()
-	if established {
-		r.sendCloseReq(t)
+	if send != nil {
+		send()
 	}
 }
 
@@ -265,46 +273,59 @@ func (r *relay) closeFromFrontend(t *tunnel) {
 const PlainAgentCloseDelay = 100 * time.Millisecond
 
 // sendCloseReq sends CLOSE_REQ for t, established and closed by its
-// frontend, to t's agent after the tunnel's data: to an agent without
-// flow control PlainAgentCloseDelay later, once per tunnel. Meanwhile the
-// agent's DATA for it is dropped rather than answered with a CLOSE_REQ
-// that would cut the wait short (onAgentData), and a graceful stop waits
-// for it (openTunnels). During Close it goes at once.
+// frontend, to t's agent after the tunnel's data (see closeReqLocked).
 func (r *relay) sendCloseReq(t *tunnel) {
-	be, id := t.be, t.connectID
-	send := func() { be.peer.sendTunnelControl(wire.CloseReq(id), id) }
-	if be.peerWindow > 0 {
-		send()
+	if t.be.peerWindow > 0 {
+		t.be.peer.sendTunnelControl(wire.CloseReq(t.connectID), t.connectID)
 		return
 	}
 	r.mu.Lock()
-	if r.life.closed || be.gone {
-		r.mu.Unlock()
+	send := r.closeReqLocked(t)
+	r.mu.Unlock()
+	if send != nil {
 		send()
-		return
 	}
-	if _, waiting := be.closing[id]; waiting {
-		r.mu.Unlock()
-		return
+}
+
+// closeReqLocked returns what sends CLOSE_REQ for t, closed by its
+// frontend, to t's agent once Server.mu is unlocked: at once to an agent
+// with flow control, and during Close; to one without, PlainAgentCloseDelay
+// later, once per tunnel (nil when one is on its way). Meanwhile the
+// agent's DATA for it is dropped rather than answered with a CLOSE_REQ
+// that would cut the wait short (onAgentData), and a graceful stop waits
+// for it (openTunnels). Called with Server.mu held.
+func (r *relay) closeReqLocked(t *tunnel) func() {
+	be, id := t.be, t.connectID
+	send := func() { be.peer.sendTunnelControl(wire.CloseReq(id), id) }
+	if be.peerWindow > 0 || r.life.closed || be.gone {
+		return send
 	}
 	be.connMu.Lock()
-	if be.closing == nil {
-		be.closing = map[int64]struct{}{}
+	_, waiting := be.closing[id]
+	if !waiting {
+		if be.closing == nil {
+			be.closing = map[int64]struct{}{}
+		}
+		be.closing[id] = struct{}{}
 	}
-	be.closing[id] = struct{}{}
 	be.connMu.Unlock()
-	// Under r.mu with r.life.closed false, so that Close waits for it: the
-	// HTTP CONNECT handler that may call this is not counted in r.life.wg.
+	if waiting {
+		return nil
+	}
+	// Under Server.mu with r.life.closed false, so that Close waits for
+	// it: the HTTP CONNECT handler that may send it is not counted in
+	// r.life.wg.
 	r.life.wg.Add(1)
-	r.mu.Unlock()
-	time.AfterFunc(PlainAgentCloseDelay, func() {
-		defer r.life.wg.Done()
-		send()
-		r.mu.Lock()
-		be.connMu.Lock()
-		delete(be.closing, id)
-		be.connMu.Unlock()
-		r.mu.Unlock()
-		r.life.tunnelMayHaveEnded()
-	})
+	return func() {
+		time.AfterFunc(PlainAgentCloseDelay, func() {
+			defer r.life.wg.Done()
+			send()
+			r.mu.Lock()
+			be.connMu.Lock()
+			delete(be.closing, id)
+			be.connMu.Unlock()
+			r.mu.Unlock()
+			r.life.tunnelMayHaveEnded()
+		})
+	}
 }
