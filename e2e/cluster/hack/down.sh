@@ -37,7 +37,7 @@ K="$KUBECTL --request-timeout=10s"
 # 1. The kubelet tears the pods down through the CRI (CNI DEL, unmounts)
 # while it still runs: controllers first, so that nothing comes back.
 if alive kubelet && alive kube-apiserver; then
-  $K delete deploy,ds,rs,sts,jobs --all -A --wait=false >/dev/null 2>&1
+  $K delete deploy,ds,rs,sts,jobs --all -A --cascade=orphan --wait=false >/dev/null 2>&1
   $K delete pods --all -A --grace-period=1 --wait=false >/dev/null 2>&1
   deadline=$(($(date +%s) + 60))
   while [ "$(date +%s)" -lt "$deadline" ]; do

@@ -1,0 +1,327 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// overlayDir is the kustomize overlay of examples/kubernetes.
+func overlayDir(t *testing.T) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "overlay")
+}
+
+// TestCluster runs in order, on the node run.sh started: the manifests
+// applied, kube-apiserver's logs, exec and port-forward through the pods,
+// the server Deployment scaled 1 -> 3 -> 2 with every agent following,
+// and the EndpointSlices written by their controller only.
+func TestCluster(t *testing.T) {
+	if os.Getenv("CLUSTER_E2E_KUBECONFIG") == "" {
+		t.Skip("needs the node of make cluster-e2e (e2e/cluster/hack/run.sh)")
+	}
+	n, err := NewNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	if !t.Run("Apply", func(t *testing.T) { testApply(ctx, t, n) }) {
+		t.FailNow()
+	}
+	t.Run("Tunnel", func(t *testing.T) { testTunnel(ctx, t, n) })
+	t.Run("Scale", func(t *testing.T) { testScale(ctx, t, n) })
+	t.Run("EndpointSlicesByController", func(t *testing.T) { testSlicesByController(ctx, t, n) })
+}
+
+// testApply applies the overlay and waits for the three servers and the
+// agent to be Ready and for the agent to hold the three.
+func testApply(ctx context.Context, t *testing.T, n *Node) {
+	start := time.Now()
+	if out, err := n.Run(ctx, "apply", "-k", overlayDir(t)); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Logf("applied:\n%s", out)
+	}
+	for _, obj := range []string{"deploy/" + deployment, "ds/" + daemonSet} {
+		if _, err := n.Run(ctx, "-n", namespace, "rollout", "status", obj, "--timeout=120s"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod, err := n.PointEgress(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kube-apiserver's egress socket: %s's", pod)
+	took, err := waitAgents(ctx, n, 3, 3, 60*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("3 servers and the agent Ready, the agent holding 3, %.1fs after apply (agent %.1fs after the rollout)",
+		time.Since(start).Seconds(), took.Seconds())
+}
+
+// waitAgents waits until every Ready agent pod holds held servers and
+// counts counted through DNS.
+func waitAgents(ctx context.Context, n *Node, held, counted float64, timeout time.Duration) (time.Duration, error) {
+	return waitFor(ctx, timeout, fmt.Sprintf("every agent holding %v and counting %v servers", held, counted), func() (bool, string) {
+		counts, err := n.AgentCounts(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		ok := true
+		var desc []string
+		for _, c := range counts {
+			desc = append(desc, c.String())
+			if c.ScrapeError != nil || c.Held != held || !c.CountedFromDNS || c.Counted != counted {
+				ok = false
+			}
+		}
+		return ok, strings.Join(desc, "; ")
+	})
+}
+
+const workload = `apiVersion: v1
+kind: Namespace
+metadata: {name: cluster-e2e}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: workload, namespace: cluster-e2e}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: workload
+    image: servercount.local/busybox:e2e
+    # Loaded into containerd; never pulled.
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "mkdir -p /tmp/www && echo port-forward-ok > /tmp/www/index.html && echo workload-started && exec httpd -f -p 8080 -h /tmp/www"]
+    readinessProbe:
+      tcpSocket: {port: 8080}
+      periodSeconds: 1
+`
+
+// testTunnel: kubectl logs, exec and port-forward to a pod, which
+// kube-apiserver reaches only through its egress (the proxy-server pods
+// and the agent pod); the servers' dial counter rises by at least one per
+// exec and port-forward.
+func testTunnel(ctx context.Context, t *testing.T, n *Node) {
+	cmd := exec.CommandContext(ctx, n.Kubectl, "--kubeconfig", n.Kubeconfig, "--cache-dir", filepath.Join(stateDir, "kube-cache"), "apply", "-f", "-")
+	cmd.Stdin = strings.NewReader(workload)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("apply the workload: %v: %s", err, out)
+	}
+	if _, err := n.Run(ctx, "-n", "cluster-e2e", "wait", "--for=condition=Ready", "pod/workload", "--timeout=60s"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.PointEgress(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d0, err := n.ServerDials(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	out, err := n.Run(ctx, "-n", "cluster-e2e", "logs", "workload", "--request-timeout=20s")
+	if err != nil || !strings.Contains(out, "workload-started") {
+		t.Errorf("kubectl logs: %q, %v", out, err)
+	} else {
+		t.Logf("kubectl logs: ok (%.2fs)", time.Since(start).Seconds())
+	}
+	start = time.Now()
+	out, err = n.Run(ctx, "-n", "cluster-e2e", "exec", "workload", "--request-timeout=20s", "--", "echo", "exec-ok")
+	if err != nil || strings.TrimSpace(out) != "exec-ok" {
+		t.Errorf("kubectl exec: %q, %v", out, err)
+	} else {
+		t.Logf("kubectl exec: ok (%.2fs)", time.Since(start).Seconds())
+	}
+	start = time.Now()
+	if body, err := portForward(ctx, n); err != nil || strings.TrimSpace(body) != "port-forward-ok" {
+		t.Errorf("kubectl port-forward: %q, %v", body, err)
+	} else {
+		t.Logf("kubectl port-forward: ok (%.2fs)", time.Since(start).Seconds())
+	}
+	var d1 float64
+	// The servers count a dial when the agent has answered it; the
+	// counter may trail the command by a moment.
+	if _, err := waitFor(ctx, 10*time.Second, "the servers' dial counter to rise by 2 (exec, port-forward)", func() (bool, string) {
+		d1, err = n.ServerDials(ctx)
+		return err == nil && d1-d0 >= 2, fmt.Sprintf("%v -> %v (%v)", d0, d1, err)
+	}); err != nil {
+		t.Error(err)
+	}
+	t.Logf("the servers' dials: %v -> %v (+%v) for logs, exec and port-forward", d0, d1, d1-d0)
+}
+
+var forwarding = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> 8080`)
+
+// portForward runs kubectl port-forward to the workload's port 8080 on a
+// free local port and GETs / through it.
+func portForward(ctx context.Context, n *Node) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, n.Kubectl, "--kubeconfig", n.Kubeconfig, "--cache-dir", filepath.Join(stateDir, "kube-cache"),
+		"-n", "cluster-e2e", "port-forward", "--address=127.0.0.1", "pod/workload", "0:8080")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	port := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := forwarding.FindStringSubmatch(sc.Text()); m != nil {
+				port <- m[1]
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	var p string
+	select {
+	case p = <-port:
+	case <-ctx.Done():
+		return "", fmt.Errorf("no local port from kubectl port-forward: %w", ctx.Err())
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+p+"/", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// testScale scales the server Deployment 1 -> 3 -> 2 with kubectl. After
+// each change has reached the pods (as many Ready servers as replicas,
+// none terminating), every agent must hold exactly that many within the
+// DNS TTL + 5 s, and count that many within the same time after an
+// increase, and within TTL + the hold-down + 5 s after a decrease (the
+// hold-down delays a lower count on purpose).
+func testScale(ctx context.Context, t *testing.T, n *Node) {
+	prev := 3.0
+	for _, replicas := range []int{1, 3, 2} {
+		want := float64(replicas)
+		if _, err := n.Run(ctx, "-n", namespace, "scale", "deploy/"+deployment, fmt.Sprintf("--replicas=%d", replicas)); err != nil {
+			t.Fatal(err)
+		}
+		scaled := time.Now()
+		if _, err := waitFor(ctx, 120*time.Second, fmt.Sprintf("%d Ready server pods and no other", replicas), func() (bool, string) {
+			list, err := n.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: serverApp})
+			if err != nil {
+				return false, err.Error()
+			}
+			ready, err := n.ReadyPods(ctx, namespace, serverApp)
+			if err != nil {
+				return false, err.Error()
+			}
+			return len(ready) == replicas && len(list.Items) == replicas,
+				fmt.Sprintf("%d pods, %d Ready", len(list.Items), len(ready))
+		}); err != nil {
+			t.Fatal(err)
+		}
+		podsAt := time.Now()
+		if pod, err := n.PointEgress(ctx); err != nil {
+			t.Fatal(err)
+		} else {
+			t.Logf("replicas %d: pods settled %.1fs after kubectl scale; egress socket: %s's", replicas, podsAt.Sub(scaled).Seconds(), pod)
+		}
+		heldWithin := dnsTTL + 5*time.Second
+		countedWithin := heldWithin
+		if want < prev {
+			countedWithin += holdDown
+		}
+		took, err := waitFor(ctx, heldWithin, fmt.Sprintf("every agent holding %v servers", want), func() (bool, string) {
+			return agentsAgree(ctx, n, func(c AgentCount) bool { return c.Held == want })
+		})
+		if err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("replicas %d: every agent holds %v, %.1fs after the pods settled (bound %v)", replicas, want, took.Seconds(), heldWithin)
+		}
+		_, err = waitFor(ctx, countedWithin-time.Since(podsAt), fmt.Sprintf("every agent counting %v servers through DNS", want), func() (bool, string) {
+			return agentsAgree(ctx, n, func(c AgentCount) bool { return c.CountedFromDNS && c.Counted == want && c.Held == want })
+		})
+		if err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("replicas %d: every agent counts %v, %.1fs after the pods settled (bound %v)", replicas, want, time.Since(podsAt).Seconds(), countedWithin)
+		}
+		prev = want
+	}
+}
+
+// agentsAgree reports whether every Ready agent pod passes ok, and the
+// agents' state.
+func agentsAgree(ctx context.Context, n *Node, ok func(AgentCount) bool) (bool, string) {
+	counts, err := n.AgentCounts(ctx)
+	if err != nil {
+		return false, err.Error()
+	}
+	all := true
+	var desc []string
+	for _, c := range counts {
+		desc = append(desc, c.String())
+		if c.ScrapeError != nil || !ok(c) {
+			all = false
+		}
+	}
+	return all, strings.Join(desc, "; ")
+}
+
+// testSlicesByController: the headless Service's EndpointSlices were
+// written by the EndpointSlice controller alone (their managed fields name
+// no other writer): the counts above came from the real chain.
+func testSlicesByController(ctx context.Context, t *testing.T, n *Node) {
+	slices, err := n.Client.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + deployment})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(slices.Items) == 0 {
+		t.Fatal("no EndpointSlice for the konnectivity-server Service")
+	}
+	for _, s := range slices.Items {
+		if by := s.Labels["endpointslice.kubernetes.io/managed-by"]; by != "endpointslice-controller.k8s.io" {
+			t.Errorf("EndpointSlice %s managed by %q", s.Name, by)
+		}
+		for _, f := range s.ManagedFields {
+			// The manager is the controller-manager's program name:
+			// kube-controller-manager-<version> as the cache names it.
+			if !strings.HasPrefix(f.Manager, "kube-controller-manager") {
+				t.Errorf("EndpointSlice %s has fields written by %q", s.Name, f.Manager)
+			}
+		}
+		t.Logf("EndpointSlice %s: %d endpoints, written by %v", s.Name, len(s.Endpoints), managers(s.ManagedFields))
+	}
+}
+
+func managers(fields []metav1.ManagedFieldsEntry) []string {
+	var m []string
+	for _, f := range fields {
+		m = append(m, f.Manager)
+	}
+	return m
+}
