@@ -25,9 +25,10 @@ func overlayDir(t *testing.T) string {
 }
 
 // TestCluster runs in order, on the node run.sh started: the manifests
-// applied, kube-apiserver's logs, exec and port-forward through the pods,
-// the server Deployment scaled 1 -> 3 -> 2 with every agent following,
-// and the EndpointSlices written by their controller only.
+// applied, kube-apiserver's logs, exec and port-forward through the pods
+// (and not without the agents), the server Deployment scaled 1 -> 3 -> 2
+// with every agent following, the probe in a pod counting as they do, and
+// the EndpointSlices written by their controller only.
 func TestCluster(t *testing.T) {
 	if os.Getenv("CLUSTER_E2E_KUBECONFIG") == "" {
 		t.Skip("needs the node of make cluster-e2e (e2e/cluster/hack/run.sh)")
@@ -42,7 +43,9 @@ func TestCluster(t *testing.T) {
 		t.FailNow()
 	}
 	t.Run("Tunnel", func(t *testing.T) { testTunnel(ctx, t, n) })
+	t.Run("NoAgent", func(t *testing.T) { testNoAgent(ctx, t, n) })
 	t.Run("Scale", func(t *testing.T) { testScale(ctx, t, n) })
+	t.Run("Probe", func(t *testing.T) { testProbe(ctx, t, n) })
 	t.Run("EndpointSlicesByController", func(t *testing.T) { testSlicesByController(ctx, t, n) })
 }
 
@@ -324,4 +327,68 @@ func managers(fields []metav1.ManagedFieldsEntry) []string {
 		m = append(m, f.Manager)
 	}
 	return m
+}
+
+// testNoAgent: with the agent DaemonSet deleted, kubectl exec fails with
+// the server's "No agent available" (kube-apiserver has no other way to
+// the pod); with it applied again, exec works once the agent is back.
+func testNoAgent(ctx context.Context, t *testing.T, n *Node) {
+	if _, err := n.Run(ctx, "-n", namespace, "delete", "ds/"+daemonSet, "--wait=true", "--timeout=60s"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Run(ctx, "-n", namespace, "wait", "--for=delete", "pod", "-l", agentApp, "--timeout=60s"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := n.Run(ctx, "-n", "cluster-e2e", "exec", "workload", "--request-timeout=20s", "--", "echo", "exec-ok")
+	if err == nil {
+		t.Errorf("kubectl exec worked with no agent: %q", out)
+	} else if !strings.Contains(out, "No agent available") {
+		t.Errorf("kubectl exec with no agent: want \"No agent available\", got %v", err)
+	} else {
+		t.Logf("with no agent, kubectl exec fails: %s", strings.TrimSpace(out))
+	}
+	if _, err := n.Run(ctx, "apply", "-k", overlayDir(t)); err != nil {
+		t.Fatal(err)
+	}
+	applied := time.Now()
+	took, err := waitFor(ctx, 90*time.Second, "kubectl exec with the agent back", func() (bool, string) {
+		out, err := n.Run(ctx, "-n", "cluster-e2e", "exec", "workload", "--request-timeout=10s", "--", "echo", "exec-ok")
+		return err == nil && strings.TrimSpace(out) == "exec-ok", out
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("agent DaemonSet applied again: kubectl exec works %.1fs later", took.Seconds())
+	if _, err := waitAgents(ctx, n, 3, 3, 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the new agent holds 3 servers %.1fs after the apply", time.Since(applied).Seconds())
+}
+
+// testProbe runs the servercount probe in a pod of another namespace, on
+// the Service's short name: the pod's resolv.conf (search list, ndots:5)
+// makes it konnectivity-server.kube-system.svc.cluster.local. It must
+// print the count of Ready servers, as the agents count.
+func testProbe(ctx context.Context, t *testing.T, n *Node) {
+	ready, err := n.ReadyPods(ctx, namespace, serverApp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Run(ctx, "-n", "cluster-e2e", "run", "probe", "--restart=Never", "--image=servercount.local/servercount:e2e",
+		"--image-pull-policy=Never", "--", "--short", "konnectivity-server.kube-system"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Run(ctx, "-n", "cluster-e2e", "wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/probe", "--timeout=60s"); err != nil {
+		out, _ := n.Run(ctx, "-n", "cluster-e2e", "logs", "probe")
+		t.Fatalf("%v; the probe printed: %s", err, out)
+	}
+	out, err := n.Run(ctx, "-n", "cluster-e2e", "logs", "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.TrimSpace(out), fmt.Sprint(len(ready)); got != want {
+		t.Errorf("the probe in a pod printed %q, want %s (the Ready servers)", got, want)
+	} else {
+		t.Logf("the probe in a pod counts %s servers, as many as are Ready", got)
+	}
 }
