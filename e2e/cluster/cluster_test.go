@@ -27,8 +27,9 @@ func overlayDir(t *testing.T) string {
 // TestCluster runs in order, on the node run.sh started: the manifests
 // applied, kube-apiserver's logs, exec and port-forward through the pods
 // (and not without the agents), the server Deployment scaled 1 -> 3 -> 2
-// with every agent following, the probe in a pod counting as they do, and
-// the EndpointSlices written by their controller only.
+// with every agent following, the probe in a pod counting as they do, a
+// rollout restart of the servers followed by every agent, and the
+// EndpointSlices written by their controller only.
 func TestCluster(t *testing.T) {
 	if os.Getenv("CLUSTER_E2E_KUBECONFIG") == "" {
 		t.Skip("needs the node of make cluster-e2e (e2e/cluster/hack/run.sh)")
@@ -46,6 +47,7 @@ func TestCluster(t *testing.T) {
 	t.Run("NoAgent", func(t *testing.T) { testNoAgent(ctx, t, n) })
 	t.Run("Scale", func(t *testing.T) { testScale(ctx, t, n) })
 	t.Run("Probe", func(t *testing.T) { testProbe(ctx, t, n) })
+	t.Run("RolloutRestart", func(t *testing.T) { testRolloutRestart(ctx, t, n) })
 	t.Run("EndpointSlicesByController", func(t *testing.T) { testSlicesByController(ctx, t, n) })
 }
 
@@ -232,18 +234,7 @@ func testScale(ctx context.Context, t *testing.T, n *Node) {
 			t.Fatal(err)
 		}
 		scaled := time.Now()
-		if _, err := waitFor(ctx, 120*time.Second, fmt.Sprintf("%d Ready server pods and no other", replicas), func() (bool, string) {
-			list, err := n.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: serverApp})
-			if err != nil {
-				return false, err.Error()
-			}
-			ready, err := n.ReadyPods(ctx, namespace, serverApp)
-			if err != nil {
-				return false, err.Error()
-			}
-			return len(ready) == replicas && len(list.Items) == replicas,
-				fmt.Sprintf("%d pods, %d Ready", len(list.Items), len(ready))
-		}); err != nil {
+		if err := waitServerPods(ctx, n, replicas); err != nil {
 			t.Fatal(err)
 		}
 		podsAt := time.Now()
@@ -274,6 +265,76 @@ func testScale(ctx context.Context, t *testing.T, n *Node) {
 			t.Logf("replicas %d: every agent counts %v, %.1fs after the pods settled (bound %v)", replicas, want, time.Since(podsAt).Seconds(), countedWithin)
 		}
 		prev = want
+	}
+}
+
+// waitServerPods waits until the server pods are replicas Ready pods and
+// no other (none starting, none terminating).
+func waitServerPods(ctx context.Context, n *Node, replicas int) error {
+	_, err := waitFor(ctx, 120*time.Second, fmt.Sprintf("%d Ready server pods and no other", replicas), func() (bool, string) {
+		list, err := n.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: serverApp})
+		if err != nil {
+			return false, err.Error()
+		}
+		ready, err := n.ReadyPods(ctx, namespace, serverApp)
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(ready) == replicas && len(list.Items) == replicas,
+			fmt.Sprintf("%d pods, %d Ready", len(list.Items), len(ready))
+	})
+	return err
+}
+
+// testRolloutRestart: `kubectl rollout restart` of the servers replaces
+// each pod (one at a time: maxSurge 0, maxUnavailable 1). Once only new
+// pods are left, all Ready, every agent holds and counts them within the
+// DNS TTL + 5 s, and kube-apiserver's egress works through a new server.
+func testRolloutRestart(ctx context.Context, t *testing.T, n *Node) {
+	before, err := n.ReadyPods(ctx, namespace, serverApp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := map[string]bool{}
+	for _, p := range before {
+		old[p.Name] = true
+	}
+	start := time.Now()
+	if _, err := n.Run(ctx, "-n", namespace, "rollout", "restart", "deploy/"+deployment); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Run(ctx, "-n", namespace, "rollout", "status", "deploy/"+deployment, "--timeout=180s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitServerPods(ctx, n, len(before)); err != nil {
+		t.Fatal(err)
+	}
+	podsAt := time.Now()
+	after, err := n.ReadyPods(ctx, namespace, serverApp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range after {
+		if old[p.Name] {
+			t.Fatalf("server pod %s survived the rollout restart", p.Name)
+		}
+	}
+	t.Logf("rollout restart: %d new server pods, the old gone, %.1fs after kubectl rollout restart", len(after), podsAt.Sub(start).Seconds())
+	want := float64(len(after))
+	bound := dnsTTL + 5*time.Second
+	took, err := waitFor(ctx, bound, fmt.Sprintf("every agent holding and counting the %v new servers", want), func() (bool, string) {
+		return agentsAgree(ctx, n, func(c AgentCount) bool { return c.Held == want && c.CountedFromDNS && c.Counted == want })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rollout restart: every agent holds and counts %v, %.1fs after the pods settled (bound %v)", want, took.Seconds(), bound)
+	pod, err := n.PointEgress(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := n.Run(ctx, "-n", "cluster-e2e", "exec", "workload", "--request-timeout=20s", "--", "echo", "exec-ok"); err != nil || strings.TrimSpace(out) != "exec-ok" {
+		t.Errorf("kubectl exec through the new server %s: %q, %v", pod, out, err)
 	}
 }
 
