@@ -326,8 +326,9 @@ e2e:
 
 ## cluster-e2e: examples/kubernetes on a real one-node cluster (kubelet,
 ## containerd, kube-controller-manager, CoreDNS), kube-apiserver's egress
-## through the proxy-server and agent pods: logs, exec, port-forward, and
-## the server Deployment scaled 1 -> 3 -> 2 with every agent following.
+## through the proxy-server and agent pods: logs, exec, port-forward, the
+## server Deployment scaled 1 -> 3 -> 2 and rollout-restarted with every
+## agent following.
 ## Root; builds and caches kubelet, kube-controller-manager and
 ## kube-scheduler the first time; leaves the machine as it found it
 ## (checked). Not part of make ci yet. See e2e/cluster/README.md.

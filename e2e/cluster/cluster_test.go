@@ -49,6 +49,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Probe", func(t *testing.T) { testProbe(ctx, t, n) })
 	t.Run("RolloutRestart", func(t *testing.T) { testRolloutRestart(ctx, t, n) })
 	t.Run("EndpointSlicesByController", func(t *testing.T) { testSlicesByController(ctx, t, n) })
+	t.Run("Listeners", func(t *testing.T) { testListeners(ctx, t) })
 }
 
 // testApply applies the overlay and waits for the three servers and the
@@ -452,4 +453,55 @@ func testProbe(ctx context.Context, t *testing.T, n *Node) {
 	} else {
 		t.Logf("the probe in a pod counts %s servers, as many as are Ready", got)
 	}
+}
+
+// testListeners: every socket the node's daemons listen on in the
+// machine's network namespace (ss, by the PIDs up.sh kept) is bound to
+// loopback or the node address, never to every address.
+func testListeners(ctx context.Context, t *testing.T) {
+	pids := map[string]string{}
+	entries, err := os.ReadDir(filepath.Join(stateDir, "pids"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(stateDir, "pids", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids[strings.TrimSpace(string(b))] = e.Name()
+	}
+	out, err := exec.CommandContext(ctx, "ss", "-Hlntup").Output()
+	if err != nil {
+		t.Fatalf("ss: %v", err)
+	}
+	pidOf := regexp.MustCompile(`pid=(\d+)`)
+	seen := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 7 {
+			continue
+		}
+		var who string
+		for _, m := range pidOf.FindAllStringSubmatch(f[6], -1) {
+			if name, ok := pids[m[1]]; ok {
+				who = name
+			}
+		}
+		if who == "" {
+			continue
+		}
+		seen++
+		local := f[4]
+		host := local[:strings.LastIndexByte(local, ':')]
+		switch strings.Trim(host, "[]") {
+		case "127.0.0.1", "::1", nodeIP:
+		default:
+			t.Errorf("%s listens on %s (%s)", who, local, f[0])
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no listener of the node's daemons found")
+	}
+	t.Logf("%d listeners of the node's daemons, all on loopback or %s", seen, nodeIP)
 }

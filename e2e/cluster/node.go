@@ -36,6 +36,9 @@ const (
 	socketDir    = stateDir + "/konn/uds"
 	egressSocket = "konnectivity-server.socket"
 
+	// nodeIP is the node's address (hack/env.sh's NODE_IP).
+	nodeIP = "10.250.0.1"
+
 	namespace  = "kube-system"
 	deployment = "konnectivity-server"
 	daemonSet  = "konnectivity-agent"
