@@ -19,7 +19,7 @@ import (
 )
 
 // overlayDir is the kustomize overlay of examples/kubernetes.
-func overlayDir(t *testing.T) string {
+func overlayDir() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "overlay")
 }
@@ -56,7 +56,7 @@ func TestCluster(t *testing.T) {
 // agent to be Ready and for the agent to hold the three.
 func testApply(ctx context.Context, t *testing.T, n *Node) {
 	start := time.Now()
-	if out, err := n.Run(ctx, "apply", "-k", overlayDir(t)); err != nil {
+	if out, err := n.Run(ctx, "apply", "-k", overlayDir()); err != nil {
 		t.Fatal(err)
 	} else {
 		t.Logf("applied:\n%s", out)
@@ -409,7 +409,7 @@ func testNoAgent(ctx context.Context, t *testing.T, n *Node) {
 	} else {
 		t.Logf("with no agent, kubectl exec fails: %s", strings.TrimSpace(out))
 	}
-	if _, err := n.Run(ctx, "apply", "-k", overlayDir(t)); err != nil {
+	if _, err := n.Run(ctx, "apply", "-k", overlayDir()); err != nil {
 		t.Fatal(err)
 	}
 	applied := time.Now()

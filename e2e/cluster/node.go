@@ -217,18 +217,23 @@ func (n *Node) ServerDials(ctx context.Context) (float64, error) {
 // (konnectivity_network_proxy_agent_open_server_connections) and counts
 // through DNS (servercount_agent_target_server_count{source="dns"}).
 type AgentCount struct {
-	Pod             string
-	Held, Counted   float64
-	ScrapeError     error
-	CountedFromDNS  bool
-	AllTargetSeries string
+	Pod string
+	// Held is open_server_connections; Counted is the dns source's
+	// target, and CountedFromDNS whether the agent exposes one.
+	Held, Counted  float64
+	CountedFromDNS bool
+	// Targets lists every target_server_count series, for messages.
+	Targets string
+	// ScrapeError is why /metrics could not be read; the rest is then
+	// empty.
+	ScrapeError error
 }
 
 func (a AgentCount) String() string {
 	if a.ScrapeError != nil {
 		return fmt.Sprintf("%s: %v", a.Pod, a.ScrapeError)
 	}
-	return fmt.Sprintf("%s: holds %v, counts %v (%s)", a.Pod, a.Held, a.Counted, a.AllTargetSeries)
+	return fmt.Sprintf("%s: holds %v, counts %v (%s)", a.Pod, a.Held, a.Counted, a.Targets)
 }
 
 // AgentCounts reads every Ready agent pod's held and counted servers.
@@ -258,7 +263,7 @@ func (n *Node) AgentCounts(ctx context.Context) ([]AgentCount, error) {
 			}
 		}
 		sort.Strings(series)
-		c.AllTargetSeries = strings.Join(series, " ")
+		c.Targets = strings.Join(series, " ")
 		out = append(out, c)
 	}
 	return out, nil
