@@ -27,8 +27,8 @@ ci: deps
 
 ## ci-checks: the checks, in order: lint, test (the README's test
 ## command), churn, integrity, flood, clock-step, soak, the fault matrix,
-## upstream's suite, parity, the rules, the images, e2e; refuses to run
-## outside the namespace that `make ci` makes
+## upstream's suite, parity, the rules, the images, e2e, cluster-e2e;
+## refuses to run outside the namespace that `make ci` makes
 ci-checks:
 	.ci/offline --check
 	$(MAKE) lint
@@ -44,12 +44,15 @@ ci-checks:
 	$(MAKE) rules-test
 	$(MAKE) image-test
 	$(MAKE) e2e
+	$(MAKE) cluster-e2e
 
 ## deps: fetch and build everything the checks need, so that they run
 ## without a network: the Go modules of the three modules, staticcheck,
 ## upstream's binaries (make upstream), and e2e's etcd (from Debian),
 ## kube-apiserver, kubectl and CoreDNS (e2e/hack/binaries.sh; about 15
-## minutes the first time, cached after)
+## minutes the first time, cached after), and the node's kubelet,
+## kube-controller-manager, kube-scheduler, containerd and CNI plugins
+## (e2e/hack/node-binaries.sh; about 8 minutes more the first time)
 deps: $(STATICCHECK)
 	$(GO) mod download
 	cd e2e && $(GO) mod download
@@ -57,6 +60,7 @@ deps: $(STATICCHECK)
 	@rc=0; $(GO) run ./test/upstream/cmd/upstream-bin >/dev/null || rc=$$?; \
 	if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
 	bash e2e/hack/binaries.sh >/dev/null
+	bash e2e/hack/node-binaries.sh >/dev/null
 
 ## build: the binaries, into ./bin
 build:
@@ -331,6 +335,6 @@ e2e:
 ## agent following.
 ## Root; builds and caches kubelet, kube-controller-manager and
 ## kube-scheduler the first time; leaves the machine as it found it
-## (checked). Not part of make ci yet. See e2e/cluster/README.md.
+## (checked). The last of make ci's checks. See e2e/cluster/README.md.
 cluster-e2e:
 	bash e2e/cluster/hack/run.sh
