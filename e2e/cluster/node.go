@@ -8,16 +8,13 @@
 package cluster
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +22,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/servercount/servercount/internal/proctest"
 )
 
 // The node, as hack/env.sh lays it out.
@@ -151,10 +150,8 @@ func (n *Node) PointEgress(ctx context.Context) (string, error) {
 	return pods[0].Name, os.Rename(tmp, link)
 }
 
-// Metrics reads a Prometheus text exposition at url: the value of each
-// series, keyed by its name with labels as exposed
-// (`name{a="b"}`).
-func Metrics(ctx context.Context, url string) (map[string]float64, error) {
+// Metrics reads the Prometheus text exposition at url.
+func Metrics(ctx context.Context, url string) (proctest.Metrics, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -169,29 +166,7 @@ func Metrics(ctx context.Context, url string) (map[string]float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	return parseMetrics(resp.Body)
-}
-
-func parseMetrics(r io.Reader) (map[string]float64, error) {
-	m := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		m[line[:i]] = v
-	}
-	return m, sc.Err()
+	return proctest.Parse(resp.Body)
 }
 
 // ServerDials is the sum over the Ready servers of their dial counter
@@ -208,7 +183,7 @@ func (n *Node) ServerDials(ctx context.Context) (float64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("server %s: %w", p.Name, err)
 		}
-		sum += m["konnectivity_network_proxy_server_dial_duration_seconds_count"]
+		sum += m.Sum("konnectivity_network_proxy_server_dial_duration_seconds_count")
 	}
 	return sum, nil
 }
@@ -254,16 +229,9 @@ func (n *Node) AgentCounts(ctx context.Context) ([]AgentCount, error) {
 			out = append(out, c)
 			continue
 		}
-		c.Held = m["konnectivity_network_proxy_agent_open_server_connections"]
-		c.Counted, c.CountedFromDNS = m[`servercount_agent_target_server_count{source="dns"}`]
-		var series []string
-		for k, v := range m {
-			if strings.HasPrefix(k, "servercount_agent_target_server_count") {
-				series = append(series, fmt.Sprintf("%s=%v", strings.TrimPrefix(k, "servercount_agent_target_server_count"), v))
-			}
-		}
-		sort.Strings(series)
-		c.Targets = strings.Join(series, " ")
+		c.Held = m.Sum("konnectivity_network_proxy_agent_open_server_connections")
+		c.Counted, c.CountedFromDNS = m.Value("servercount_agent_target_server_count", "source", "dns")
+		c.Targets = strings.ReplaceAll(strings.TrimSpace(m.String("servercount_agent_target_server_count")), "\n", "; ")
 		out = append(out, c)
 	}
 	return out, nil

@@ -188,6 +188,13 @@ func Parse(r io.Reader) (Metrics, error) {
 				s.Value = metric.GetCounter().GetValue()
 			case metric.GetUntyped() != nil:
 				s.Value = metric.GetUntyped().GetValue()
+			case metric.GetHistogram() != nil:
+				// As exposed: name_count and name_sum (buckets are not
+				// needed by any test).
+				h := metric.GetHistogram()
+				m[name+"_count"] = append(m[name+"_count"], Sample{Labels: s.Labels, Value: float64(h.GetSampleCount())})
+				m[name+"_sum"] = append(m[name+"_sum"], Sample{Labels: s.Labels, Value: h.GetSampleSum()})
+				continue
 			default:
 				continue
 			}
