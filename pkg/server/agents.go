@@ -146,10 +146,12 @@ func (a *agents) serve(stream wire.AgentConnectServer) error {
 			hdr.Set(wire.HeaderHeartbeat, wire.FormatHeartbeat(a.heartbeat))
 		}
 	}
+	// Set before the header goes, so that whoever has read the header
+	// finds the count it carried (TestHandshakeHeadersFollowCounter).
+	a.metrics.setReportedServerCount(count)
 	if err := stream.SendHeader(hdr); err != nil {
 		return fmt.Errorf("send handshake headers to agent %q: %w", capPeer(agentID), err)
 	}
-	a.metrics.setReportedServerCount(count)
 
 	be := &agentStream{agentID: agentID, logID: capPeer(agentID), ids: ids, hostKeys: hostKeys(ids), peer: newPeer(stream, a.metrics, segmentToAgent, a.mono), conns: map[int64]*tunnel{}, pending: map[int64]*tunnel{}, peerWindow: peerWindow, peerHeartbeat: peerHeartbeat,
 		answering: outage.New("have dials answered by agent "+capPeer(agentID), nil)}
