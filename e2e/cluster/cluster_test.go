@@ -83,19 +83,9 @@ func testApply(ctx context.Context, t *testing.T, n *Node) {
 // counts counted through DNS.
 func waitAgents(ctx context.Context, n *Node, held, counted float64, timeout time.Duration) (time.Duration, error) {
 	return waitFor(ctx, timeout, fmt.Sprintf("every agent holding %v and counting %v servers", held, counted), func() (bool, string) {
-		counts, err := n.AgentCounts(ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		ok := true
-		var desc []string
-		for _, c := range counts {
-			desc = append(desc, c.String())
-			if c.ScrapeError != nil || c.Held != held || !c.CountedFromDNS || c.Counted != counted {
-				ok = false
-			}
-		}
-		return ok, strings.Join(desc, "; ")
+		return agentsAgree(ctx, n, func(c AgentCount) bool {
+			return c.Held == held && c.CountedFromDNS && c.Counted == counted
+		})
 	})
 }
 

@@ -10,7 +10,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/servercount/servercount/internal/proctest"
+	"github.com/servercount/servercount/e2e/harness"
 )
 
 // The node, as hack/env.sh lays it out.
@@ -150,25 +149,6 @@ func (n *Node) PointEgress(ctx context.Context) (string, error) {
 	return pods[0].Name, os.Rename(tmp, link)
 }
 
-// Metrics reads the Prometheus text exposition at url.
-func Metrics(ctx context.Context, url string) (proctest.Metrics, error) {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return proctest.Parse(resp.Body)
-}
-
 // ServerDials is the sum over the Ready servers of their dial counter
 // (konnectivity_network_proxy_server_dial_duration_seconds_count): every
 // tunnel kube-apiserver opened through them.
@@ -179,7 +159,7 @@ func (n *Node) ServerDials(ctx context.Context) (float64, error) {
 	}
 	var sum float64
 	for _, p := range pods {
-		m, err := Metrics(ctx, fmt.Sprintf("http://%s:%d/metrics", p.Status.PodIP, serverAdminPort))
+		m, err := harness.Scrape(fmt.Sprintf("http://%s:%d/metrics", p.Status.PodIP, serverAdminPort))
 		if err != nil {
 			return 0, fmt.Errorf("server %s: %w", p.Name, err)
 		}
@@ -223,7 +203,7 @@ func (n *Node) AgentCounts(ctx context.Context) ([]AgentCount, error) {
 	var out []AgentCount
 	for _, p := range pods {
 		c := AgentCount{Pod: p.Name}
-		m, err := Metrics(ctx, fmt.Sprintf("http://%s:%d/metrics", p.Status.PodIP, agentAdminPort))
+		m, err := harness.Scrape(fmt.Sprintf("http://%s:%d/metrics", p.Status.PodIP, agentAdminPort))
 		if err != nil {
 			c.ScrapeError = err
 			out = append(out, c)

@@ -485,7 +485,7 @@ func writeServiceAccountKey(path string) (string, error) {
 // started (coredns_dns_requests_total, every label), or -1 when its
 // metrics cannot be read.
 func (d *CoreDNS) Requests() float64 {
-	m, err := scrape(d.MetricsURL)
+	m, err := Scrape(d.MetricsURL)
 	if err != nil {
 		return -1
 	}

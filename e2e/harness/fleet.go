@@ -151,7 +151,7 @@ func (s *Server) Stop() { s.Proc.Stop() }
 
 // Metrics reads the server's /metrics.
 func (s *Server) Metrics() (Metrics, error) {
-	return scrape(fmt.Sprintf("http://%s/metrics", net.JoinHostPort(s.IP, strconv.Itoa(s.fleet.HealthPort))))
+	return Scrape(fmt.Sprintf("http://%s/metrics", net.JoinHostPort(s.IP, strconv.Itoa(s.fleet.HealthPort))))
 }
 
 // Get sends GET url through the server's frontend, as kube-apiserver would:
@@ -280,7 +280,7 @@ func (f *Fleet) StartAgent(t testing.TB, cfg AgentConfig) *Agent {
 }
 
 // Metrics reads the agent's /metrics.
-func (a *Agent) Metrics() (Metrics, error) { return scrape(a.HealthURL + "/metrics") }
+func (a *Agent) Metrics() (Metrics, error) { return Scrape(a.HealthURL + "/metrics") }
 
 // Connections is konnectivity_network_proxy_agent_open_server_connections,
 // or -1 if the metrics could not be read.
@@ -327,7 +327,8 @@ func (f *Fleet) Probe(server string, args ...string) (ProbeResult, error) {
 // labels...) adds the series of name that have those labels.
 type Metrics = proctest.Metrics
 
-func scrape(url string) (Metrics, error) {
+// Scrape reads the Prometheus text exposition at url, within 3 s.
+func Scrape(url string) (Metrics, error) {
 	cl := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := cl.Get(url)
 	if err != nil {
